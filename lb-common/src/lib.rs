@@ -1,0 +1,11 @@
+//! Types and functions shared by the XDP program (`lb-ebpf`) and the controller (`lb-user`).
+//!
+//! Everything that both worlds compute lives here exactly once: the map layouts, the flow hash
+//! and the Maglev slot function, so userspace can predict the kernel's choice bit for bit.
+#![no_std]
+
+pub mod hash;
+pub mod maps;
+
+pub use hash::*;
+pub use maps::*;

@@ -1,0 +1,256 @@
+//! Map keys, values and constants: the ABI between the XDP program and the controller.
+//!
+//! All structs are `#[repr(C)]` with explicit padding fields (zeroed) and no `bool`, so that
+//! the bytes the kernel hashes and compares are exactly the bytes userspace writes.
+//! Addresses and ports are kept in network byte order as they sit in the packet; an IPv4
+//! address occupies the first word of a 16-byte address field, the other three are zero.
+
+/// Address families as stored in [`ServiceKey::family`] and [`Backend::family`].
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// IP protocol numbers used by the data plane.
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+/// `ServiceKey::proto` of an L3_DEFAULT service: matches every protocol.
+pub const PROTO_ANY: u8 = 0;
+
+/// A Maglev table entry with this backend id means "drop new connections" (spec E-8).
+pub const BACKEND_DROP: u32 = u32::MAX;
+
+/// Class id of clients outside every configured client prefix ("non-compatible").
+pub const CLASS_NONE: u32 = 0;
+
+/// Session affinity (spec §1.3 table S), as stored in [`ServiceInfo::affinity`].
+pub mod affinity {
+    pub const NONE: u8 = 0;
+    pub const CLIENT_IP_PORT_PROTO: u8 = 1;
+    pub const CLIENT_IP_PROTO: u8 = 2;
+    pub const CLIENT_IP: u8 = 3;
+    pub const CLIENT_IP_NO_DESTINATION: u8 = 4;
+}
+
+/// Connection tracking mode (spec §1.3 table T), as stored in [`ServiceInfo::tracking`].
+pub mod tracking {
+    pub const PER_CONNECTION: u8 = 0;
+    pub const PER_SESSION: u8 = 1;
+}
+
+/// Forwarding method, as stored in [`ServiceInfo::forwarding`].
+pub mod forwarding {
+    /// IPv4-in-IPv4 or IPv6-in-IPv6 to the backend; next hop from `bpf_fib_lookup`.
+    pub const IPIP: u8 = 0;
+    /// Rewrite the destination MAC to the backend's and transmit on the same segment.
+    pub const L2_DSR: u8 = 1;
+}
+
+/// [`ServiceInfo::flags`] bits, precomputed by the controller from the spec's tables.
+pub mod service_flags {
+    /// Tracked TCP flows persist on an unhealthy backend (spec §1.4 persistence table).
+    pub const PERSIST_TCP: u8 = 1 << 0;
+    /// Tracked non-TCP flows persist on an unhealthy backend.
+    pub const PERSIST_OTHER: u8 = 1 << 1;
+    /// `disableConnectionDrainOnFailover`: entries made under another pool generation are void.
+    pub const FLUSH_ON_POOL_CHANGE: u8 = 1 << 2;
+}
+
+/// [`Backend::flags`] bits.
+pub mod backend_flags {
+    pub const HEALTHY: u8 = 1 << 0;
+    /// Removed from the service: tracked flows continue until `drain_deadline_ns`.
+    pub const REMOVED: u8 = 1 << 1;
+}
+
+/// [`TableRef::flags`] bits.
+pub mod table_flags {
+    /// The class is a zone: a new flow to a backend of another zone counts as a spill.
+    pub const ZONAL: u32 = 1 << 0;
+    /// The class's eligible set holds no healthy backend (E-2/E-9): keep unhealthy entries.
+    pub const NO_HEALTHY: u32 = 1 << 1;
+}
+
+/// Key of the `SERVICES` hash map. Port 0 = every port; proto [`PROTO_ANY`] = L3_DEFAULT.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceKey {
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+/// Value of the `SERVICES` hash map. Every key of one service carries the same value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub id: u32,
+    pub affinity: u8,
+    pub tracking: u8,
+    pub forwarding: u8,
+    pub flags: u8,
+    /// Conntrack idle timeout in nanoseconds.
+    pub idle_timeout_ns: u64,
+    /// Bumped when the active pool changes (failover/failback), see FLUSH_ON_POOL_CHANGE.
+    pub pool_gen: u32,
+    /// Host bits of the outer IPIP source that are taken from the flow hash (0 = fixed source).
+    pub encap_src_hash_mask: u32,
+    /// Outer source address of encapsulated packets (IPv4 in the first word).
+    pub encap_src: [u32; 4],
+}
+
+/// Flow fields hashed for backend choice or used as conntrack key. Fields that the session
+/// affinity or tracking mode leaves out are zero (spec §1.3 tables S and T).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowTuple {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Network byte order.
+    pub sport: u16,
+    /// Network byte order.
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+impl FlowTuple {
+    pub const WORDS: usize = 10;
+
+    #[inline(always)]
+    pub fn words(&self) -> [u32; 10] {
+        [
+            self.src[0],
+            self.src[1],
+            self.src[2],
+            self.src[3],
+            self.dst[0],
+            self.dst[1],
+            self.dst[2],
+            self.dst[3],
+            (self.sport as u32) | ((self.dport as u32) << 16),
+            self.proto as u32,
+        ]
+    }
+}
+
+/// Key of the `CONNTRACK` LRU map: the tracking tuple, scoped to one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub tuple: FlowTuple,
+    pub service: u32,
+}
+
+/// Value of the `CONNTRACK` LRU map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    pub backend: u32,
+    /// `ServiceInfo::pool_gen` when the entry was made.
+    pub pool_gen: u32,
+    /// `bpf_ktime_get_ns()` of the last packet.
+    pub last_seen_ns: u64,
+}
+
+/// Value of the `BACKENDS` array, indexed by backend id (unique across services).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: [u32; 4],
+    pub family: u8,
+    pub flags: u8,
+    /// Class id of the backend's zone (0 = none).
+    pub zone_class: u16,
+    /// Destination MAC for L2 DSR.
+    pub mac: [u8; 6],
+    pub _pad: [u8; 6],
+    /// With REMOVED: tracked flows may use the backend until this `bpf_ktime_get_ns()` value.
+    pub drain_deadline_ns: u64,
+}
+
+/// Key of the `CLIENT_CLASS` LPM trie data: (service id, source address). IPv4 sources are
+/// looked up as IPv4-mapped IPv6 (`::ffff:a.b.c.d`) so one trie serves both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassKey {
+    /// Big-endian service id, so that the first 32 prefix bits select the service.
+    pub service_be: u32,
+    pub addr: [u32; 4],
+}
+
+/// Number of prefix bits of a [`ClassKey`] that select the service.
+pub const CLASS_KEY_SERVICE_BITS: u32 = 32;
+
+/// Value of the `TABLE_INDEX` array at `service * classes_per_service + class`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableRef {
+    /// Index of the Maglev table in `TABLES` (entries `slot * M .. slot * M + M`).
+    pub slot: u32,
+    pub flags: u32,
+}
+
+/// Global counters: index into the `STATS` per-CPU array.
+pub mod stat {
+    pub const RX_PACKETS: u32 = 0;
+    pub const PASS_NOT_VIP: u32 = 1;
+    pub const CT_HIT: u32 = 2;
+    pub const CT_MISS: u32 = 3;
+    pub const NEW_FLOW: u32 = 4;
+    pub const TX: u32 = 5;
+    pub const REDIRECT: u32 = 6;
+    pub const DROP_TRUNCATED_ETH: u32 = 7;
+    pub const DROP_TRUNCATED_IP: u32 = 8;
+    pub const DROP_BAD_IP_HEADER: u32 = 9;
+    pub const DROP_TRUNCATED_L4: u32 = 10;
+    pub const DROP_NO_BACKEND: u32 = 11;
+    pub const DROP_NO_TABLE: u32 = 12;
+    pub const DROP_FIB: u32 = 13;
+    pub const DROP_ENCAP: u32 = 14;
+    pub const DROP_UNROUTABLE: u32 = 15;
+    pub const CT_EXPIRED: u32 = 16;
+    pub const CT_REROUTED_UNHEALTHY: u32 = 17;
+    pub const CT_DRAIN_EXPIRED: u32 = 18;
+    pub const CT_POOL_FLUSHED: u32 = 19;
+    pub const DECAP: u32 = 20;
+    pub const GLOBAL_COUNT: u32 = 32;
+
+    /// Per (service, class) counters follow the global ones, `PER_CLASS_COUNT` each, at
+    /// `GLOBAL_COUNT + (service * classes_per_service + class) * PER_CLASS_COUNT`.
+    pub const CLASS_PACKETS: u32 = 0;
+    pub const CLASS_BYTES: u32 = 1;
+    pub const CLASS_NEW_FLOWS: u32 = 2;
+    pub const CLASS_SPILLS: u32 = 3;
+    pub const PER_CLASS_COUNT: u32 = 4;
+
+    pub const NAMES: [&str; 21] = [
+        "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
+        "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
+        "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
+        "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
+    ];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            unsafe impl aya::Pod for $t {}
+            unsafe impl bytemuck::Zeroable for $t {}
+            unsafe impl bytemuck::Pod for $t {}
+        )*};
+    }
+    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef);
+}
+
+// Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
+const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
+const _: () = assert!(core::mem::size_of::<ServiceInfo>() == 40);
+const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
+const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
+const _: () = assert!(core::mem::size_of::<CtEntry>() == 16);
+const _: () = assert!(core::mem::size_of::<Backend>() == 40);
+const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
+const _: () = assert!(core::mem::size_of::<TableRef>() == 8);

@@ -1,0 +1,10 @@
+//! The `lb` controller: configuration, backend-selection semantics, Maglev tables and the
+//! data-plane writer. `model`, `config`, `policy` and `maglev` are pure Rust and know nothing of
+//! BPF; `dataplane` knows nothing of policy, only of tables to write.
+
+pub mod config;
+pub mod dataplane;
+pub mod maglev;
+pub mod model;
+pub mod plan;
+pub mod policy;

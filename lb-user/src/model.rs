@@ -1,0 +1,120 @@
+//! Enumerations of the configuration contract. Serialized names are the Google Cloud API's own
+//! strings (`sessionAffinity`, `trackingMode`, ...), so `gcloud` users recognise them.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! api_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vm])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// Every accepted spelling, for error messages.
+            pub const ALLOWED: &'static [&'static str] = &[$($text),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err(format!("unknown value {s:?}, allowed: {}", Self::ALLOWED.join(", "))),
+                }
+            }
+        }
+    };
+}
+
+api_enum!(
+    /// Service protocol (`backendService.protocol` of a passthrough NLB).
+    Protocol { Tcp = "TCP", Udp = "UDP", L3Default = "L3_DEFAULT" }
+);
+
+api_enum!(
+    /// `sessionAffinity` (spec §1.3 table S).
+    SessionAffinity {
+        None = "NONE",
+        ClientIpPortProto = "CLIENT_IP_PORT_PROTO",
+        ClientIpProto = "CLIENT_IP_PROTO",
+        ClientIp = "CLIENT_IP",
+        ClientIpNoDestination = "CLIENT_IP_NO_DESTINATION",
+    }
+);
+
+api_enum!(
+    /// How packets reach the backend.
+    Forwarding { Ipip = "IPIP", L2Dsr = "L2_DSR" }
+);
+
+api_enum!(
+    /// `zonalAffinity.spillover` (spec §1.5).
+    Spillover {
+        Disabled = "ZONAL_AFFINITY_DISABLED",
+        StayWithinZone = "ZONAL_AFFINITY_STAY_WITHIN_ZONE",
+        SpillCrossZone = "ZONAL_AFFINITY_SPILL_CROSS_ZONE",
+    }
+);
+
+api_enum!(
+    /// `connectionTrackingPolicy.trackingMode`.
+    TrackingMode { PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }
+);
+
+api_enum!(
+    /// `connectionTrackingPolicy.connectionPersistenceOnUnhealthyBackends` (spec §1.4).
+    Persistence {
+        DefaultForProtocol = "DEFAULT_FOR_PROTOCOL",
+        NeverPersist = "NEVER_PERSIST",
+        AlwaysPersist = "ALWAYS_PERSIST",
+    }
+);
+
+api_enum!(
+    /// Health check protocol.
+    HealthProtocol { Tcp = "TCP", Http = "HTTP" }
+);
+
+impl Default for SessionAffinity {
+    fn default() -> Self {
+        Self::None
+    }
+}
+impl Default for Forwarding {
+    fn default() -> Self {
+        Self::Ipip
+    }
+}
+impl Default for Spillover {
+    fn default() -> Self {
+        Self::Disabled
+    }
+}
+impl Default for TrackingMode {
+    fn default() -> Self {
+        Self::PerConnection
+    }
+}
+impl Default for Persistence {
+    fn default() -> Self {
+        Self::DefaultForProtocol
+    }
+}
+impl Default for HealthProtocol {
+    fn default() -> Self {
+        Self::Tcp
+    }
+}

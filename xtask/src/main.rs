@@ -1,1 +1,104 @@
-fn main() {}
+//! `cargo xtask setup|build|test|bench|demo`: the project's one entry point for tooling.
+//!
+//! Every command first runs `setup`, which is idempotent and takes seconds once the toolchain
+//! is in place, so that a fresh machine needs nothing but this repository.
+
+mod setup;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Build, test and benchmark the load balancer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the eBPF toolchain (nightly rust-src, bpf-linker) and the Debian tools the tests use.
+    Setup,
+    /// Build the eBPF object and the `lb` binary (release).
+    Build,
+    /// Run every test suite (needs root for the BPF and network-namespace tests).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter after `--`).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
+    Bench,
+    /// The live demo (see README.md).
+    Demo,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    setup::ensure()?;
+    match cli.command {
+        Cmd::Setup => Ok(()),
+        Cmd::Build => build(),
+        Cmd::Test { args } => test(&args),
+        Cmd::Bench => bench(),
+        Cmd::Demo => demo(),
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Run a command, failing with its command line if it does not succeed.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn require_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        bail!("{what} needs root (BPF programs, network namespaces); run it as root");
+    }
+    Ok(())
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn build() -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
+    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    Ok(())
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    require_root("cargo xtask test")?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
+    run(&mut cmd)
+}
+
+fn bench() -> Result<()> {
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-user", "--example", "maglev_bench"]))
+}
+
+fn demo() -> Result<()> {
+    require_root("cargo xtask demo")?;
+    build()?;
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "demo"]))
+}

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod dataplane;
+pub mod health;
 pub mod maglev;
 pub mod model;
 pub mod plan;

@@ -1,0 +1,264 @@
+//! Health checking: TCP connect and HTTP GET probes with consecutive-result thresholds.
+//!
+//! One task per (service, backend) probes on the service's interval; first probes are spread
+//! over the interval so a large service does not probe all its backends at once. A task reports
+//! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
+
+use crate::config::HealthCheck;
+use crate::model::HealthProtocol;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// What a probe checks, resolved from `[service.health_check]` with defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbeSpec {
+    pub protocol: HealthProtocol,
+    pub port: u16,
+    pub request_path: String,
+    pub expected_status: u16,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+}
+
+impl ProbeSpec {
+    /// `default_port` is the service's first port (config validation guarantees one exists
+    /// when the health check names none).
+    pub fn from_config(hc: &HealthCheck, default_port: u16) -> Self {
+        Self {
+            protocol: hc.protocol,
+            port: hc.port.unwrap_or(default_port),
+            request_path: hc.request_path.clone().unwrap_or_else(|| "/".into()),
+            expected_status: hc.expected_status.unwrap_or(200),
+            interval: Duration::from_secs(hc.check_interval_sec.max(1) as u64),
+            timeout: Duration::from_secs(hc.timeout_sec.max(1) as u64),
+            healthy_threshold: hc.healthy_threshold.max(1),
+            unhealthy_threshold: hc.unhealthy_threshold.max(1),
+        }
+    }
+}
+
+/// One probe: Ok(()) if the backend passed, Err(reason) otherwise.
+pub async fn probe_once(addr: SocketAddr, spec: &ProbeSpec) -> Result<(), String> {
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        if spec.protocol == HealthProtocol::Tcp {
+            return Ok(());
+        }
+        let host = match addr {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        };
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: lb-health/1\r\nConnection: close\r\n\r\n",
+            spec.request_path
+        );
+        stream.write_all(request.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
+        // Only the status line matters; read until it is complete.
+        let mut buf = Vec::with_capacity(256);
+        let mut chunk = [0u8; 256];
+        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+            let n = stream.read(&mut chunk).await.map_err(|e| format!("receive: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let status = parse_status_line(&buf).ok_or_else(|| "no HTTP status line".to_string())?;
+        if status == spec.expected_status {
+            Ok(())
+        } else {
+            Err(format!("HTTP status {status}, expected {}", spec.expected_status))
+        }
+    };
+    match tokio::time::timeout(spec.timeout, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timeout after {:?}", spec.timeout)),
+    }
+}
+
+/// `HTTP/1.1 200 OK\r\n...` → 200.
+fn parse_status_line(buf: &[u8]) -> Option<u16> {
+    let line_end = buf.windows(2).position(|w| w == b"\r\n")?;
+    let line = std::str::from_utf8(&buf[..line_end]).ok()?;
+    let mut parts = line.split(' ');
+    let version = parts.next()?;
+    if !version.starts_with("HTTP/") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+/// Consecutive-result thresholds: the verdict flips after `healthy_threshold` successes in a
+/// row (when unhealthy) or `unhealthy_threshold` failures in a row (when healthy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub healthy: bool,
+    streak: u32,
+}
+
+impl Verdict {
+    pub fn new(healthy: bool) -> Self {
+        Self { healthy, streak: 0 }
+    }
+
+    /// Record one probe result; returns the new verdict if it changed.
+    pub fn record(&mut self, ok: bool, spec: &ProbeSpec) -> Option<bool> {
+        if ok == self.healthy {
+            self.streak = 0;
+            return None;
+        }
+        self.streak += 1;
+        let needed = if ok { spec.healthy_threshold } else { spec.unhealthy_threshold };
+        if self.streak >= needed {
+            self.healthy = ok;
+            self.streak = 0;
+            Some(ok)
+        } else {
+            None
+        }
+    }
+}
+
+/// A verdict change reported to the reconcile loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthEvent {
+    pub service: String,
+    pub backend: std::net::IpAddr,
+    pub healthy: bool,
+    pub reason: String,
+}
+
+/// Probe one backend forever, sending verdict changes. `slot`/`of` spread the first probe.
+pub fn spawn_checker(
+    service: String,
+    addr: SocketAddr,
+    spec: ProbeSpec,
+    initially_healthy: bool,
+    slot: u32,
+    of: u32,
+    events: mpsc::Sender<HealthEvent>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let offset = spec.interval.mul_f64(slot as f64 / of.max(1) as f64);
+        tokio::time::sleep(offset).await;
+        let mut verdict = Verdict::new(initially_healthy);
+        let mut ticker = tokio::time::interval(spec.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let result = probe_once(addr, &spec).await;
+            let reason = match &result {
+                Ok(()) => "probe passed".to_string(),
+                Err(e) => e.clone(),
+            };
+            if let Some(healthy) = verdict.record(result.is_ok(), &spec) {
+                let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason };
+                if events.send(event).await.is_err() {
+                    return; // the daemon is shutting down
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    fn spec(protocol: HealthProtocol, port: u16) -> ProbeSpec {
+        ProbeSpec {
+            protocol,
+            port,
+            request_path: "/healthz".into(),
+            expected_status: 200,
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(5),
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+        }
+    }
+
+    #[test]
+    fn thresholds_count_consecutive_results() {
+        let s = spec(HealthProtocol::Tcp, 1);
+        let mut v = Verdict::new(true);
+        assert_eq!(v.record(false, &s), None);
+        assert_eq!(v.record(false, &s), None);
+        assert_eq!(v.record(true, &s), None, "a success resets the failure streak");
+        assert_eq!(v.record(false, &s), None);
+        assert_eq!(v.record(false, &s), None);
+        assert_eq!(v.record(false, &s), Some(false), "third failure in a row flips to unhealthy");
+        assert_eq!(v.record(true, &s), None);
+        assert_eq!(v.record(true, &s), Some(true), "second success in a row flips back");
+    }
+
+    #[test]
+    fn status_line_parsing() {
+        assert_eq!(parse_status_line(b"HTTP/1.1 200 OK\r\n"), Some(200));
+        assert_eq!(parse_status_line(b"HTTP/1.0 503 Service Unavailable\r\nX: y\r\n"), Some(503));
+        assert_eq!(parse_status_line(b"SSH-2.0-OpenSSH\r\n"), None);
+        assert_eq!(parse_status_line(b"HTTP/1.1 200"), None, "incomplete line");
+    }
+
+    async fn http_server(status: u16) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let code = if req.starts_with("GET /healthz ") { status } else { 404 };
+                    let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn tcp_probe_passes_on_listener_and_fails_on_closed_port() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(probe_once(addr, &spec(HealthProtocol::Tcp, addr.port())).await, Ok(()));
+        drop(listener);
+        let err = probe_once(addr, &spec(HealthProtocol::Tcp, addr.port())).await.unwrap_err();
+        assert!(err.starts_with("connect:"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn http_probe_checks_path_and_status() {
+        let ok = http_server(200).await;
+        assert_eq!(probe_once(ok, &spec(HealthProtocol::Http, ok.port())).await, Ok(()));
+        let bad = http_server(503).await;
+        let err = probe_once(bad, &spec(HealthProtocol::Http, bad.port())).await.unwrap_err();
+        assert_eq!(err, "HTTP status 503, expected 200");
+        let mut wrong_path = spec(HealthProtocol::Http, ok.port());
+        wrong_path.request_path = "/other".into();
+        assert!(probe_once(ok, &wrong_path).await.is_err(), "404 on another path");
+    }
+
+    #[tokio::test]
+    async fn checker_reports_only_changes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, 0, 1, tx);
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("web", addr.ip(), true));
+        drop(listener);
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+        assert!(!ev.healthy, "closed port turns the backend unhealthy: {ev:?}");
+        assert!(ev.reason.starts_with("connect:"), "{}", ev.reason);
+        task.abort();
+    }
+}

@@ -1,1 +1,4 @@
-//! Shared helpers of the integration tests: packet builders, fixtures, namespace topology.
+//! Shared helpers of the integration tests: network namespaces and the end-to-end topology.
+
+pub mod netns;
+pub mod topology;

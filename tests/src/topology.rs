@@ -1,0 +1,148 @@
+//! The namespace topology of the end-to-end tests and the demo (DESIGN.md §6).
+//!
+//! ```text
+//!   client namespaces (per zone, plus "outside" clients in no zone)
+//!   backend namespaces (per zone)        ── veth ──  switch namespace (bridge br0)
+//!   balancer namespace (eth0, XDP)
+//! ```
+//! One flat segment: 198.18.0.0/16 and 2001:db8::/48. Clients route the VIP through the
+//! balancer; backends hold the VIP on `lo` (arp_ignore/arp_announce so they never claim it on the
+//! segment) and answer clients directly (direct server return). The switch-side peer of the
+//! balancer's veth has GRO on, because frames sent with XDP_TX out of a veth reach the peer only
+//! in NAPI mode. Every namespace is deleted when the `Topology` drops.
+
+use crate::netns::Netns;
+use anyhow::Result;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub const VIP4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+pub const LB4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const LB6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+
+/// Zones and how many clients and backends each has. Zone numbers start at 1; zone 0 holds
+/// clients outside every zone prefix (non-compatible clients).
+#[derive(Clone, Debug)]
+pub struct TopologySpec {
+    /// Short unique prefix (≤ 5 chars) for namespace and interface names.
+    pub prefix: String,
+    /// (clients, backends) per zone 1..=n.
+    pub zones: Vec<(usize, usize)>,
+    /// Clients outside every zone.
+    pub outside_clients: usize,
+}
+
+#[derive(Debug)]
+pub struct Host {
+    pub ns: Netns,
+    pub name: String,
+    /// 0 = outside every zone.
+    pub zone: usize,
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+    pub mac: String,
+}
+
+impl Host {
+    pub fn addr(&self, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.v6)
+        } else {
+            IpAddr::V4(self.v4)
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Topology {
+    pub lb: Host,
+    pub clients: Vec<Host>,
+    pub backends: Vec<Host>,
+    // Dropped last: the hosts' veth peers live here.
+    pub switch: Netns,
+}
+
+/// Client prefix of zone `z` (for the configuration).
+pub fn zone_prefixes(z: usize) -> (String, String) {
+    (format!("198.18.{z}.0/24"), format!("2001:db8:0:{z}::/64"))
+}
+
+pub fn client_addrs(zone: usize, i: usize) -> (Ipv4Addr, Ipv6Addr) {
+    // Zone 0 ("outside") clients live in 198.18.9.0/24, which no zone claims.
+    let third = if zone == 0 { 9 } else { zone as u8 };
+    (Ipv4Addr::new(198, 18, third, 10 + i as u8), Ipv6Addr::new(0x2001, 0xdb8, 0, third as u16, 0, 0, 0, 0x10 + i as u16))
+}
+
+pub fn backend_addrs(zone: usize, i: usize) -> (Ipv4Addr, Ipv6Addr) {
+    (Ipv4Addr::new(198, 18, 10 + zone as u8, 1 + i as u8), Ipv6Addr::new(0x2001, 0xdb8, 0, 0x10 + zone as u16, 0, 0, 0, 1 + i as u16))
+}
+
+impl Topology {
+    pub fn build(spec: &TopologySpec) -> Result<Topology> {
+        let p = &spec.prefix;
+        let switch = Netns::new(&format!("{p}-sw"))?;
+        switch.ip(&["link", "add", "br0", "type", "bridge"])?;
+        // No STP/learning delays: forward at once.
+        switch.ip(&["link", "set", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"])?;
+        switch.ip(&["link", "set", "br0", "up"])?;
+        let mut port = 0usize;
+        let mut host = |name: String, zone: usize, v4: Ipv4Addr, v6: Ipv6Addr| -> Result<Host> {
+            port += 1;
+            let ns = Netns::new(&format!("{p}-{name}"))?;
+            let peer = format!("{p}p{port}");
+            ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", &peer, "netns", switch.name()])?;
+            switch.ip(&["link", "set", &peer, "master", "br0", "up"])?;
+            ns.ip(&["addr", "add", &format!("{v4}/16"), "dev", "eth0"])?;
+            ns.ip(&["addr", "add", &format!("{v6}/48"), "dev", "eth0", "nodad"])?;
+            ns.ip(&["link", "set", "eth0", "up"])?;
+            let mac = ns.exec(&["cat", "/sys/class/net/eth0/address"])?.trim().to_owned();
+            Ok(Host { ns, name, zone, v4, v6, mac })
+        };
+        let lb = host("lb".into(), 0, LB4, LB6)?;
+        // The balancer transmits with XDP_TX: its peer must run in NAPI mode.
+        switch.exec(&["ethtool", "-K", &format!("{p}p1"), "gro", "on"])?;
+        lb.ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
+        let mut clients = Vec::new();
+        let mut backends = Vec::new();
+        for (zi, (nc, nb)) in spec.zones.iter().enumerate() {
+            let z = zi + 1;
+            for i in 0..*nb {
+                let (v4, v6) = backend_addrs(z, i);
+                let b = host(format!("b{z}-{}", i + 1), z, v4, v6)?;
+                b.ns.ip(&["addr", "add", &format!("{VIP4}/32"), "dev", "lo"])?;
+                b.ns.ip(&["addr", "add", &format!("{VIP6}/128"), "dev", "lo", "nodad"])?;
+                for s in ["net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.eth0.rp_filter=0"] {
+                    b.ns.exec(&["sysctl", "-qw", s])?;
+                }
+                backends.push(b);
+            }
+            for i in 0..*nc {
+                let (v4, v6) = client_addrs(z, i);
+                clients.push(host(format!("c{z}-{}", i + 1), z, v4, v6)?);
+            }
+        }
+        for i in 0..spec.outside_clients {
+            let (v4, v6) = client_addrs(0, i);
+            clients.push(host(format!("c0-{}", i + 1), 0, v4, v6)?);
+        }
+        for c in &clients {
+            c.ns.ip(&["route", "add", &format!("{VIP4}/32"), "via", &LB4.to_string()])?;
+            c.ns.ip(&["-6", "route", "add", &format!("{VIP6}/128"), "via", &LB6.to_string()])?;
+        }
+        // Resolve every backend's MAC on the balancer now, so the first forwarded packet finds
+        // its neighbour (bpf_fib_lookup does not resolve; health checks keep entries fresh).
+        for b in &backends {
+            lb.ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
+            lb.ns.ip(&["-6", "neigh", "replace", &b.v6.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
+        }
+        Ok(Topology { lb, clients, backends, switch })
+    }
+
+    pub fn clients_in_zone(&self, zone: usize) -> impl Iterator<Item = &Host> {
+        self.clients.iter().filter(move |c| c.zone == zone)
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&Host> {
+        self.backends.iter().find(|b| b.name == name)
+    }
+}

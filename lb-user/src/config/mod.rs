@@ -10,8 +10,8 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use validate::{
-    MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC, MAX_MAGLEV_TABLE_SIZE,
-    MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
+    MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
+    MAX_MAGLEV_TABLE_SIZE, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
 };
 
 use crate::model::*;
@@ -192,7 +192,9 @@ pub struct Backend {
 impl Service {
     /// The effective conntrack idle timeout (default 600 s).
     pub fn idle_timeout_sec(&self) -> u32 {
-        self.connection_tracking.idle_timeout_sec.unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
+        self.connection_tracking
+            .idle_timeout_sec
+            .unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
     }
 
     /// Index of a backend's zone in `Config::zones`.
@@ -213,7 +215,10 @@ impl Config {
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let in_file = |kind| ConfigError { file: Some(path.to_path_buf()), kind };
+        let in_file = |kind| ConfigError {
+            file: Some(path.to_path_buf()),
+            kind,
+        };
         let text = std::fs::read_to_string(path).map_err(|e| in_file(ConfigErrorKind::Read(e)))?;
         Self::parse_text(&text).map_err(|kind| in_file(kind).into())
     }
@@ -240,7 +245,11 @@ impl Config {
         if violations.is_empty() {
             Ok(())
         } else {
-            Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
+            Err(ConfigError {
+                file: None,
+                kind: ConfigErrorKind::Invalid(violations),
+            }
+            .into())
         }
     }
 

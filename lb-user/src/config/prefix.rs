@@ -20,7 +20,10 @@ fn parse(text: &str) -> Result<IpNet, String> {
 
 pub(super) fn prefix_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
     let texts = Vec::<String>::deserialize(d)?;
-    texts.iter().map(|t| parse(t).map_err(serde::de::Error::custom)).collect()
+    texts
+        .iter()
+        .map(|t| parse(t).map_err(serde::de::Error::custom))
+        .collect()
 }
 
 pub(super) fn opt_prefix<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpNet>, D::Error> {

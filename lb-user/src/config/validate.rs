@@ -51,7 +51,13 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
     for (index, svc) in cfg.services.iter().enumerate() {
-        let mut r = Report { out: &mut out, scope: Scope::Service { index, name: svc.name.clone() } };
+        let mut r = Report {
+            out: &mut out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
         check_service(svc, &zone_names, &mut r);
     }
     check_service_names(&cfg.services, &mut out);
@@ -70,7 +76,10 @@ fn is_prime(n: u32) -> bool {
 }
 
 fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
-    let mut r = Report { out, scope: Scope::Dataplane };
+    let mut r = Report {
+        out,
+        scope: Scope::Dataplane,
+    };
     let m = dp.maglev_table_size;
     if !(MIN_MAGLEV_TABLE_SIZE..=MAX_MAGLEV_TABLE_SIZE).contains(&m) || !is_prime(m) {
         r.push(
@@ -82,13 +91,22 @@ fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
         );
     }
     if dp.conntrack_entries == 0 {
-        r.push("dataplane.conntrack_entries", "0 is not allowed: must be at least 1");
+        r.push(
+            "dataplane.conntrack_entries",
+            "0 is not allowed: must be at least 1",
+        );
     }
     if let Some(net @ IpNet::V6(_)) = dp.encap_source_v4 {
-        r.push("dataplane.encap_source_v4", format!("{net} is IPv6: must be an IPv4 address or prefix"));
+        r.push(
+            "dataplane.encap_source_v4",
+            format!("{net} is IPv6: must be an IPv4 address or prefix"),
+        );
     }
     if let Some(net @ IpNet::V4(_)) = dp.encap_source_v6 {
-        r.push("dataplane.encap_source_v6", format!("{net} is IPv4: must be an IPv6 address or prefix"));
+        r.push(
+            "dataplane.encap_source_v6",
+            format!("{net} is IPv4: must be an IPv6 address or prefix"),
+        );
     }
 }
 
@@ -97,11 +115,20 @@ fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
 fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, zone) in zones.iter().enumerate() {
-        let mut r = Report { out, scope: Scope::Zone { index, name: zone.name.clone() } };
+        let mut r = Report {
+            out,
+            scope: Scope::Zone {
+                index,
+                name: zone.name.clone(),
+            },
+        };
         if zone.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(zone.name.as_str()) {
-            r.push("name", format!("duplicate zone name (also zone[{first}]); zone names must be unique"));
+            r.push(
+                "name",
+                format!("duplicate zone name (also zone[{first}]); zone names must be unique"),
+            );
         } else {
             seen.insert(zone.name.as_str(), index);
         }
@@ -109,7 +136,10 @@ fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
             if net.trunc() != *net {
                 r.push(
                     format!("client_prefixes[{i}]"),
-                    format!("{net} has host bits set: must be canonical, e.g. {}", net.trunc()),
+                    format!(
+                        "{net} has host bits set: must be canonical, e.g. {}",
+                        net.trunc()
+                    ),
                 );
             }
         }
@@ -126,15 +156,30 @@ fn check_prefix_overlaps(zones: &[Zone], out: &mut Vec<Violation>) {
     let mut all: Vec<(IpNet, usize, usize)> = zones
         .iter()
         .enumerate()
-        .flat_map(|(z, zone)| zone.client_prefixes.iter().enumerate().map(move |(p, n)| (n.trunc(), z, p)))
+        .flat_map(|(z, zone)| {
+            zone.client_prefixes
+                .iter()
+                .enumerate()
+                .map(move |(p, n)| (n.trunc(), z, p))
+        })
         .collect();
     all.sort_by_key(|(net, z, p)| (net.network(), net.prefix_len(), *z, *p));
     let mut widest: Option<(IpNet, usize, usize)> = None;
     for &(net, z, p) in &all {
         match widest {
             Some((w, wz, wp)) if same_family(&w, &net) && net.network() <= w.broadcast() => {
-                let owner = if wz == z { "in the same zone".to_string() } else { zone_label(zones, wz) };
-                let mut r = Report { out, scope: Scope::Zone { index: z, name: zones[z].name.clone() } };
+                let owner = if wz == z {
+                    "in the same zone".to_string()
+                } else {
+                    zone_label(zones, wz)
+                };
+                let mut r = Report {
+                    out,
+                    scope: Scope::Zone {
+                        index: z,
+                        name: zones[z].name.clone(),
+                    },
+                };
                 r.push(
                     format!("client_prefixes[{p}]"),
                     format!(
@@ -154,11 +199,18 @@ fn check_prefix_overlaps(zones: &[Zone], out: &mut Vec<Violation>) {
 }
 
 fn same_family(a: &IpNet, b: &IpNet) -> bool {
-    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
+    matches!(
+        (a, b),
+        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+    )
 }
 
 fn zone_label(zones: &[Zone], index: usize) -> String {
-    Scope::Zone { index, name: zones[index].name.clone() }.to_string()
+    Scope::Zone {
+        index,
+        name: zones[index].name.clone(),
+    }
+    .to_string()
 }
 
 // ---------------------------------------------------------------- one service
@@ -200,7 +252,10 @@ fn check_ports(svc: &Service, r: &mut Report) {
                 "port 0 is not allowed: ports are 1..=65535 (omit `ports` or leave it empty for all ports)",
             );
         } else if !seen.insert(port) {
-            r.push(format!("ports[{i}]"), format!("duplicate port {port}: each port may be listed once"));
+            r.push(
+                format!("ports[{i}]"),
+                format!("duplicate port {port}: each port may be listed once"),
+            );
         }
     }
 }
@@ -245,7 +300,9 @@ fn check_zonal_affinity(svc: &Service, r: &mut Report) {
 }
 
 fn check_failover_policy(svc: &Service, r: &mut Report) {
-    let Some(fp) = &svc.failover_policy else { return };
+    let Some(fp) = &svc.failover_policy else {
+        return;
+    };
     if !ratio_in_range(fp.failover_ratio) {
         r.push(
             "failover_policy.failover_ratio",
@@ -288,7 +345,8 @@ fn check_connection_tracking(svc: &Service, r: &mut Report) {
         let allowed_mode = ct.tracking_mode == TrackingMode::PerSession
             && IDLE_TIMEOUT_AFFINITIES.contains(&svc.session_affinity);
         if !allowed_mode {
-            let affinities: Vec<&str> = IDLE_TIMEOUT_AFFINITIES.iter().map(|a| a.as_str()).collect();
+            let affinities: Vec<&str> =
+                IDLE_TIMEOUT_AFFINITIES.iter().map(|a| a.as_str()).collect();
             r.push(
                 "connection_tracking.idle_timeout_sec",
                 format!(
@@ -315,10 +373,16 @@ fn check_connection_tracking(svc: &Service, r: &mut Report) {
 
 fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
     if hc.check_interval_sec == 0 {
-        r.push("health_check.check_interval_sec", "0 is not allowed: must be at least 1 second");
+        r.push(
+            "health_check.check_interval_sec",
+            "0 is not allowed: must be at least 1 second",
+        );
     }
     if hc.timeout_sec == 0 {
-        r.push("health_check.timeout_sec", "0 is not allowed: must be at least 1 second");
+        r.push(
+            "health_check.timeout_sec",
+            "0 is not allowed: must be at least 1 second",
+        );
     } else if hc.check_interval_sec != 0 && hc.timeout_sec > hc.check_interval_sec {
         r.push(
             "health_check.timeout_sec",
@@ -340,20 +404,34 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         if hc.protocol != HealthProtocol::Http {
             r.push(
                 "health_check.request_path",
-                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
+                format!(
+                    "only allowed with health_check.protocol = {} (here {})",
+                    HealthProtocol::Http,
+                    hc.protocol
+                ),
             );
         } else if !path.starts_with('/') {
-            r.push("health_check.request_path", format!("{path:?} must start with '/'"));
+            r.push(
+                "health_check.request_path",
+                format!("{path:?} must start with '/'"),
+            );
         }
     }
     if let Some(status) = hc.expected_status {
         if hc.protocol != HealthProtocol::Http {
             r.push(
                 "health_check.expected_status",
-                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
+                format!(
+                    "only allowed with health_check.protocol = {} (here {})",
+                    HealthProtocol::Http,
+                    hc.protocol
+                ),
             );
         } else if !(100..=599).contains(&status) {
-            r.push("health_check.expected_status", format!("{status} is out of range: allowed 100..=599"));
+            r.push(
+                "health_check.expected_status",
+                format!("{status} is out of range: allowed 100..=599"),
+            );
         }
     }
     match hc.port {
@@ -416,11 +494,17 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             } else {
                 format!("configured zones: {}", zone_names.join(", "))
             };
-            r.push(format!("backend[{i}].zone"), format!("{zone:?} names no [[zone]]; {configured}"));
+            r.push(
+                format!("backend[{i}].zone"),
+                format!("{zone:?} names no [[zone]]; {configured}"),
+            );
         }
     }
     if !(1..=MAX_WEIGHT).contains(&b.weight) {
-        r.push(format!("backend[{i}].weight"), format!("{} is out of range: allowed 1..={MAX_WEIGHT}", b.weight));
+        r.push(
+            format!("backend[{i}].weight"),
+            format!("{} is out of range: allowed 1..={MAX_WEIGHT}", b.weight),
+        );
     }
     if b.failover && svc.failover_policy.is_none() {
         r.push(
@@ -445,7 +529,10 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
 /// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets.
 pub(crate) fn is_valid_mac(text: &str) -> bool {
     let octets: Vec<&str> = text.split(':').collect();
-    octets.len() == 6 && octets.iter().all(|o| o.len() == 2 && o.bytes().all(|c| c.is_ascii_hexdigit()))
+    octets.len() == 6
+        && octets
+            .iter()
+            .all(|o| o.len() == 2 && o.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 // ---------------------------------------------------------------- across services
@@ -453,11 +540,22 @@ pub(crate) fn is_valid_mac(text: &str) -> bool {
 fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
+        let mut r = Report {
+            out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
         if svc.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(svc.name.as_str()) {
-            r.push("name", format!("duplicate service name (also service[{first}]); service names must be unique"));
+            r.push(
+                "name",
+                format!(
+                    "duplicate service name (also service[{first}]); service names must be unique"
+                ),
+            );
         } else {
             seen.insert(svc.name.as_str(), index);
         }
@@ -473,7 +571,10 @@ fn check_listeners(services: &[Service], out: &mut Vec<Violation>) {
         for &j in earlier.iter() {
             if let Some((field, problem)) = listener_clash(svc, &services[j], j) {
                 out.push(Violation {
-                    scope: Scope::Service { index, name: svc.name.clone() },
+                    scope: Scope::Service {
+                        index,
+                        name: svc.name.clone(),
+                    },
                     field,
                     problem,
                 });
@@ -485,7 +586,10 @@ fn check_listeners(services: &[Service], out: &mut Vec<Violation>) {
 
 /// How `svc` clashes with the earlier service `other` (index `j`) on the same VIP, if it does.
 fn listener_clash(svc: &Service, other: &Service, j: usize) -> Option<(String, String)> {
-    let other_label = Scope::Service { index: j, name: other.name.clone() };
+    let other_label = Scope::Service {
+        index: j,
+        name: other.name.clone(),
+    };
     let claim = |s: &Service| match (s.protocol, s.ports.is_empty()) {
         (Protocol::L3Default, _) => format!("every protocol and port of {}", s.vip),
         (p, true) => format!("every {p} port of {}", s.vip),
@@ -534,7 +638,14 @@ mod tests {
     #[test]
     fn macs() {
         assert!(is_valid_mac("02:00:c6:12:0b:01") && is_valid_mac("AA:BB:CC:DD:EE:FF"));
-        for bad in ["", "02:00:c6:12:0b", "02:00:c6:12:0b:01:02", "02-00-c6-12-0b-01", "2:00:c6:12:0b:01", "0g:00:c6:12:0b:01"] {
+        for bad in [
+            "",
+            "02:00:c6:12:0b",
+            "02:00:c6:12:0b:01:02",
+            "02-00-c6-12-0b-01",
+            "2:00:c6:12:0b:01",
+            "0g:00:c6:12:0b:01",
+        ] {
             assert!(!is_valid_mac(bad), "{bad}");
         }
     }

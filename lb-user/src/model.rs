@@ -84,6 +84,12 @@ api_enum!(
 );
 
 api_enum!(
+    /// `subsetting.policy` (spec §1.0). Accepted so that its incompatibility with zonal affinity
+    /// (vector Z19) can be checked; the balancer itself always uses every backend.
+    Subsetting { None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
+);
+
+api_enum!(
     /// Health check protocol.
     HealthProtocol { Tcp = "TCP", Http = "HTTP" }
 );
@@ -116,5 +122,10 @@ impl Default for Persistence {
 impl Default for HealthProtocol {
     fn default() -> Self {
         Self::Tcp
+    }
+}
+impl Default for Subsetting {
+    fn default() -> Self {
+        Self::None
     }
 }

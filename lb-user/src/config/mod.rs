@@ -4,6 +4,16 @@
 //! field and the allowed values. Nothing downstream ever sees an invalid configuration, so a bad
 //! reload cannot touch the running tables.
 
+mod error;
+mod prefix;
+mod validate;
+
+pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
+pub use validate::{
+    MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
+    MAX_MAGLEV_TABLE_SIZE, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
+};
+
 use crate::model::*;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -37,8 +47,11 @@ pub struct Dataplane {
     /// Capacity of the connection-tracking LRU map.
     pub conntrack_entries: u32,
     /// Outer source of IPIP packets: an address, or a prefix whose host bits vary by flow hash.
+    /// A bare address is read as a host prefix (/32).
+    #[serde(deserialize_with = "prefix::opt_prefix")]
     pub encap_source_v4: Option<IpNet>,
-    /// Outer source of IP6IP6 packets.
+    /// Outer source of IP6IP6 packets (a bare address is read as /128).
+    #[serde(deserialize_with = "prefix::opt_prefix")]
     pub encap_source_v6: Option<IpNet>,
 }
 
@@ -57,8 +70,9 @@ impl Default for Dataplane {
 #[serde(deny_unknown_fields)]
 pub struct Zone {
     pub name: String,
-    /// Client sources in these prefixes are in this zone (IPv4 and IPv6).
-    #[serde(default)]
+    /// Client sources in these prefixes are in this zone (IPv4 and IPv6). Must be canonical
+    /// (no host bits set) and must not overlap any other prefix of any zone.
+    #[serde(default, deserialize_with = "prefix::prefix_list")]
     pub client_prefixes: Vec<IpNet>,
 }
 
@@ -86,6 +100,9 @@ pub struct Service {
     pub connection_draining: ConnectionDraining,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// `subsetting.policy`; CONSISTENT_HASH_SUBSETTING is incompatible with zonal affinity.
+    #[serde(default)]
+    pub subsetting: Subsetting,
     #[serde(default, rename = "backend")]
     pub backends: Vec<Backend>,
 }
@@ -175,7 +192,9 @@ pub struct Backend {
 impl Service {
     /// The effective conntrack idle timeout (default 600 s).
     pub fn idle_timeout_sec(&self) -> u32 {
-        self.connection_tracking.idle_timeout_sec.unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
+        self.connection_tracking
+            .idle_timeout_sec
+            .unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
     }
 
     /// Index of a backend's zone in `Config::zones`.
@@ -183,25 +202,59 @@ impl Service {
         let z = b.zone.as_deref()?;
         cfg.zones.iter().position(|zone| zone.name == z)
     }
+
+    /// The port the health check probes: its own `port`, else the service's first port
+    /// (validation guarantees one of them exists when a health check is configured).
+    pub fn health_check_port(&self) -> Option<u16> {
+        let hc = self.health_check.as_ref()?;
+        hc.port.or_else(|| self.ports.first().copied())
+    }
 }
 
 impl Config {
-    /// Read, parse and validate a configuration file.
+    /// Read, parse and validate a configuration file. Every error names the file.
+    /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        let in_file = |kind| ConfigError {
+            file: Some(path.to_path_buf()),
+            kind,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| in_file(ConfigErrorKind::Read(e)))?;
+        Self::parse_text(&text).map_err(|kind| in_file(kind).into())
     }
 
-    /// Parse and validate configuration text.
+    /// Parse and validate configuration text. The error is a [`ConfigError`] without a file.
     pub fn parse(text: &str) -> anyhow::Result<Config> {
-        let cfg: Config = toml::from_str(text)?;
-        cfg.validate()?;
-        Ok(cfg)
+        Self::parse_text(text).map_err(|kind| ConfigError { file: None, kind }.into())
     }
 
-    /// Every check of DESIGN.md §5 and the spec; the first violation is returned.
+    fn parse_text(text: &str) -> Result<Config, ConfigErrorKind> {
+        let cfg: Config = toml::from_str(text).map_err(ConfigErrorKind::Syntax)?;
+        let violations = cfg.violations();
+        if violations.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigErrorKind::Invalid(violations))
+        }
+    }
+
+    /// Every check of DESIGN.md §5 and the spec. All violations are reported at once, so a user
+    /// fixes a file in one pass.
     pub fn validate(&self) -> anyhow::Result<()> {
-        Ok(())
+        let violations = self.violations();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                file: None,
+                kind: ConfigErrorKind::Invalid(violations),
+            }
+            .into())
+        }
+    }
+
+    /// The list of violations (empty = valid), in file order.
+    pub fn violations(&self) -> Vec<Violation> {
+        validate::check(self)
     }
 }

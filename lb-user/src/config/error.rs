@@ -1,0 +1,116 @@
+//! Configuration errors: where (file, service or zone, TOML field path) and what is allowed.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// The object a violation belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// `[dataplane]`.
+    Dataplane,
+    /// The `index`-th `[[zone]]`.
+    Zone { index: usize, name: String },
+    /// The `index`-th `[[service]]`.
+    Service { index: usize, name: String },
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // An empty name cannot identify the object, so fall back to its position in the file.
+        match self {
+            Scope::Dataplane => f.write_str("dataplane"),
+            Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
+            Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
+            Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
+            Scope::Service { name, .. } => write!(f, "service {name:?}"),
+        }
+    }
+}
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub scope: Scope,
+    /// TOML path of the offending field, relative to the scope's table
+    /// (e.g. `zonal_affinity.spillover_ratio`, `backend[3].zone`); absolute for `dataplane.*`.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub problem: String,
+}
+
+impl Violation {
+    /// The service name, if the violation belongs to a service.
+    pub fn service(&self) -> Option<&str> {
+        match &self.scope {
+            Scope::Service { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope {
+            Scope::Dataplane => write!(f, "{}: {}", self.field, self.problem),
+            _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum ConfigErrorKind {
+    Read(std::io::Error),
+    /// TOML syntax, unknown keys, unknown enum values, wrong types (toml shows the line).
+    Syntax(toml::de::Error),
+    /// Parsed, but breaks the rules of the contract.
+    Invalid(Vec<Violation>),
+}
+
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The file, when loaded from one.
+    pub file: Option<PathBuf>,
+    pub kind: ConfigErrorKind,
+}
+
+impl ConfigError {
+    /// The contract violations (empty for read and syntax errors).
+    pub fn violations(&self) -> &[Violation] {
+        match &self.kind {
+            ConfigErrorKind::Invalid(v) => v,
+            _ => &[],
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{}: ", file.display())?;
+        }
+        match &self.kind {
+            ConfigErrorKind::Read(e) => write!(f, "cannot read configuration: {e}"),
+            ConfigErrorKind::Syntax(e) => write!(f, "invalid configuration: {e}"),
+            ConfigErrorKind::Invalid(v) if v.len() == 1 => {
+                write!(f, "invalid configuration: {}", v[0])
+            }
+            ConfigErrorKind::Invalid(v) => {
+                write!(f, "invalid configuration ({} problems):", v.len())?;
+                for violation in v {
+                    write!(f, "\n  - {violation}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ConfigErrorKind::Read(e) => Some(e),
+            ConfigErrorKind::Syntax(e) => Some(e),
+            ConfigErrorKind::Invalid(_) => None,
+        }
+    }
+}

@@ -1,0 +1,652 @@
+//! The rules of the configuration contract (DESIGN.md §5, spec §1). Each check appends
+//! [`Violation`]s naming the object, the TOML field path and what is allowed; nothing stops at
+//! the first problem.
+
+use super::error::{Scope, Violation};
+use super::{Backend, Config, Dataplane, HealthCheck, Service, Zone};
+use crate::model::*;
+use ipnet::IpNet;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+/// Spec §1.0: without subsetting a backend service serves at most 250 VMs/endpoints. The
+/// balancer never subsets, so the limit applies to every service.
+pub const MAX_BACKENDS_PER_SERVICE: usize = 250;
+/// Maglev weights are small integers: a weight is a count of preference-list turns.
+pub const MAX_WEIGHT: u32 = 1000;
+pub const MIN_MAGLEV_TABLE_SIZE: u32 = 251;
+pub const MAX_MAGLEV_TABLE_SIZE: u32 = 1_000_003;
+/// Spec §1.4: 10 min .. 16 h.
+pub const MIN_IDLE_TIMEOUT_SEC: u32 = 600;
+pub const MAX_IDLE_TIMEOUT_SEC: u32 = 57_600;
+/// Spec §1.4: `drainingTimeoutSec` ∈ [0, 3600].
+pub const MAX_DRAINING_TIMEOUT_SEC: u32 = 3600;
+
+/// Affinities that may carry an idle timeout under PER_SESSION (spec §1.4).
+const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] = [
+    SessionAffinity::ClientIpProto,
+    SessionAffinity::ClientIp,
+    SessionAffinity::ClientIpNoDestination,
+];
+
+/// Collects violations for one scope.
+struct Report<'a> {
+    out: &'a mut Vec<Violation>,
+    scope: Scope,
+}
+
+impl Report<'_> {
+    fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
+        self.out.push(Violation {
+            scope: self.scope.clone(),
+            field: field.into(),
+            problem: problem.into(),
+        });
+    }
+}
+
+pub(super) fn check(cfg: &Config) -> Vec<Violation> {
+    let mut out = Vec::new();
+    check_dataplane(&cfg.dataplane, &mut out);
+    check_zones(&cfg.zones, &mut out);
+    let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
+    for (index, svc) in cfg.services.iter().enumerate() {
+        let mut r = Report {
+            out: &mut out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
+        check_service(svc, &zone_names, &mut r);
+    }
+    check_service_names(&cfg.services, &mut out);
+    check_listeners(&cfg.services, &mut out);
+    out
+}
+
+// ---------------------------------------------------------------- dataplane
+
+fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let n = u64::from(n);
+    (2u64..).take_while(|d| d * d <= n).all(|d| n % d != 0)
+}
+
+fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
+    let mut r = Report {
+        out,
+        scope: Scope::Dataplane,
+    };
+    let m = dp.maglev_table_size;
+    if !(MIN_MAGLEV_TABLE_SIZE..=MAX_MAGLEV_TABLE_SIZE).contains(&m) || !is_prime(m) {
+        r.push(
+            "dataplane.maglev_table_size",
+            format!(
+                "{m} is not allowed: must be a prime in [{MIN_MAGLEV_TABLE_SIZE}, \
+                 {MAX_MAGLEV_TABLE_SIZE}] (e.g. 16381, 65537)"
+            ),
+        );
+    }
+    if dp.conntrack_entries == 0 {
+        r.push(
+            "dataplane.conntrack_entries",
+            "0 is not allowed: must be at least 1",
+        );
+    }
+    if let Some(net @ IpNet::V6(_)) = dp.encap_source_v4 {
+        r.push(
+            "dataplane.encap_source_v4",
+            format!("{net} is IPv6: must be an IPv4 address or prefix"),
+        );
+    }
+    if let Some(net @ IpNet::V4(_)) = dp.encap_source_v6 {
+        r.push(
+            "dataplane.encap_source_v6",
+            format!("{net} is IPv4: must be an IPv6 address or prefix"),
+        );
+    }
+}
+
+// ---------------------------------------------------------------- zones
+
+fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (index, zone) in zones.iter().enumerate() {
+        let mut r = Report {
+            out,
+            scope: Scope::Zone {
+                index,
+                name: zone.name.clone(),
+            },
+        };
+        if zone.name.trim().is_empty() {
+            r.push("name", "must be a non-empty string");
+        } else if let Some(&first) = seen.get(zone.name.as_str()) {
+            r.push(
+                "name",
+                format!("duplicate zone name (also zone[{first}]); zone names must be unique"),
+            );
+        } else {
+            seen.insert(zone.name.as_str(), index);
+        }
+        for (i, net) in zone.client_prefixes.iter().enumerate() {
+            if net.trunc() != *net {
+                r.push(
+                    format!("client_prefixes[{i}]"),
+                    format!(
+                        "{net} has host bits set: must be canonical, e.g. {}",
+                        net.trunc()
+                    ),
+                );
+            }
+        }
+    }
+    check_prefix_overlaps(zones, out);
+}
+
+/// Every client prefix of every zone must be disjoint from every other one, so a source
+/// address names at most one zone. Sorting by network address makes this O(n log n): canonical
+/// prefixes are nested or disjoint, so a prefix overlaps an earlier one iff its first address
+/// lies at or below the highest last address seen so far in the same family.
+fn check_prefix_overlaps(zones: &[Zone], out: &mut Vec<Violation>) {
+    // (network, zone index, prefix index); host bits are cleared (reported separately).
+    let mut all: Vec<(IpNet, usize, usize)> = zones
+        .iter()
+        .enumerate()
+        .flat_map(|(z, zone)| {
+            zone.client_prefixes
+                .iter()
+                .enumerate()
+                .map(move |(p, n)| (n.trunc(), z, p))
+        })
+        .collect();
+    all.sort_by_key(|(net, z, p)| (net.network(), net.prefix_len(), *z, *p));
+    let mut widest: Option<(IpNet, usize, usize)> = None;
+    for &(net, z, p) in &all {
+        match widest {
+            Some((w, wz, wp)) if same_family(&w, &net) && net.network() <= w.broadcast() => {
+                let owner = if wz == z {
+                    "in the same zone".to_string()
+                } else {
+                    zone_label(zones, wz)
+                };
+                let mut r = Report {
+                    out,
+                    scope: Scope::Zone {
+                        index: z,
+                        name: zones[z].name.clone(),
+                    },
+                };
+                r.push(
+                    format!("client_prefixes[{p}]"),
+                    format!(
+                        "{net} overlaps {} (client_prefixes[{wp}] {owner}): client prefixes must \
+                         not overlap, within a zone or across zones",
+                        zones[wz].client_prefixes[wp]
+                    ),
+                );
+                // Keep the wider range as the reference.
+                if net.broadcast() > w.broadcast() {
+                    widest = Some((net, z, p));
+                }
+            }
+            _ => widest = Some((net, z, p)),
+        }
+    }
+}
+
+fn same_family(a: &IpNet, b: &IpNet) -> bool {
+    matches!(
+        (a, b),
+        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+    )
+}
+
+fn zone_label(zones: &[Zone], index: usize) -> String {
+    Scope::Zone {
+        index,
+        name: zones[index].name.clone(),
+    }
+    .to_string()
+}
+
+// ---------------------------------------------------------------- one service
+
+fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
+    check_ports(svc, r);
+    check_zonal_affinity(svc, r);
+    check_failover_policy(svc, r);
+    check_connection_tracking(svc, r);
+    if svc.connection_draining.draining_timeout_sec > MAX_DRAINING_TIMEOUT_SEC {
+        r.push(
+            "connection_draining.draining_timeout_sec",
+            format!(
+                "{} is out of range: allowed 0..={MAX_DRAINING_TIMEOUT_SEC} seconds (0 = no draining)",
+                svc.connection_draining.draining_timeout_sec
+            ),
+        );
+    }
+    if let Some(hc) = &svc.health_check {
+        check_health_check(svc, hc, r);
+    }
+    check_backends(svc, zone_names, r);
+}
+
+fn check_ports(svc: &Service, r: &mut Report) {
+    if svc.protocol == Protocol::L3Default && !svc.ports.is_empty() {
+        r.push(
+            "ports",
+            "must be empty with protocol = L3_DEFAULT (it serves every protocol and port); \
+             use TCP or UDP to select ports",
+        );
+        return;
+    }
+    let mut seen = HashSet::new();
+    for (i, &port) in svc.ports.iter().enumerate() {
+        if port == 0 {
+            r.push(
+                format!("ports[{i}]"),
+                "port 0 is not allowed: ports are 1..=65535 (omit `ports` or leave it empty for all ports)",
+            );
+        } else if !seen.insert(port) {
+            r.push(
+                format!("ports[{i}]"),
+                format!("duplicate port {port}: each port may be listed once"),
+            );
+        }
+    }
+}
+
+/// A ratio field of the API: a float in [0.0, 1.0]; NaN is never in range.
+fn ratio_in_range(x: f64) -> bool {
+    (0.0..=1.0).contains(&x)
+}
+
+fn check_zonal_affinity(svc: &Service, r: &mut Report) {
+    let za = &svc.zonal_affinity;
+    if !ratio_in_range(za.spillover_ratio) {
+        r.push(
+            "zonal_affinity.spillover_ratio",
+            format!("{} is out of range: allowed [0.0, 1.0]", za.spillover_ratio),
+        );
+    } else if za.spillover_ratio != 0.0 && za.spillover != Spillover::SpillCrossZone {
+        r.push(
+            "zonal_affinity.spillover_ratio",
+            format!(
+                "{} is only meaningful with spillover = {}; with spillover = {} it must be 0.0 or absent",
+                za.spillover_ratio,
+                Spillover::SpillCrossZone,
+                za.spillover
+            ),
+        );
+    }
+    // Spec §1.5: zonal affinity is incompatible with backend subsetting (vector Z19).
+    if za.spillover != Spillover::Disabled && svc.subsetting != Subsetting::None {
+        r.push(
+            "subsetting",
+            format!(
+                "{} is incompatible with zonal_affinity.spillover = {}: with subsetting the spillover \
+                 must be {}; or set subsetting = {}",
+                svc.subsetting,
+                za.spillover,
+                Spillover::Disabled,
+                Subsetting::None
+            ),
+        );
+    }
+}
+
+fn check_failover_policy(svc: &Service, r: &mut Report) {
+    let Some(fp) = &svc.failover_policy else {
+        return;
+    };
+    if !ratio_in_range(fp.failover_ratio) {
+        r.push(
+            "failover_policy.failover_ratio",
+            format!("{} is out of range: allowed [0.0, 1.0]", fp.failover_ratio),
+        );
+    }
+    // [AMBIG] spec §1.2: older docs allow this only for TCP backend services, newer ones for
+    // UDP too; we take the stricter reading (TCP only).
+    if fp.disable_connection_drain_on_failover && svc.protocol != Protocol::Tcp {
+        r.push(
+            "failover_policy.disable_connection_drain_on_failover",
+            format!(
+                "true is only allowed with protocol = {} (this service is {}); allowed here: false",
+                Protocol::Tcp,
+                svc.protocol
+            ),
+        );
+    }
+}
+
+fn check_connection_tracking(svc: &Service, r: &mut Report) {
+    let ct = &svc.connection_tracking;
+    // Spec §1.4 persistence table, vector P7.
+    if ct.connection_persistence_on_unhealthy_backends == Persistence::AlwaysPersist
+        && ct.tracking_mode == TrackingMode::PerSession
+    {
+        r.push(
+            "connection_tracking.connection_persistence_on_unhealthy_backends",
+            format!(
+                "{} is invalid with tracking_mode = {}: allowed {}, {}",
+                Persistence::AlwaysPersist,
+                TrackingMode::PerSession,
+                Persistence::DefaultForProtocol,
+                Persistence::NeverPersist
+            ),
+        );
+    }
+    // [AMBIG] spec §1.4: out-of-range values and values in other modes are rejected.
+    if let Some(t) = ct.idle_timeout_sec {
+        let allowed_mode = ct.tracking_mode == TrackingMode::PerSession
+            && IDLE_TIMEOUT_AFFINITIES.contains(&svc.session_affinity);
+        if !allowed_mode {
+            let affinities: Vec<&str> =
+                IDLE_TIMEOUT_AFFINITIES.iter().map(|a| a.as_str()).collect();
+            r.push(
+                "connection_tracking.idle_timeout_sec",
+                format!(
+                    "may be set only with tracking_mode = {} and session_affinity in {{{}}} \
+                     (here tracking_mode = {}, session_affinity = {}); remove it to use the \
+                     default {} s",
+                    TrackingMode::PerSession,
+                    affinities.join(", "),
+                    ct.tracking_mode,
+                    svc.session_affinity,
+                    super::DEFAULT_IDLE_TIMEOUT_SEC
+                ),
+            );
+        } else if !(MIN_IDLE_TIMEOUT_SEC..=MAX_IDLE_TIMEOUT_SEC).contains(&t) {
+            r.push(
+                "connection_tracking.idle_timeout_sec",
+                format!(
+                    "{t} is out of range: allowed {MIN_IDLE_TIMEOUT_SEC}..={MAX_IDLE_TIMEOUT_SEC} seconds"
+                ),
+            );
+        }
+    }
+}
+
+fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
+    if hc.check_interval_sec == 0 {
+        r.push(
+            "health_check.check_interval_sec",
+            "0 is not allowed: must be at least 1 second",
+        );
+    }
+    if hc.timeout_sec == 0 {
+        r.push(
+            "health_check.timeout_sec",
+            "0 is not allowed: must be at least 1 second",
+        );
+    } else if hc.check_interval_sec != 0 && hc.timeout_sec > hc.check_interval_sec {
+        r.push(
+            "health_check.timeout_sec",
+            format!(
+                "{} exceeds health_check.check_interval_sec = {}: allowed 1..={}",
+                hc.timeout_sec, hc.check_interval_sec, hc.check_interval_sec
+            ),
+        );
+    }
+    for (field, value) in [
+        ("health_check.healthy_threshold", hc.healthy_threshold),
+        ("health_check.unhealthy_threshold", hc.unhealthy_threshold),
+    ] {
+        if value == 0 {
+            r.push(field, "0 is not allowed: must be at least 1");
+        }
+    }
+    if let Some(path) = &hc.request_path {
+        if hc.protocol != HealthProtocol::Http {
+            r.push(
+                "health_check.request_path",
+                format!(
+                    "only allowed with health_check.protocol = {} (here {})",
+                    HealthProtocol::Http,
+                    hc.protocol
+                ),
+            );
+        } else if !path.starts_with('/') {
+            r.push(
+                "health_check.request_path",
+                format!("{path:?} must start with '/'"),
+            );
+        }
+    }
+    if let Some(status) = hc.expected_status {
+        if hc.protocol != HealthProtocol::Http {
+            r.push(
+                "health_check.expected_status",
+                format!(
+                    "only allowed with health_check.protocol = {} (here {})",
+                    HealthProtocol::Http,
+                    hc.protocol
+                ),
+            );
+        } else if !(100..=599).contains(&status) {
+            r.push(
+                "health_check.expected_status",
+                format!("{status} is out of range: allowed 100..=599"),
+            );
+        }
+    }
+    match hc.port {
+        Some(0) => r.push("health_check.port", "0 is not allowed: ports are 1..=65535"),
+        None if svc.ports.is_empty() => r.push(
+            "health_check.port",
+            "required because the service has no `ports` (it serves all ports): set a port in 1..=65535",
+        ),
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------- backends
+
+fn check_backends(svc: &Service, zone_names: &[&str], r: &mut Report) {
+    if svc.backends.len() > MAX_BACKENDS_PER_SERVICE {
+        r.push(
+            "backend",
+            format!(
+                "{} backends configured: at most {MAX_BACKENDS_PER_SERVICE} per service",
+                svc.backends.len()
+            ),
+        );
+    }
+    let mut seen: HashMap<IpAddr, usize> = HashMap::new();
+    for (i, b) in svc.backends.iter().enumerate() {
+        if let Some(&first) = seen.get(&b.address) {
+            r.push(
+                format!("backend[{i}].address"),
+                format!("duplicate backend address {} (also backend[{first}]): addresses must be unique", b.address),
+            );
+        } else {
+            seen.insert(b.address, i);
+        }
+        check_backend(svc, b, i, zone_names, r);
+    }
+}
+
+fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &mut Report) {
+    // Encapsulation is IPv4-in-IPv4 or IPv6-in-IPv6 only; L2 DSR keeps the VIP as destination, so
+    // a backend of the other family could not own it either.
+    if b.address.is_ipv4() != svc.vip.is_ipv4() {
+        let family = |a: &IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
+        r.push(
+            format!("backend[{i}].address"),
+            format!(
+                "{} is {} but vip {} is {}: backends must have the VIP's address family \
+                 (IPv4-in-IPv4 / IPv6-in-IPv6 only)",
+                b.address,
+                family(&b.address),
+                svc.vip,
+                family(&svc.vip)
+            ),
+        );
+    }
+    if let Some(zone) = &b.zone {
+        if !zone_names.contains(&zone.as_str()) {
+            let configured = if zone_names.is_empty() {
+                "none are configured".to_string()
+            } else {
+                format!("configured zones: {}", zone_names.join(", "))
+            };
+            r.push(
+                format!("backend[{i}].zone"),
+                format!("{zone:?} names no [[zone]]; {configured}"),
+            );
+        }
+    }
+    if !(1..=MAX_WEIGHT).contains(&b.weight) {
+        r.push(
+            format!("backend[{i}].weight"),
+            format!("{} is out of range: allowed 1..={MAX_WEIGHT}", b.weight),
+        );
+    }
+    if b.failover && svc.failover_policy.is_none() {
+        r.push(
+            format!("backend[{i}].failover"),
+            "true requires a [service.failover_policy] table in this service; \
+             without one, allowed: false",
+        );
+    }
+    match &b.mac {
+        Some(mac) if !is_valid_mac(mac) => r.push(
+            format!("backend[{i}].mac"),
+            format!("{mac:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"),
+        ),
+        None if svc.forwarding == Forwarding::L2Dsr => r.push(
+            format!("backend[{i}].mac"),
+            format!("required with forwarding = {}: the backend's MAC address", Forwarding::L2Dsr),
+        ),
+        _ => {}
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets.
+pub(crate) fn is_valid_mac(text: &str) -> bool {
+    let octets: Vec<&str> = text.split(':').collect();
+    octets.len() == 6
+        && octets
+            .iter()
+            .all(|o| o.len() == 2 && o.bytes().all(|c| c.is_ascii_hexdigit()))
+}
+
+// ---------------------------------------------------------------- across services
+
+fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (index, svc) in services.iter().enumerate() {
+        let mut r = Report {
+            out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
+        if svc.name.trim().is_empty() {
+            r.push("name", "must be a non-empty string");
+        } else if let Some(&first) = seen.get(svc.name.as_str()) {
+            r.push(
+                "name",
+                format!(
+                    "duplicate service name (also service[{first}]); service names must be unique"
+                ),
+            );
+        } else {
+            seen.insert(svc.name.as_str(), index);
+        }
+    }
+}
+
+/// No two services may claim the same (vip, port, protocol). An empty port list claims every
+/// port of its protocol; L3_DEFAULT claims every protocol and port of its VIP.
+fn check_listeners(services: &[Service], out: &mut Vec<Violation>) {
+    let mut by_vip: HashMap<IpAddr, Vec<usize>> = HashMap::new();
+    for (index, svc) in services.iter().enumerate() {
+        let earlier = by_vip.entry(svc.vip).or_default();
+        for &j in earlier.iter() {
+            if let Some((field, problem)) = listener_clash(svc, &services[j], j) {
+                out.push(Violation {
+                    scope: Scope::Service {
+                        index,
+                        name: svc.name.clone(),
+                    },
+                    field,
+                    problem,
+                });
+            }
+        }
+        earlier.push(index);
+    }
+}
+
+/// How `svc` clashes with the earlier service `other` (index `j`) on the same VIP, if it does.
+fn listener_clash(svc: &Service, other: &Service, j: usize) -> Option<(String, String)> {
+    let other_label = Scope::Service {
+        index: j,
+        name: other.name.clone(),
+    };
+    let claim = |s: &Service| match (s.protocol, s.ports.is_empty()) {
+        (Protocol::L3Default, _) => format!("every protocol and port of {}", s.vip),
+        (p, true) => format!("every {p} port of {}", s.vip),
+        (p, false) => format!("{p} ports {:?} of {}", s.ports, s.vip),
+    };
+    let clash = |field: String| {
+        Some((
+            field,
+            format!(
+                "claims {}, which overlaps {} already claimed by {other_label}: each \
+                 (vip, port, protocol) may belong to one service only",
+                claim(svc),
+                claim(other)
+            ),
+        ))
+    };
+    if svc.protocol == Protocol::L3Default {
+        return clash("protocol".into());
+    }
+    if other.protocol == Protocol::L3Default {
+        return clash("vip".into());
+    }
+    if svc.protocol != other.protocol {
+        return None;
+    }
+    if svc.ports.is_empty() {
+        return clash("ports".into());
+    }
+    if other.ports.is_empty() {
+        return clash("ports".into());
+    }
+    let i = svc.ports.iter().position(|p| other.ports.contains(p))?;
+    clash(format!("ports[{i}]"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primes() {
+        assert!(is_prime(251) && is_prime(16381) && is_prime(65537) && is_prime(1_000_003));
+        assert!(!is_prime(0) && !is_prime(1) && !is_prime(16383) && !is_prime(1_000_001));
+    }
+
+    #[test]
+    fn macs() {
+        assert!(is_valid_mac("02:00:c6:12:0b:01") && is_valid_mac("AA:BB:CC:DD:EE:FF"));
+        for bad in [
+            "",
+            "02:00:c6:12:0b",
+            "02:00:c6:12:0b:01:02",
+            "02-00-c6-12-0b-01",
+            "2:00:c6:12:0b:01",
+            "0g:00:c6:12:0b:01",
+        ] {
+            assert!(!is_valid_mac(bad), "{bad}");
+        }
+    }
+}

@@ -10,10 +10,10 @@
 //!    [`Routing::Zonal`] ([`zonal`], step 2.2: one class per configured zone plus the
 //!    non-compatible class).
 //!
-//! # Adding a routing method (Traffic Manager: priority, weighted, performance, geographic,
-//! # multivalue, subnet)
+//! # Adding a routing method
 //!
-//! Every such method compiles to "client classes defined by source prefixes, each with an eligible
+//! The Traffic Manager methods (priority, weighted, performance, geographic, multivalue, subnet)
+//! plug in beside zonal affinity. Every such method compiles to "client classes defined by source prefixes, each with an eligible
 //! set", which is exactly what the data plane consumes (`CLIENT_CLASS` LPM → class id →
 //! Maglev table). To add one:
 //!

@@ -13,9 +13,9 @@
 //! # Adding a routing method
 //!
 //! The Traffic Manager methods (priority, weighted, performance, geographic, multivalue, subnet)
-//! plug in beside zonal affinity. Every such method compiles to "client classes defined by source prefixes, each with an eligible
-//! set", which is exactly what the data plane consumes (`CLIENT_CLASS` LPM → class id →
-//! Maglev table). To add one:
+//! plug in beside zonal affinity. Each compiles to "client classes defined by source prefixes,
+//! each with an eligible set", which is exactly what the data plane consumes (`CLIENT_CLASS`
+//! LPM → class id → Maglev table). To add one:
 //!
 //! - write a submodule with a function `plan_classes(params, base: &BaseSet, backends:
 //!   &[BackendState], ...) -> Vec<ClassPlan>` that returns the classes in a fixed order, the last

@@ -46,3 +46,34 @@ pub fn uniform(id: u32) -> Vec<u32> {
 pub fn backend_mac(id: u32) -> [u8; 6] {
     [0x02, 0xbe, 0, 0, (id >> 8) as u8, id as u8]
 }
+
+/// A service with the given policy bits; persistence flags from the spec's table
+/// (DEFAULT_FOR_PROTOCOL unless the caller changes `flags`).
+pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_common::ServiceInfo {
+    let flags = lb_common::persistence_flags(lb_common::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
+        .expect("valid persistence configuration");
+    lb_common::ServiceInfo {
+        id,
+        affinity,
+        tracking,
+        forwarding,
+        flags,
+        idle_timeout_ns: 600_000_000_000,
+        pool_gen: 0,
+        encap_src_hash_mask: 0,
+        encap_src: [0; 4],
+    }
+}
+
+/// The kernel's flow hash for a packet, predicted with lb-common's functions.
+pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, ports_valid: bool) -> u32 {
+    let full = lb_common::FlowTuple {
+        src: addr_words(src).0,
+        dst: addr_words(dst).0,
+        sport: if ports_valid { sport.to_be() } else { 0 },
+        dport: if ports_valid { dport.to_be() } else { 0 },
+        proto,
+        _pad: [0; 3],
+    };
+    lb_common::flow_hash(&lb_common::hash_tuple(affinity, &full, ports_valid))
+}

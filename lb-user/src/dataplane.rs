@@ -118,6 +118,20 @@ impl Stats {
         self.global.get(index as usize).copied().unwrap_or(0)
     }
 
+    /// Counters of a service: the sum over its classes (`class` field = 0).
+    pub fn service(&self, service: u32) -> ClassStats {
+        self.classes.iter().filter(|c| c.service == service).fold(
+            ClassStats { service, ..Default::default() },
+            |a, c| ClassStats {
+                packets: a.packets + c.packets,
+                bytes: a.bytes + c.bytes,
+                new_flows: a.new_flows + c.new_flows,
+                spills: a.spills + c.spills,
+                ..a
+            },
+        )
+    }
+
     pub fn class(&self, service: u32, class: u32) -> ClassStats {
         self.classes
             .iter()

@@ -65,7 +65,7 @@ impl V4 {
 
     /// The datagram with a valid header checksum.
     pub fn build(&self, payload: &[u8]) -> Vec<u8> {
-        assert!(self.options.len() % 4 == 0 && self.options.len() <= 40);
+        assert!(self.options.len().is_multiple_of(4) && self.options.len() <= 40);
         let hl = 20 + self.options.len();
         let mut h = vec![0u8; hl];
         h[0] = 0x40 | (hl / 4) as u8;

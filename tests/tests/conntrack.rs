@@ -265,4 +265,6 @@ fn client_class_selects_its_table_and_counts_spills() {
     let c1 = s.class(SVC, 1);
     assert_eq!((c1.new_flows, c1.spills), (1, 1), "zone-1 client sent to a zone-2 backend is a spill");
     assert_eq!(s.class(SVC, 0).new_flows, 1);
+    let total = s.service(SVC);
+    assert_eq!((total.packets, total.new_flows, total.spills), (2, 2, 1), "per-service sums over classes");
 }

@@ -24,3 +24,15 @@ fn write_table_uses_standby_slot_and_frees_old_one() {
     assert!(dp.write_table(8, 0, 0, &fixture::uniform(1)).is_err(), "service out of range");
     assert!(dp.write_table(1, 0, 0, &fixture::uniform(64)).is_err(), "backend out of range");
 }
+
+#[test]
+fn attaches_natively_to_a_veth_device() {
+    lb_tests::netns::in_netns(|_| {
+        let mut dp = fixture::load();
+        let mode = dp.attach("lbv1", lb_user::dataplane::Program::Lb).expect("attach");
+        assert_eq!(mode, aya::programs::XdpMode::Driver, "veth supports native XDP");
+        let decap = dp.attach("lbv3", lb_user::dataplane::Program::Decap).expect("attach decap");
+        assert_eq!(decap, aya::programs::XdpMode::Driver);
+        assert!(dp.attach("nonexistent0", lb_user::dataplane::Program::Lb).is_err());
+    });
+}

@@ -15,7 +15,7 @@ const IPPROTO_IPV6: u8 = 41;
 #[inline(always)]
 fn is_local(addr: [u32; 4], family: u8) -> bool {
     let key = AddrKey { addr, family, _pad: [0; 3] };
-    unsafe { DECAP_ADDRS.get(&key).is_some() }
+    unsafe { DECAP_ADDRS.get(key).is_some() }
 }
 
 pub fn run(ctx: &XdpContext) -> u32 {

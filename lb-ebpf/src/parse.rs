@@ -65,7 +65,7 @@ fn be16(ctx: &XdpContext, offset: usize) -> Option<u16> {
 #[inline(always)]
 fn is_vip(addr: [u32; 4], family: u8) -> bool {
     let key = AddrKey { addr, family, _pad: [0; 3] };
-    unsafe { VIPS.get(&key).is_some() }
+    unsafe { VIPS.get(key).is_some() }
 }
 
 /// Offset of the IP header and the ethertype behind at most one VLAN tag.

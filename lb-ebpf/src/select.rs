@@ -13,7 +13,7 @@ use crate::parse::Packet;
 #[inline(always)]
 fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<ServiceInfo> {
     let key = ServiceKey { addr, port, proto, family };
-    unsafe { SERVICES.get(&key).copied() }
+    unsafe { SERVICES.get(key).copied() }
 }
 
 /// The service of a VIP packet: exact port, then the all-ports service of the protocol, then

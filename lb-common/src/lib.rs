@@ -4,8 +4,10 @@
 //! and the Maglev slot function, so userspace can predict the kernel's choice bit for bit.
 #![no_std]
 
+pub mod decide;
 pub mod hash;
 pub mod maps;
 
+pub use decide::*;
 pub use hash::*;
 pub use maps::*;

@@ -67,6 +67,16 @@ pub mod table_flags {
     pub const ZONAL: u32 = 1 << 0;
     /// The class's eligible set holds no healthy backend (E-2/E-9): keep unhealthy entries.
     pub const NO_HEALTHY: u32 = 1 << 1;
+    /// The entry points at a written table; a zero (never written) entry has it clear.
+    pub const ACTIVE: u32 = 1 << 31;
+}
+
+/// `connectionPersistenceOnUnhealthyBackends` (spec §1.4), input of
+/// [`crate::decide::persistence_flags`]; the kernel only sees the derived service flags.
+pub mod persistence {
+    pub const DEFAULT_FOR_PROTOCOL: u8 = 0;
+    pub const NEVER_PERSIST: u8 = 1;
+    pub const ALWAYS_PERSIST: u8 = 2;
 }
 
 /// Key of the `SERVICES` hash map. Port 0 = every port; proto [`PROTO_ANY`] = L3_DEFAULT.
@@ -151,6 +161,21 @@ pub struct CtEntry {
     pub pool_gen: u32,
     /// `bpf_ktime_get_ns()` of the last packet.
     pub last_seen_ns: u64,
+    /// Client class the flow was classified in when the entry was made (for per-class
+    /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
+    pub class: u32,
+    pub _pad: u32,
+}
+
+/// Key of the `VIPS` hash map: every address that some service listens on. Packets to these
+/// addresses are ours (malformed ones are dropped); everything else is passed untouched.
+/// Also the key of `lb_decap`'s `DECAP_ADDRS` (the backend's own tunnel endpoints).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AddrKey {
+    pub addr: [u32; 4],
+    pub family: u8,
+    pub _pad: [u8; 3],
 }
 
 /// Value of the `BACKENDS` array, indexed by backend id (unique across services).
@@ -214,6 +239,8 @@ pub mod stat {
     pub const CT_DRAIN_EXPIRED: u32 = 18;
     pub const CT_POOL_FLUSHED: u32 = 19;
     pub const DECAP: u32 = 20;
+    /// Encapsulated packet to a decap address whose inner header is truncated or malformed.
+    pub const DECAP_DROP_MALFORMED: u32 = 21;
     pub const GLOBAL_COUNT: u32 = 32;
 
     /// Per (service, class) counters follow the global ones, `PER_CLASS_COUNT` each, at
@@ -224,11 +251,12 @@ pub mod stat {
     pub const CLASS_SPILLS: u32 = 3;
     pub const PER_CLASS_COUNT: u32 = 4;
 
-    pub const NAMES: [&str; 21] = [
+    pub const NAMES: [&str; 22] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
+        "decap_drop_malformed",
     ];
 }
 
@@ -242,7 +270,7 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef);
+    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef, AddrKey);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -250,7 +278,8 @@ const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceInfo>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
-const _: () = assert!(core::mem::size_of::<CtEntry>() == 16);
+const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);

@@ -1,1 +1,463 @@
-//! (in progress)
+//! The data-plane writer: loads the XDP object with map sizes fixed at load time, writes
+//! services, backends, client-class prefixes and Maglev tables, and reads counters.
+//!
+//! It knows nothing of policy: callers hand it finished tables. Tables are written into a free
+//! slot of `TABLES` and then made active with a single `TABLE_INDEX` update, so the kernel never
+//! sees a half-written table; the previous slot becomes free again.
+
+use std::collections::HashMap as StdHashMap;
+use std::net::IpAddr;
+
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
+use aya::{Ebpf, EbpfLoader};
+use ipnet::IpNet;
+use lb_common::{
+    stat, table_flags, AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey,
+    TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6,
+};
+
+/// The compiled XDP object (built by `build.rs`).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+
+/// Map sizes, fixed when the object is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataplaneSizes {
+    /// Maglev table size M (prime).
+    pub table_size_m: u32,
+    /// Capacity of the connection-tracking LRU map.
+    pub conntrack_entries: u32,
+    /// Service ids are `0..max_services`.
+    pub max_services: u32,
+    /// Client classes per service (class 0 = non-compatible clients).
+    pub classes_per_service: u32,
+    /// Backend ids are `0..max_backends`.
+    pub max_backends: u32,
+    /// Number of tables `TABLES` holds: active tables plus at least one standby slot.
+    pub table_slots: u32,
+}
+
+impl DataplaneSizes {
+    fn validate(&self) -> Result<()> {
+        let s = self;
+        if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
+            || s.max_backends == 0 || s.table_slots == 0
+        {
+            bail!("data-plane sizes must be positive (M at least 2): {s:?}");
+        }
+        let cells = s.table_slots as u64 * s.table_size_m as u64;
+        if cells > u32::MAX as u64 / 4 {
+            bail!("TABLES would hold {cells} entries, too many");
+        }
+        if s.max_services as u64 * s.classes_per_service as u64 * stat::PER_CLASS_COUNT as u64 + stat::GLOBAL_COUNT as u64
+            > u32::MAX as u64 / 8
+        {
+            bail!("too many (service, class) pairs");
+        }
+        Ok(())
+    }
+}
+
+/// Which of the two XDP programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// The balancer.
+    Lb,
+    /// The backend-side decapsulator.
+    Decap,
+}
+
+impl Program {
+    fn name(self) -> &'static str {
+        match self {
+            Program::Lb => "lb",
+            Program::Decap => "lb_decap",
+        }
+    }
+}
+
+/// Result of one `BPF_PROG_TEST_RUN`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestOutput {
+    /// XDP action (`XDP_DROP` = 1, `XDP_PASS` = 2, `XDP_TX` = 3, `XDP_REDIRECT` = 4).
+    pub action: u32,
+    /// The packet as the program left it.
+    pub data: Vec<u8>,
+}
+
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+/// Counters of one (service, class).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    pub service: u32,
+    pub class: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub spills: u64,
+}
+
+/// All counters, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Indexed by `lb_common::stat::*` (`stat::NAMES` names them).
+    pub global: Vec<u64>,
+    /// Only pairs with a non-zero counter.
+    pub classes: Vec<ClassStats>,
+}
+
+impl Stats {
+    pub fn get(&self, index: u32) -> u64 {
+        self.global.get(index as usize).copied().unwrap_or(0)
+    }
+
+    /// Counters of a service: the sum over its classes (`class` field = 0).
+    pub fn service(&self, service: u32) -> ClassStats {
+        self.classes.iter().filter(|c| c.service == service).fold(
+            ClassStats { service, ..Default::default() },
+            |a, c| ClassStats {
+                packets: a.packets + c.packets,
+                bytes: a.bytes + c.bytes,
+                new_flows: a.new_flows + c.new_flows,
+                spills: a.spills + c.spills,
+                ..a
+            },
+        )
+    }
+
+    pub fn class(&self, service: u32, class: u32) -> ClassStats {
+        self.classes
+            .iter()
+            .find(|c| c.service == service && c.class == class)
+            .copied()
+            .unwrap_or(ClassStats { service, class, ..Default::default() })
+    }
+}
+
+/// A loaded data plane: the programs and typed handles to every map.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    sizes: DataplaneSizes,
+    services: HashMap<MapData, ServiceKey, ServiceInfo>,
+    vips: HashMap<MapData, AddrKey, u32>,
+    conntrack: HashMap<MapData, CtKey, CtEntry>,
+    client_class: LpmTrie<MapData, ClassKey, u32>,
+    table_index: Array<MapData, TableRef>,
+    tables: Array<MapData, u32>,
+    backends: Array<MapData, Backend>,
+    stats: PerCpuArray<MapData, u64>,
+    decap_addrs: HashMap<MapData, AddrKey, u32>,
+    /// Service keys per VIP address, to keep `VIPS` in step with `SERVICES`.
+    vip_refs: StdHashMap<AddrKey, usize>,
+    /// Active slot per (service, class).
+    active_slots: StdHashMap<(u32, u32), u32>,
+    free_slots: Vec<u32>,
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
+    let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
+    T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
+}
+
+/// Map key of an address: IPv4 in the first word, network byte order.
+pub fn addr_words(addr: IpAddr) -> ([u32; 4], u8) {
+    match addr {
+        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], FAMILY_V4),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], FAMILY_V6)
+        }
+    }
+}
+
+fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
+    AddrKey { addr, family, _pad: [0; 3] }
+}
+
+/// The 128-bit trie address of a client prefix and its prefix length: IPv4 as `::ffff:a.b.c.d`.
+fn class_prefix(net: IpNet) -> ([u32; 4], u32) {
+    match net {
+        IpNet::V4(n) => ([0, 0, 0xffffu32.to_be(), u32::from_ne_bytes(n.network().octets())], 96 + n.prefix_len() as u32),
+        IpNet::V6(n) => (addr_words(IpAddr::V6(n.network())).0, n.prefix_len() as u32),
+    }
+}
+
+impl Dataplane {
+    /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
+    pub fn load(sizes: DataplaneSizes) -> Result<Self> {
+        sizes.validate()?;
+        let stats_len = stat::GLOBAL_COUNT + sizes.max_services * sizes.classes_per_service * stat::PER_CLASS_COUNT;
+        let pairs = sizes.max_services * sizes.classes_per_service;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("TABLE_M", &sizes.table_size_m, true)
+            .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
+            // Several keys (ports, protocols) per service.
+            .map_max_entries("SERVICES", sizes.max_services.saturating_mul(16))
+            .map_max_entries("VIPS", sizes.max_services.saturating_mul(4))
+            .map_max_entries("CONNTRACK", sizes.conntrack_entries)
+            .map_max_entries("CLIENT_CLASS", pairs.saturating_mul(16).max(16))
+            .map_max_entries("TABLE_INDEX", pairs)
+            .map_max_entries("TABLES", sizes.table_slots * sizes.table_size_m)
+            .map_max_entries("BACKENDS", sizes.max_backends)
+            .map_max_entries("STATS", stats_len)
+            .map_max_entries("DECAP_ADDRS", 64)
+            .load(EBPF_OBJECT)
+            .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+        for p in [Program::Lb, Program::Decap] {
+            let prog: &mut Xdp = ebpf
+                .program_mut(p.name())
+                .ok_or_else(|| anyhow!("program {} missing", p.name()))?
+                .try_into()?;
+            prog.load().with_context(|| format!("verifying program {}", p.name()))?;
+        }
+        Ok(Self {
+            services: take(&mut ebpf, "SERVICES")?,
+            vips: take(&mut ebpf, "VIPS")?,
+            conntrack: take(&mut ebpf, "CONNTRACK")?,
+            client_class: take(&mut ebpf, "CLIENT_CLASS")?,
+            table_index: take(&mut ebpf, "TABLE_INDEX")?,
+            tables: take(&mut ebpf, "TABLES")?,
+            backends: take(&mut ebpf, "BACKENDS")?,
+            stats: take(&mut ebpf, "STATS")?,
+            decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
+            ebpf,
+            sizes,
+            vip_refs: StdHashMap::new(),
+            active_slots: StdHashMap::new(),
+            free_slots: (0..sizes.table_slots).rev().collect(),
+        })
+    }
+
+    pub fn sizes(&self) -> &DataplaneSizes {
+        &self.sizes
+    }
+
+    /// Installs (or updates) one service under each of its keys (VIP, port, protocol).
+    pub fn set_service(&mut self, keys: &[ServiceKey], info: ServiceInfo) -> Result<()> {
+        if info.id >= self.sizes.max_services {
+            bail!("service id {} out of range (max_services {})", info.id, self.sizes.max_services);
+        }
+        for key in keys {
+            let vip = addr_key(key.addr, key.family);
+            let is_new = self.services.get(key, 0).is_err();
+            self.services.insert(key, info, 0).context("writing SERVICES")?;
+            self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
+            if is_new {
+                *self.vip_refs.entry(vip).or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes service keys; a VIP address stops being ours when its last key is gone.
+    pub fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> Result<()> {
+        for key in keys {
+            if self.services.remove(key).is_err() {
+                continue;
+            }
+            let vip = addr_key(key.addr, key.family);
+            if let Some(n) = self.vip_refs.get_mut(&vip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.vip_refs.remove(&vip);
+                    self.vips.remove(&vip).context("writing VIPS")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a backend slot (address, MAC, zone, state flags, drain deadline).
+    pub fn set_backend(&mut self, id: u32, backend: Backend) -> Result<()> {
+        if id >= self.sizes.max_backends {
+            bail!("backend id {id} out of range (max_backends {})", self.sizes.max_backends);
+        }
+        self.backends.set(id, backend, 0).context("writing BACKENDS")?;
+        Ok(())
+    }
+
+    pub fn backend(&self, id: u32) -> Result<Backend> {
+        Ok(self.backends.get(&id, 0)?)
+    }
+
+    /// Updates only the state of a backend: `backend_flags` and the drain deadline
+    /// (`bpf_ktime_get_ns` clock) that applies with REMOVED.
+    pub fn set_backend_state(&mut self, id: u32, flags: u8, drain_deadline_ns: u64) -> Result<()> {
+        let mut b = self.backend(id).with_context(|| format!("reading backend {id}"))?;
+        b.flags = flags;
+        b.drain_deadline_ns = drain_deadline_ns;
+        self.set_backend(id, b)
+    }
+
+    /// Maps clients of `service` in `prefix` to `class` (longest prefix wins).
+    pub fn set_class_prefix(&mut self, service: u32, prefix: IpNet, class: u32) -> Result<()> {
+        if class >= self.sizes.classes_per_service {
+            bail!("class {class} out of range (classes_per_service {})", self.sizes.classes_per_service);
+        }
+        let (addr, len) = class_prefix(prefix.trunc());
+        let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
+        self.client_class.insert(&key, class, 0).context("writing CLIENT_CLASS")?;
+        Ok(())
+    }
+
+    pub fn remove_class_prefix(&mut self, service: u32, prefix: IpNet) -> Result<()> {
+        let (addr, len) = class_prefix(prefix.trunc());
+        let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
+        self.client_class.remove(&key).context("removing from CLIENT_CLASS")?;
+        Ok(())
+    }
+
+    fn table_index_of(&self, service: u32, class: u32) -> Result<u32> {
+        if service >= self.sizes.max_services || class >= self.sizes.classes_per_service {
+            bail!("(service {service}, class {class}) out of range");
+        }
+        Ok(service * self.sizes.classes_per_service + class)
+    }
+
+    /// Writes the Maglev table of (service, class) into a free slot, then activates it with one
+    /// `TABLE_INDEX` update and frees the previous slot. `flags` are `table_flags` bits (ACTIVE
+    /// is added). Returns the slot used.
+    pub fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> Result<u32> {
+        let index = self.table_index_of(service, class)?;
+        let m = self.sizes.table_size_m;
+        if entries.len() != m as usize {
+            bail!("table has {} entries, M is {m}", entries.len());
+        }
+        if let Some(bad) = entries.iter().find(|&&b| b != BACKEND_DROP && b >= self.sizes.max_backends) {
+            bail!("table names backend {bad}, beyond max_backends {}", self.sizes.max_backends);
+        }
+        let slot = self.free_slots.pop().ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
+        let written = (|| -> Result<()> {
+            for (i, &b) in entries.iter().enumerate() {
+                self.tables.set(slot * m + i as u32, b, 0)?;
+            }
+            self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            self.free_slots.push(slot);
+            return Err(e.context("writing a table"));
+        }
+        if let Some(old) = self.active_slots.insert((service, class), slot) {
+            self.free_slots.push(old);
+        }
+        Ok(slot)
+    }
+
+    /// Changes the flags of the active table of (service, class) without rewriting it.
+    pub fn set_table_flags(&mut self, service: u32, class: u32, flags: u32) -> Result<()> {
+        let index = self.table_index_of(service, class)?;
+        let slot = *self.active_slots.get(&(service, class)).ok_or_else(|| anyhow!("no table for ({service}, {class})"))?;
+        self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
+        Ok(())
+    }
+
+    /// The active table of (service, class), as the kernel reads it.
+    pub fn read_table(&self, service: u32, class: u32) -> Result<Option<(TableRef, Vec<u32>)>> {
+        let r = self.table_index.get(&self.table_index_of(service, class)?, 0)?;
+        if r.flags & table_flags::ACTIVE == 0 {
+            return Ok(None);
+        }
+        let m = self.sizes.table_size_m;
+        let entries = (0..m).map(|i| self.tables.get(&(r.slot * m + i), 0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Some((r, entries)))
+    }
+
+    /// Number of free table slots.
+    pub fn free_table_slots(&self) -> usize {
+        self.free_slots.len()
+    }
+
+    /// Adds an address this host decapsulates for (`lb_decap`).
+    pub fn add_decap_address(&mut self, addr: IpAddr) -> Result<()> {
+        let (words, family) = addr_words(addr);
+        self.decap_addrs.insert(addr_key(words, family), 1, 0).context("writing DECAP_ADDRS")?;
+        Ok(())
+    }
+
+    pub fn conntrack_get(&self, key: &CtKey) -> Option<CtEntry> {
+        self.conntrack.get(key, 0).ok()
+    }
+
+    pub fn conntrack_set(&mut self, key: &CtKey, entry: CtEntry) -> Result<()> {
+        self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?;
+        Ok(())
+    }
+
+    /// Every connection-table entry.
+    pub fn conntrack_entries(&self) -> Vec<(CtKey, CtEntry)> {
+        self.conntrack.iter().filter_map(|r| r.ok()).collect()
+    }
+
+    /// All counters, summed over CPUs.
+    pub fn stats(&self) -> Result<Stats> {
+        let sum = |i: u32| -> Result<u64> { Ok(self.stats.get(&i, 0)?.iter().sum()) };
+        let global = (0..stat::GLOBAL_COUNT).map(sum).collect::<Result<Vec<_>>>()?;
+        let mut classes = Vec::new();
+        let cps = self.sizes.classes_per_service;
+        for service in 0..self.sizes.max_services {
+            for class in 0..cps {
+                let base = stat::GLOBAL_COUNT + (service * cps + class) * stat::PER_CLASS_COUNT;
+                let c = ClassStats {
+                    service,
+                    class,
+                    packets: sum(base + stat::CLASS_PACKETS)?,
+                    bytes: sum(base + stat::CLASS_BYTES)?,
+                    new_flows: sum(base + stat::CLASS_NEW_FLOWS)?,
+                    spills: sum(base + stat::CLASS_SPILLS)?,
+                };
+                if c.packets + c.bytes + c.new_flows + c.spills != 0 {
+                    classes.push(c);
+                }
+            }
+        }
+        Ok(Stats { global, classes })
+    }
+
+    fn program(&self, p: Program) -> Result<&Xdp> {
+        Ok(self.ebpf.program(p.name()).ok_or_else(|| anyhow!("program {} missing", p.name()))?.try_into()?)
+    }
+
+    /// Attaches a program to an interface, native (driver) mode first, else generic.
+    /// Returns the mode used. The attachment lives as long as this `Dataplane`.
+    pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
+        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
+        match prog.attach(ifname, XdpMode::Driver) {
+            Ok(_) => Ok(XdpMode::Driver),
+            Err(native) => {
+                prog.attach(ifname, XdpMode::Skb)
+                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
+                Ok(XdpMode::Skb)
+            }
+        }
+    }
+
+    /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
+    /// the loopback device of the calling thread's network namespace.
+    pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+        // Room for the headers an encapsulation adds.
+        let mut out = vec![0u8; packet.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: if ingress_ifindex != 0 { Some(&ctx) } else { None },
+            repeat: 1,
+            ..Default::default()
+        };
+        let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+        out.truncate(r.data_size_out as usize);
+        Ok(TestOutput { action: r.return_value, data: out })
+    }
+}

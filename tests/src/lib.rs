@@ -1,4 +1,9 @@
-//! Shared helpers of the integration tests: network namespaces and the end-to-end topology.
+//! Shared helpers of the integration tests: packet builders and checksums, data-plane fixtures
+//! with a private namespace for `bpf_fib_lookup` (`fixture_net`), named network namespaces and
+//! the end-to-end topology.
 
+pub mod fixture;
+pub mod fixture_net;
 pub mod netns;
+pub mod packet;
 pub mod topology;

@@ -1,0 +1,41 @@
+//! Connection tracking: look up the flow's entry, check it against the backend's state and the
+//! service's persistence flags (`lb_common::ct_verdict`), refresh or delete it.
+
+use lb_common::{stat, table_flags, ct_verdict, CtEntry, CtKey, CtVerdict, ServiceInfo};
+
+use crate::maps::{BACKENDS, CONNTRACK};
+use crate::{select, stats};
+
+/// The tracked (backend, class) of a flow if its entry is still valid; an invalid entry is
+/// deleted and counted by reason.
+#[inline(always)]
+pub fn lookup(key: &CtKey, service: &ServiceInfo, proto: u8, now: u64) -> Option<(u32, u32)> {
+    let entry = CONNTRACK.get_ptr_mut(key)?;
+    let e: CtEntry = unsafe { *entry };
+    let backend = BACKENDS.get(e.backend);
+    let verdict = ct_verdict(&e, backend, service, proto, now, || {
+        match select::table_ref(service.id, e.class) {
+            Some(t) => t.flags & table_flags::NO_HEALTHY != 0,
+            None => false,
+        }
+    });
+    let reason = match verdict {
+        CtVerdict::Valid => {
+            unsafe { (*entry).last_seen_ns = now };
+            return Some((e.backend, e.class));
+        }
+        CtVerdict::IdleExpired => stat::CT_EXPIRED,
+        CtVerdict::PoolFlushed => stat::CT_POOL_FLUSHED,
+        CtVerdict::BackendGone => stat::CT_DRAIN_EXPIRED,
+        CtVerdict::Unhealthy => stat::CT_REROUTED_UNHEALTHY,
+    };
+    stats::inc(reason);
+    let _ = CONNTRACK.remove(key);
+    None
+}
+
+#[inline(always)]
+pub fn insert(key: &CtKey, entry: &CtEntry) {
+    // Overwrites an existing entry (a SYN that starts a new flow on a known tuple).
+    let _ = CONNTRACK.insert(key, entry, 0);
+}

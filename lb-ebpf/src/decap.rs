@@ -1,0 +1,89 @@
+//! `lb_decap`: on a backend host, strip the outer IPIP / IP6IP6 header of packets addressed to
+//! one of this host's tunnel endpoints (`DECAP_ADDRS`) and pass the inner packet up the stack.
+//! Everything else is passed untouched.
+
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use lb_common::{stat, AddrKey, FAMILY_V4, FAMILY_V6};
+
+use crate::maps::DECAP_ADDRS;
+use crate::parse::{parse_eth, ptr_at, read, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
+use crate::stats;
+
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_IPV6: u8 = 41;
+
+#[inline(always)]
+fn is_local(addr: [u32; 4], family: u8) -> bool {
+    let key = AddrKey { addr, family, _pad: [0; 3] };
+    unsafe { DECAP_ADDRS.get(key).is_some() }
+}
+
+pub fn run(ctx: &XdpContext) -> u32 {
+    let (l3_off, ethertype) = match parse_eth(ctx) {
+        Ok(x) => x,
+        Err(_) => return xdp_action::XDP_PASS,
+    };
+    // (outer header length, inner ethertype), or pass.
+    let (outer_len, inner_type) = match ethertype {
+        ETH_P_IP => {
+            let h: [u8; 20] = match read(ctx, l3_off) {
+                Some(h) => h,
+                None => return xdp_action::XDP_PASS,
+            };
+            let dst = u32::from_ne_bytes([h[16], h[17], h[18], h[19]]);
+            if h[9] != IPPROTO_IPIP || h[0] >> 4 != 4 || !is_local([dst, 0, 0, 0], FAMILY_V4) {
+                return xdp_action::XDP_PASS;
+            }
+            let ihl = ((h[0] & 0x0f) as usize) * 4;
+            if ihl < 20 {
+                return malformed();
+            }
+            (ihl, ETH_P_IP)
+        }
+        ETH_P_IPV6 => {
+            let h: [u32; 10] = match read(ctx, l3_off) {
+                Some(h) => h,
+                None => return xdp_action::XDP_PASS,
+            };
+            let next = h[1].to_ne_bytes()[2];
+            if next != IPPROTO_IPV6 || !is_local([h[6], h[7], h[8], h[9]], FAMILY_V6) {
+                return xdp_action::XDP_PASS;
+            }
+            (40, ETH_P_IPV6)
+        }
+        _ => return xdp_action::XDP_PASS,
+    };
+    let inner_off = l3_off + outer_len;
+    // The inner header must be there and of the announced version.
+    let inner_ver: [u8; 1] = match read(ctx, inner_off) {
+        Some(v) => v,
+        None => return malformed(),
+    };
+    let want = if inner_type == ETH_P_IP { 4 } else { 6 };
+    if inner_ver[0] >> 4 != want {
+        return malformed();
+    }
+    let eth: [u8; 12] = match read(ctx, 0) {
+        Some(e) => e,
+        None => return malformed(),
+    };
+    // Keep the frame's MACs, drop any VLAN tag with the outer header.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, (inner_off - ETH_LEN) as i32) } != 0 {
+        return malformed();
+    }
+    let p = match ptr_at::<[u8; ETH_LEN]>(ctx, 0) {
+        Some(p) => p,
+        None => return malformed(),
+    };
+    let mut h = [0u8; ETH_LEN];
+    h[0..12].copy_from_slice(&eth);
+    h[12..14].copy_from_slice(&inner_type.to_be_bytes());
+    unsafe { core::ptr::write_unaligned(p, h) };
+    stats::inc(stat::DECAP);
+    xdp_action::XDP_PASS
+}
+
+fn malformed() -> u32 {
+    stats::inc(stat::DECAP_DROP_MALFORMED);
+    xdp_action::XDP_DROP
+}

@@ -1,0 +1,44 @@
+//! The maps and load-time constants of the data plane. Every `max_entries` here is a placeholder:
+//! `lb_user::dataplane` sets the real sizes before load, from the configuration.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    Global,
+};
+use lb_common::{AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey, TableRef};
+
+/// (VIP, port, proto) -> service. Port 0 = all ports, proto 0 = L3_DEFAULT.
+#[map]
+pub static SERVICES: HashMap<ServiceKey, ServiceInfo> = HashMap::with_max_entries(1, 0);
+/// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
+#[map]
+pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
+/// Tracking tuple -> backend.
+#[map]
+pub static CONNTRACK: LruHashMap<CtKey, CtEntry> = LruHashMap::with_max_entries(1, 0);
+/// (service, source prefix) -> client class.
+#[map]
+pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
+/// service * CLASSES_PER_SERVICE + class -> active table slot.
+#[map]
+pub static TABLE_INDEX: Array<TableRef> = Array::with_max_entries(1, 0);
+/// slot * TABLE_M + i -> backend id.
+#[map]
+pub static TABLES: Array<u32> = Array::with_max_entries(1, 0);
+/// Backend id -> address, MAC, state flags.
+#[map]
+pub static BACKENDS: Array<Backend> = Array::with_max_entries(1, 0);
+/// Counters, see `lb_common::stat`.
+#[map]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// `lb_decap`: this host's tunnel endpoint addresses.
+#[map]
+pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
+
+/// Maglev table size M (prime), set at load time so the verifier sees a constant.
+#[no_mangle]
+pub static TABLE_M: Global<u32> = Global::new(1);
+/// Number of client classes per service (row width of TABLE_INDEX and the class counters).
+#[no_mangle]
+pub static CLASSES_PER_SERVICE: Global<u32> = Global::new(1);

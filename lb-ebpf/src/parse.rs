@@ -1,0 +1,224 @@
+//! Packet parsing: Ethernet (one 802.1Q tag), IPv4 (IHL honoured, fragments), IPv6 (hop-by-hop,
+//! routing, destination-options and fragment headers skipped), TCP/UDP ports and the SYN bit.
+//! A packet whose destination is not a VIP is passed untouched; a VIP packet that is truncated
+//! or malformed is dropped with the reason.
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+
+use crate::maps::VIPS;
+
+pub const ETH_LEN: usize = 14;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const IPV6_HDR_LEN: usize = 40;
+/// Extension headers skipped at most; more is treated as malformed.
+const MAX_EXT_HEADERS: usize = 6;
+
+/// What the parser found out about a VIP packet.
+pub struct Packet {
+    pub family: u8,
+    /// Offset of the IP header (14, or 18 behind a VLAN tag).
+    pub l3_off: usize,
+    /// Length of the IP datagram (IPv4 total length, IPv6 40 + payload length).
+    pub l3_len: usize,
+    /// src, dst, proto, and the ports when `ports_valid`.
+    pub tuple: FlowTuple,
+    /// TCP or UDP, not a fragment: the ports may be hashed.
+    pub ports_valid: bool,
+    /// TCP SYN without ACK.
+    pub is_syn: bool,
+}
+
+pub enum Verdict {
+    /// Not addressed to a VIP (or not IP): leave it to the stack.
+    Pass,
+    /// Addressed to a VIP but unusable: drop and count this stat.
+    Drop(u32),
+}
+
+/// Bounds-checked pointer to a `T` at `offset` in the packet.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+    // Hide the offset from LLVM: otherwise it drops this check as implied by earlier length
+    // checks, and the verifier, which cannot follow that reasoning, rejects the access.
+    let offset = core::hint::black_box(offset);
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+#[inline(always)]
+pub fn read<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
+    ptr_at::<T>(ctx, offset).map(|p| unsafe { core::ptr::read_unaligned(p) })
+}
+
+#[inline(always)]
+fn be16(ctx: &XdpContext, offset: usize) -> Option<u16> {
+    read::<[u8; 2]>(ctx, offset).map(u16::from_be_bytes)
+}
+
+#[inline(always)]
+fn is_vip(addr: [u32; 4], family: u8) -> bool {
+    let key = AddrKey { addr, family, _pad: [0; 3] };
+    unsafe { VIPS.get(key).is_some() }
+}
+
+/// Offset of the IP header and the ethertype behind at most one VLAN tag.
+#[inline(always)]
+pub fn parse_eth(ctx: &XdpContext) -> Result<(usize, u16), Verdict> {
+    let ethertype = be16(ctx, 12).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_ETH))?;
+    if ethertype != ETH_P_8021Q {
+        return Ok((ETH_LEN, ethertype));
+    }
+    let inner = be16(ctx, 16).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_ETH))?;
+    Ok((ETH_LEN + 4, inner))
+}
+
+#[inline(always)]
+pub fn parse(ctx: &XdpContext) -> Result<Packet, Verdict> {
+    let (l3_off, ethertype) = parse_eth(ctx)?;
+    match ethertype {
+        ETH_P_IP => parse_v4(ctx, l3_off),
+        ETH_P_IPV6 => parse_v6(ctx, l3_off),
+        _ => Err(Verdict::Pass),
+    }
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
+    let hdr: [u8; 20] = read(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+    let src = u32::from_ne_bytes([hdr[12], hdr[13], hdr[14], hdr[15]]);
+    let dst = u32::from_ne_bytes([hdr[16], hdr[17], hdr[18], hdr[19]]);
+    if !is_vip([dst, 0, 0, 0], FAMILY_V4) {
+        return Err(Verdict::Pass);
+    }
+    let ihl = ((hdr[0] & 0x0f) as usize) * 4;
+    let tot_len = u16::from_be_bytes([hdr[2], hdr[3]]) as usize;
+    if hdr[0] >> 4 != 4 || ihl < 20 || tot_len < ihl {
+        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+    }
+    if ctx.data() + l3_off + tot_len > ctx.data_end() {
+        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+    }
+    let frag = u16::from_be_bytes([hdr[6], hdr[7]]);
+    // More-fragments flag or a non-zero offset: any piece of a fragmented datagram.
+    let is_fragment = frag & 0x3fff != 0;
+    let proto = hdr[9];
+    let mut pkt = Packet {
+        family: FAMILY_V4,
+        l3_off,
+        l3_len: tot_len,
+        tuple: FlowTuple { src: [src, 0, 0, 0], dst: [dst, 0, 0, 0], sport: 0, dport: 0, proto, _pad: [0; 3] },
+        ports_valid: false,
+        is_syn: false,
+    };
+    if !is_fragment {
+        parse_l4(ctx, &mut pkt, l3_off + ihl, l3_off + tot_len)?;
+    }
+    Ok(pkt)
+}
+
+#[inline(always)]
+fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
+    let hdr: [u32; 10] = read(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+    let dst = [hdr[6], hdr[7], hdr[8], hdr[9]];
+    if !is_vip(dst, FAMILY_V6) {
+        return Err(Verdict::Pass);
+    }
+    let first = hdr[0].to_ne_bytes();
+    let second = hdr[1].to_ne_bytes();
+    let payload_len = u16::from_be_bytes([second[0], second[1]]) as usize;
+    // Payload length 0 is a jumbogram (hop-by-hop option): not supported, malformed for us.
+    if first[0] >> 4 != 6 || payload_len == 0 {
+        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+    }
+    let l3_len = IPV6_HDR_LEN + payload_len;
+    let l3_end = l3_off + l3_len;
+    if ctx.data() + l3_end > ctx.data_end() {
+        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+    }
+    let mut next = second[2];
+    let mut off = l3_off + IPV6_HDR_LEN;
+    let mut is_fragment = false;
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            // Hop-by-hop, routing, destination options: length in 8-octet units, minus one.
+            0 | 43 | 60 => {
+                if off + 2 > l3_end {
+                    return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+                }
+                let ext: [u8; 2] = read(ctx, off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+                next = ext[0];
+                off += (ext[1] as usize + 1) * 8;
+            }
+            // Fragment header: 8 octets.
+            44 => {
+                if off + 8 > l3_end {
+                    return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+                }
+                let ext: [u8; 4] = read(ctx, off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+                next = ext[0];
+                // Offset or M flag set; an atomic fragment (both clear) is a whole datagram.
+                if u16::from_be_bytes([ext[2], ext[3]]) & 0xfff9 != 0 {
+                    is_fragment = true;
+                }
+                off += 8;
+            }
+            _ => break,
+        }
+    }
+    if matches!(next, 0 | 43 | 44 | 60) {
+        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+    }
+    if off > l3_end {
+        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+    }
+    let mut pkt = Packet {
+        family: FAMILY_V6,
+        l3_off,
+        l3_len,
+        tuple: FlowTuple { src: [hdr[2], hdr[3], hdr[4], hdr[5]], dst, sport: 0, dport: 0, proto: next, _pad: [0; 3] },
+        ports_valid: false,
+        is_syn: false,
+    };
+    if !is_fragment {
+        parse_l4(ctx, &mut pkt, off, l3_end)?;
+    }
+    Ok(pkt)
+}
+
+/// Ports and SYN of an unfragmented TCP/UDP packet whose L4 header starts at `l4_off` and whose
+/// datagram ends at `l3_end`. Other protocols carry no ports.
+#[inline(always)]
+fn parse_l4(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) -> Result<(), Verdict> {
+    let proto = pkt.tuple.proto;
+    if proto == PROTO_TCP {
+        if l4_off + 20 > l3_end {
+            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+        }
+        let tcp: [u8; 14] = read(ctx, l4_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_L4))?;
+        let data_off = ((tcp[12] >> 4) as usize) * 4;
+        if data_off < 20 || l4_off + data_off > l3_end {
+            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+        }
+        pkt.tuple.sport = u16::from_ne_bytes([tcp[0], tcp[1]]);
+        pkt.tuple.dport = u16::from_ne_bytes([tcp[2], tcp[3]]);
+        // SYN set, ACK clear.
+        pkt.is_syn = tcp[13] & 0x12 == 0x02;
+        pkt.ports_valid = true;
+    } else if proto == PROTO_UDP {
+        if l4_off + 8 > l3_end {
+            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+        }
+        let udp: [u8; 4] = read(ctx, l4_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_L4))?;
+        pkt.tuple.sport = u16::from_ne_bytes([udp[0], udp[1]]);
+        pkt.tuple.dport = u16::from_ne_bytes([udp[2], udp[3]]);
+        pkt.ports_valid = true;
+    }
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! Service lookup and backend choice for new flows: client class (LPM trie), the class's
+//! active table, then `table[hash % M]`. Only table reads; the policy is in the tables.
+
+use aya_ebpf::maps::lpm_trie::Key;
+use lb_common::{
+    maglev_slot, table_flags, ClassKey, ServiceInfo, ServiceKey, TableRef, CLASS_KEY_SERVICE_BITS,
+    CLASS_NONE, FAMILY_V4, PROTO_ANY,
+};
+
+use crate::maps::{CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICES, TABLES, TABLE_INDEX, TABLE_M};
+use crate::parse::Packet;
+
+#[inline(always)]
+fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<ServiceInfo> {
+    let key = ServiceKey { addr, port, proto, family };
+    unsafe { SERVICES.get(key).copied() }
+}
+
+/// The service of a VIP packet: exact port, then the all-ports service of the protocol, then
+/// the L3_DEFAULT service. Fragments carry no usable port, so they only match all-ports
+/// services (as on GCP, fragmented traffic needs an all-ports or L3_DEFAULT rule).
+#[inline(always)]
+pub fn lookup_service(pkt: &Packet) -> Option<ServiceInfo> {
+    let t = &pkt.tuple;
+    if pkt.ports_valid {
+        if let Some(s) = service(t.dst, t.dport, t.proto, pkt.family) {
+            return Some(s);
+        }
+    }
+    if let Some(s) = service(t.dst, 0, t.proto, pkt.family) {
+        return Some(s);
+    }
+    service(t.dst, 0, PROTO_ANY, pkt.family)
+}
+
+/// Client class of the source within the service; IPv4 sources as `::ffff:a.b.c.d`.
+#[inline(always)]
+pub fn client_class(service_id: u32, pkt: &Packet) -> u32 {
+    let src = pkt.tuple.src;
+    let addr = if pkt.family == FAMILY_V4 { [0, 0, 0xffffu32.to_be(), src[0]] } else { src };
+    let key = Key::new(CLASS_KEY_SERVICE_BITS + 128, ClassKey { service_be: service_id.to_be(), addr });
+    match CLIENT_CLASS.get(&key) {
+        Some(c) if *c < CLASSES_PER_SERVICE.load() => *c,
+        _ => CLASS_NONE,
+    }
+}
+
+#[inline(always)]
+pub fn table_ref(service_id: u32, class: u32) -> Option<TableRef> {
+    let index = service_id * CLASSES_PER_SERVICE.load() + class;
+    match TABLE_INDEX.get(index) {
+        Some(t) if t.flags & table_flags::ACTIVE != 0 => Some(*t),
+        _ => None,
+    }
+}
+
+/// The table of the class, or of class 0 (non-compatible clients) when the class has none;
+/// returns the class whose table is used.
+#[inline(always)]
+pub fn class_table(service_id: u32, class: u32) -> Option<(u32, TableRef)> {
+    if let Some(t) = table_ref(service_id, class) {
+        return Some((class, t));
+    }
+    if class != CLASS_NONE {
+        if let Some(t) = table_ref(service_id, CLASS_NONE) {
+            return Some((CLASS_NONE, t));
+        }
+    }
+    None
+}
+
+/// Backend id at `hash % M` of table `slot`.
+#[inline(always)]
+pub fn table_entry(slot: u32, hash: u32) -> Option<u32> {
+    let m = TABLE_M.load();
+    if m == 0 {
+        return None;
+    }
+    TABLES.get(slot * m + maglev_slot(hash, m)).copied()
+}

@@ -1,0 +1,79 @@
+//! Data-plane fixtures: sizes, service keys and backends built from addresses.
+
+use std::net::IpAddr;
+
+use lb_common::{backend_flags, Backend, ServiceKey, PROTO_ANY};
+use lb_user::dataplane::{addr_words, Dataplane, DataplaneSizes};
+
+/// Small prime M keeps table writes fast in tests.
+pub const TEST_M: u32 = 257;
+
+pub fn sizes() -> DataplaneSizes {
+    DataplaneSizes {
+        table_size_m: TEST_M,
+        conntrack_entries: 65536,
+        max_services: 8,
+        classes_per_service: 4,
+        max_backends: 64,
+        table_slots: 40,
+    }
+}
+
+pub fn load() -> Dataplane {
+    Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)")
+}
+
+pub fn service_key(vip: IpAddr, port: u16, proto: u8) -> ServiceKey {
+    let (addr, family) = addr_words(vip);
+    ServiceKey { addr, port: port.to_be(), proto, family }
+}
+
+pub fn l3_default_key(vip: IpAddr) -> ServiceKey {
+    service_key(vip, 0, PROTO_ANY)
+}
+
+pub fn backend(addr: IpAddr, mac: [u8; 6], zone_class: u16) -> Backend {
+    let (a, family) = addr_words(addr);
+    Backend { addr: a, family, flags: backend_flags::HEALTHY, zone_class, mac, _pad: [0; 6], drain_deadline_ns: 0 }
+}
+
+/// A table that sends every flow to `id`.
+pub fn uniform(id: u32) -> Vec<u32> {
+    vec![id; TEST_M as usize]
+}
+
+/// MAC derived from a backend id, for L2 DSR fixtures.
+pub fn backend_mac(id: u32) -> [u8; 6] {
+    [0x02, 0xbe, 0, 0, (id >> 8) as u8, id as u8]
+}
+
+/// A service with the given policy bits; persistence flags from the spec's table
+/// (DEFAULT_FOR_PROTOCOL unless the caller changes `flags`).
+pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_common::ServiceInfo {
+    let flags = lb_common::persistence_flags(lb_common::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
+        .expect("valid persistence configuration");
+    lb_common::ServiceInfo {
+        id,
+        affinity,
+        tracking,
+        forwarding,
+        flags,
+        idle_timeout_ns: 600_000_000_000,
+        pool_gen: 0,
+        encap_src_hash_mask: 0,
+        encap_src: [0; 4],
+    }
+}
+
+/// The kernel's flow hash for a packet, predicted with lb-common's functions.
+pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, ports_valid: bool) -> u32 {
+    let full = lb_common::FlowTuple {
+        src: addr_words(src).0,
+        dst: addr_words(dst).0,
+        sport: if ports_valid { sport.to_be() } else { 0 },
+        dport: if ports_valid { dport.to_be() } else { 0 },
+        proto,
+        _pad: [0; 3],
+    };
+    lb_common::flow_hash(&lb_common::hash_tuple(affinity, &full, ports_valid))
+}

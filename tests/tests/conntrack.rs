@@ -1,0 +1,270 @@
+//! Connection tracking through BPF_PROG_TEST_RUN, observed via L2 DSR (the destination MAC
+//! names the backend): stickiness across table swaps, the SYN rule (§1.1, S5/S7/S8),
+//! persistence vectors P1-P8 (§1.6), idle expiry, draining (P9), pool flush, reserved id.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use lb_common::{
+    affinity, backend_flags, forwarding, persistence, persistence_flags, service_flags, stat, table_flags,
+    track_tuple, tracking, CtKey, FlowTuple, ServiceInfo, BACKEND_DROP, PROTO_TCP, PROTO_UDP,
+};
+use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
+use lb_tests::packet::*;
+use lb_user::dataplane::{addr_words, Dataplane, Program, XDP_DROP, XDP_TX};
+
+const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
+const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 5);
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+const SVC: u32 = 1;
+const B1: u32 = 1;
+const B2: u32 = 2;
+const IDLE_NS: u64 = 600_000_000_000;
+
+/// A DSR service on VIP:80/TCP and VIP:53/UDP with backends b1, b2, every flow hashed to b1.
+fn setup(info: ServiceInfo) -> Dataplane {
+    let mut dp = fixture::load();
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP.into(), 53, PROTO_UDP)], info).unwrap();
+    for id in [B1, B2] {
+        let addr = IpAddr::V4(Ipv4Addr::new(198, 18, 3, id as u8));
+        dp.set_backend(id, backend(addr, backend_mac(id), 0)).unwrap();
+    }
+    dp.write_table(SVC, 0, 0, &uniform(B1)).unwrap();
+    dp
+}
+
+fn dsr(aff: u8, mode: u8) -> ServiceInfo {
+    service_info(SVC, aff, mode, forwarding::L2_DSR)
+}
+
+fn tcp(sport: u16, flags: u8) -> Vec<u8> {
+    let ip = V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, sport, 80, flags, b"data"));
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
+}
+
+fn udp(sport: u16) -> Vec<u8> {
+    let ip = V4::new(CLIENT, VIP, PROTO_UDP).build(&udp4(CLIENT, VIP, sport, 53, b"data"));
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
+}
+
+/// Runs a frame and returns the backend its destination MAC names.
+fn backend_of(dp: &Dataplane, frame: &[u8]) -> u32 {
+    let out = dp.run_test(Program::Lb, frame, 0).unwrap();
+    assert_eq!(out.action, XDP_TX, "expected the packet to be forwarded");
+    assert_eq!(&out.data[6..12], &LB_MAC, "DSR source MAC is the balancer's");
+    assert_eq!(&out.data[12..], &frame[12..], "DSR leaves everything after the MACs untouched");
+    let id = u32::from(out.data[4]) << 8 | u32::from(out.data[5]);
+    assert_eq!(backend_mac(id), out.data[0..6], "unknown destination MAC");
+    id
+}
+
+fn ct_key(info: &ServiceInfo, proto: u8, sport: u16, dport: u16) -> CtKey {
+    let full = FlowTuple {
+        src: addr_words(CLIENT.into()).0,
+        dst: addr_words(VIP.into()).0,
+        sport: sport.to_be(),
+        dport: dport.to_be(),
+        proto,
+        _pad: [0; 3],
+    };
+    CtKey { tuple: track_tuple(info.affinity, info.tracking, &full, true), service: info.id }
+}
+
+fn move_table_to_b2(dp: &mut Dataplane) {
+    dp.write_table(SVC, 0, 0, &uniform(B2)).unwrap();
+}
+
+#[test]
+fn established_flow_keeps_backend_across_table_swap() {
+    let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "established flow stays");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK | TCP_PSH)), B1);
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "new flow follows the new table");
+    let s = dp.stats().unwrap();
+    assert_eq!(s.get(stat::CT_HIT), 2);
+    assert_eq!(s.get(stat::NEW_FLOW), 2);
+}
+
+#[test]
+fn syn_on_tracked_five_tuple_starts_a_new_flow() {
+    // §1.1: with PER_CONNECTION every SYN is new and overwrites the entry (FIN/RST remove nothing).
+    let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B2);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the entry was overwritten");
+}
+
+#[test]
+fn s7_client_ip_per_connection_second_syn_rehashes() {
+    let info = dsr(affinity::CLIENT_IP, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "second SYN re-hashed");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "first connection keeps its entry");
+    assert!(dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40000, 80)).is_some());
+    assert!(dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40001, 80)).is_some(), "a new 5-tuple entry");
+}
+
+#[test]
+fn s8_client_ip_per_session_syn_follows_existing_entry() {
+    let info = dsr(affinity::CLIENT_IP, tracking::PER_SESSION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40002, TCP_SYN)), B1, "SYN is not new: follows the 2-tuple entry");
+    // S5: the UDP flow of the same client shares the one 2-tuple entry.
+    assert_eq!(backend_of(&dp, &udp(5000)), B1);
+    assert_eq!(dp.conntrack_entries().len(), 1);
+}
+
+/// P-vector harness: flow established on b1; b1 turns unhealthy; the table moves to b2
+/// (healthy unless `b2_unhealthy`); returns where the next packet goes.
+fn persistence_case(option: u8, mode: u8, aff: u8, proto: u8, b2_unhealthy: bool) -> u32 {
+    let mut info = dsr(aff, mode);
+    info.flags = persistence_flags(option, mode, aff).expect("valid configuration");
+    let mut dp = setup(info);
+    let (first, next) = if proto == PROTO_TCP { (tcp(40000, TCP_SYN), tcp(40000, TCP_ACK)) } else { (udp(5000), udp(5000)) };
+    assert_eq!(backend_of(&dp, &first), B1);
+    dp.set_backend_state(B1, 0, 0).unwrap();
+    if b2_unhealthy {
+        // No healthy backend anywhere (E-2): the table keeps all backends, flagged NO_HEALTHY.
+        dp.set_backend_state(B2, 0, 0).unwrap();
+        dp.write_table(SVC, 0, table_flags::NO_HEALTHY, &uniform(B2)).unwrap();
+    } else {
+        move_table_to_b2(&mut dp);
+    }
+    let got = backend_of(&dp, &next);
+    let rerouted = dp.stats().unwrap().get(stat::CT_REROUTED_UNHEALTHY);
+    assert_eq!(rerouted, u64::from(got == B2 && !b2_unhealthy), "reroutes are counted");
+    got
+}
+
+#[test]
+fn p1_default_per_connection_client_ip_tcp_stays() {
+    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::CLIENT_IP, PROTO_TCP, false), B1);
+}
+
+#[test]
+fn p2_default_per_connection_none_udp_rerouted() {
+    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), B2);
+}
+
+#[test]
+fn p3_default_per_session_client_ip_tcp_rerouted() {
+    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP, PROTO_TCP, false), B2);
+}
+
+#[test]
+fn p4_default_per_session_client_ip_port_proto_tcp_stays() {
+    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP_PORT_PROTO, PROTO_TCP, false), B1);
+}
+
+#[test]
+fn p5_never_per_connection_none_tcp_rerouted() {
+    assert_eq!(persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, false), B2);
+}
+
+#[test]
+fn p6_always_per_connection_none_udp_stays() {
+    assert_eq!(persistence_case(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), B1);
+}
+
+#[test]
+fn p7_always_per_session_is_rejected() {
+    for aff in [affinity::NONE, affinity::CLIENT_IP_PORT_PROTO, affinity::CLIENT_IP_PROTO, affinity::CLIENT_IP, affinity::CLIENT_IP_NO_DESTINATION] {
+        assert_eq!(persistence_flags(persistence::ALWAYS_PERSIST, tracking::PER_SESSION, aff), None);
+    }
+}
+
+#[test]
+fn p8_never_per_connection_tcp_no_healthy_target_stays() {
+    assert_eq!(persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, true), B1);
+}
+
+#[test]
+fn idle_entry_expires_and_flow_is_rehashed() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &udp(5000)), B1);
+    move_table_to_b2(&mut dp);
+    let key = ct_key(&info, PROTO_UDP, 5000, 53);
+    let e = dp.conntrack_get(&key).expect("entry made by the first packet");
+    assert_eq!(e.backend, B1);
+    // Aged by one second less than the timeout: still valid, and refreshed by the packet.
+    dp.conntrack_set(&key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 1_000_000_000), ..e }).unwrap();
+    assert_eq!(backend_of(&dp, &udp(5000)), B1);
+    let refreshed = dp.conntrack_get(&key).unwrap();
+    assert!(refreshed.last_seen_ns >= e.last_seen_ns, "a hit refreshes last_seen");
+    // Aged past the timeout: expired, re-hashed to b2.
+    dp.conntrack_set(&key, lb_common::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
+    assert_eq!(backend_of(&dp, &udp(5000)), B2);
+    assert_eq!(dp.stats().unwrap().get(stat::CT_EXPIRED), 1);
+    assert_eq!(dp.conntrack_get(&key).unwrap().backend, B2);
+}
+
+#[test]
+fn p9_removed_backend_drains_until_deadline() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    let seen = dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
+    // Removed with 300 s of draining left: tracked packets still reach b1.
+    dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, seen + 300_000_000_000).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1);
+    // Drain window over: the entry is deleted, the next non-SYN lands on a healthy backend.
+    dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, seen).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2);
+    assert_eq!(dp.stats().unwrap().get(stat::CT_DRAIN_EXPIRED), 1);
+}
+
+#[test]
+fn pool_change_flushes_entries_only_when_configured() {
+    let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    info.pool_gen = 1;
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "without the flag, entries survive a pool change");
+    info.pool_gen = 2;
+    info.flags |= service_flags::FLUSH_ON_POOL_CHANGE;
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2);
+    assert_eq!(dp.stats().unwrap().get(stat::CT_POOL_FLUSHED), 1);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the new entry carries the new generation");
+}
+
+#[test]
+fn reserved_backend_id_drops_new_flows_but_not_established_ones() {
+    let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    dp.write_table(SVC, 0, 0, &uniform(BACKEND_DROP)).unwrap();
+    let out = dp.run_test(Program::Lb, &tcp(40001, TCP_SYN), 0).unwrap();
+    assert_eq!(out.action, XDP_DROP);
+    assert_eq!(dp.stats().unwrap().get(stat::DROP_NO_BACKEND), 1);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1);
+}
+
+#[test]
+fn client_class_selects_its_table_and_counts_spills() {
+    let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
+    dp.set_backend(5, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, 5)), backend_mac(5), 2)).unwrap();
+    dp.set_class_prefix(SVC, "198.18.1.0/24".parse().unwrap(), 1).unwrap();
+    dp.set_class_prefix(SVC, "198.18.1.5/32".parse().unwrap(), 3).unwrap();
+    dp.write_table(SVC, 1, table_flags::ZONAL, &uniform(5)).unwrap();
+    // Class 3 (longest prefix) has no table: falls back to class 0.
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    dp.remove_class_prefix(SVC, "198.18.1.5/32".parse().unwrap()).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), 5);
+    let s = dp.stats().unwrap();
+    let c1 = s.class(SVC, 1);
+    assert_eq!((c1.new_flows, c1.spills), (1, 1), "zone-1 client sent to a zone-2 backend is a spill");
+    assert_eq!(s.class(SVC, 0).new_flows, 1);
+    let total = s.service(SVC);
+    assert_eq!((total.packets, total.new_flows, total.spills), (2, 2, 1), "per-service sums over classes");
+}

@@ -68,10 +68,16 @@ impl fmt::Display for MaglevError {
         match self {
             Self::NotPrime { m } => write!(f, "Maglev table size {m} is not prime"),
             Self::TooSmall { m, backends } => {
-                write!(f, "Maglev table size {m} is smaller than the number of backends ({backends})")
+                write!(
+                    f,
+                    "Maglev table size {m} is smaller than the number of backends ({backends})"
+                )
             }
             Self::DuplicateKey { first, second } => {
-                write!(f, "backends #{first} and #{second} have the same Maglev key")
+                write!(
+                    f,
+                    "backends #{first} and #{second} have the same Maglev key"
+                )
             }
             Self::TooManyBackends { backends } => {
                 write!(f, "{backends} backends do not fit a Maglev table entry")
@@ -112,17 +118,26 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
         return Err(MaglevError::NotPrime { m });
     }
     if backends.len() >= BACKEND_DROP as usize {
-        return Err(MaglevError::TooManyBackends { backends: backends.len() });
+        return Err(MaglevError::TooManyBackends {
+            backends: backends.len(),
+        });
     }
     let order = claim_order(backends)?;
     if order.len() > m as usize {
-        return Err(MaglevError::TooSmall { m, backends: order.len() });
+        return Err(MaglevError::TooSmall {
+            m,
+            backends: order.len(),
+        });
     }
     if order.is_empty() {
         return Ok(vec![BACKEND_DROP; m as usize]);
     }
 
-    let max_weight = order.iter().map(|&i| backends[i as usize].weight).max().unwrap_or(1);
+    let max_weight = order
+        .iter()
+        .map(|&i| backends[i as usize].weight)
+        .max()
+        .unwrap_or(1);
     let mut walkers: Vec<Walker> = order
         .iter()
         .map(|&i| {
@@ -179,7 +194,11 @@ impl Walker {
             stride = add_mod(stride, skip, m);
             *s = stride;
         }
-        Self { index, next: offset, strides }
+        Self {
+            index,
+            next: offset,
+            strides,
+        }
     }
 }
 
@@ -202,7 +221,12 @@ struct Slots {
 
 impl Slots {
     fn new(m: u32) -> Self {
-        Self { m, table: vec![BACKEND_DROP; m as usize], taken: vec![0; (m as usize).div_ceil(64)], free: m }
+        Self {
+            m,
+            table: vec![BACKEND_DROP; m as usize],
+            taken: vec![0; (m as usize).div_ceil(64)],
+            free: m,
+        }
     }
 
     #[inline(always)]
@@ -217,10 +241,9 @@ impl Slots {
         if self.is_taken(slot) {
             slot = loop {
                 let candidates = walker.strides.map(|stride| add_mod(slot, stride, self.m));
-                let free_mask = candidates
-                    .iter()
-                    .enumerate()
-                    .fold(0u32, |mask, (k, &c)| mask | (u32::from(!self.is_taken(c)) << k));
+                let free_mask = candidates.iter().enumerate().fold(0u32, |mask, (k, &c)| {
+                    mask | (u32::from(!self.is_taken(c)) << k)
+                });
                 if free_mask != 0 {
                     break candidates[free_mask.trailing_zeros() as usize];
                 }
@@ -237,10 +260,14 @@ impl Slots {
 
 /// Indices of the backends with a non-zero weight, sorted by key; rejects duplicate keys.
 fn claim_order(backends: &[MaglevBackend]) -> Result<Vec<u32>, MaglevError> {
-    let mut order: Vec<u32> =
-        (0..backends.len() as u32).filter(|&i| backends[i as usize].weight > 0).collect();
+    let mut order: Vec<u32> = (0..backends.len() as u32)
+        .filter(|&i| backends[i as usize].weight > 0)
+        .collect();
     order.sort_unstable_by(|&a, &b| backends[a as usize].key.cmp(backends[b as usize].key));
-    if let Some(pair) = order.windows(2).find(|p| backends[p[0] as usize].key == backends[p[1] as usize].key) {
+    if let Some(pair) = order
+        .windows(2)
+        .find(|p| backends[p[0] as usize].key == backends[p[1] as usize].key)
+    {
         let (first, second) = (pair[0].min(pair[1]) as usize, pair[0].max(pair[1]) as usize);
         return Err(MaglevError::DuplicateKey { first, second });
     }
@@ -254,7 +281,10 @@ mod tests {
     #[test]
     fn is_prime_small_and_edge_values() {
         let primes: Vec<u32> = (0..60).filter(|&n| is_prime(n)).collect();
-        assert_eq!(primes, [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]);
+        assert_eq!(
+            primes,
+            [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]
+        );
         for p in [251, 16381, 65521, 65537, 4_294_967_291] {
             assert!(is_prime(p), "{p}");
         }
@@ -274,15 +304,26 @@ mod tests {
         assert_eq!(w.strides[..4], [m - 1, m - 2, m - 3, m - 4]);
         let w = Walker::new(7, 5, 5, 13);
         assert_eq!(w.strides[..4], [5, 10, 2, 7]);
-        assert!(w.strides.iter().enumerate().all(|(k, &s)| s as usize == (k + 1) * 5 % 13));
+        assert!(w
+            .strides
+            .iter()
+            .enumerate()
+            .all(|(k, &s)| s as usize == (k + 1) * 5 % 13));
     }
 
     #[test]
     fn credit_handles_extreme_weights() {
         let keys: [&[u8]; 3] = [b"x", b"y", b"z"];
         let weights = [u32::MAX, u32::MAX - 1, 1];
-        let set: Vec<_> = keys.iter().zip(weights).map(|(k, w)| MaglevBackend { key: k, weight: w }).collect();
+        let set: Vec<_> = keys
+            .iter()
+            .zip(weights)
+            .map(|(k, w)| MaglevBackend { key: k, weight: w })
+            .collect();
         let table = build_table(&set, 13).expect("valid");
-        assert!(table.iter().all(|&e| e < 2), "the tiny weight gets no slot: {table:?}");
+        assert!(
+            table.iter().all(|&e| e < 2),
+            "the tiny weight gets no slot: {table:?}"
+        );
     }
 }

@@ -79,6 +79,18 @@ pub mod persistence {
     pub const ALWAYS_PERSIST: u8 = 2;
 }
 
+/// An address as the maps hold it — IPv4 in the first word, network byte order — and its family.
+pub fn addr_words(addr: core::net::IpAddr) -> ([u32; 4], u8) {
+    match addr {
+        core::net::IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], FAMILY_V4),
+        core::net::IpAddr::V6(a) => {
+            let o = a.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], FAMILY_V6)
+        }
+    }
+}
+
 /// Key of the `SERVICES` hash map. Port 0 = every port; proto [`PROTO_ANY`] = L3_DEFAULT.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

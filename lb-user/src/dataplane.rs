@@ -5,7 +5,7 @@
 //! slot of `TABLES` and then made active with a single `TABLE_INDEX` update, so the kernel never
 //! sees a half-written table; the previous slot becomes free again.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{HashMap as StdHashMap, VecDeque};
 use std::net::IpAddr;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -14,9 +14,10 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
+pub use lb_common::addr_words;
 use lb_common::{
     stat, table_flags, AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey,
-    TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6,
+    TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
 };
 
 /// The compiled XDP object (built by `build.rs`).
@@ -158,24 +159,14 @@ pub struct Dataplane {
     vip_refs: StdHashMap<AddrKey, usize>,
     /// Active slot per (service, class).
     active_slots: StdHashMap<(u32, u32), u32>,
-    free_slots: Vec<u32>,
+    /// FIFO: a freed slot is reused as late as possible, so a packet that read the old
+    /// `TABLE_INDEX` just before a flip never sees that slot being rewritten.
+    free_slots: VecDeque<u32>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
-}
-
-/// Map key of an address: IPv4 in the first word, network byte order.
-pub fn addr_words(addr: IpAddr) -> ([u32; 4], u8) {
-    match addr {
-        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], FAMILY_V4),
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
-            ([w(0), w(4), w(8), w(12)], FAMILY_V6)
-        }
-    }
 }
 
 fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
@@ -232,7 +223,7 @@ impl Dataplane {
             sizes,
             vip_refs: StdHashMap::new(),
             active_slots: StdHashMap::new(),
-            free_slots: (0..sizes.table_slots).rev().collect(),
+            free_slots: (0..sizes.table_slots).collect(),
         })
     }
 
@@ -334,7 +325,7 @@ impl Dataplane {
         if let Some(bad) = entries.iter().find(|&&b| b != BACKEND_DROP && b >= self.sizes.max_backends) {
             bail!("table names backend {bad}, beyond max_backends {}", self.sizes.max_backends);
         }
-        let slot = self.free_slots.pop().ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
+        let slot = self.free_slots.pop_front().ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
         let written = (|| -> Result<()> {
             for (i, &b) in entries.iter().enumerate() {
                 self.tables.set(slot * m + i as u32, b, 0)?;
@@ -343,11 +334,11 @@ impl Dataplane {
             Ok(())
         })();
         if let Err(e) = written {
-            self.free_slots.push(slot);
+            self.free_slots.push_front(slot);
             return Err(e.context("writing a table"));
         }
         if let Some(old) = self.active_slots.insert((service, class), slot) {
-            self.free_slots.push(old);
+            self.free_slots.push_back(old);
         }
         Ok(slot)
     }
@@ -369,6 +360,16 @@ impl Dataplane {
         let m = self.sizes.table_size_m;
         let entries = (0..m).map(|i| self.tables.get(&(r.slot * m + i), 0)).collect::<Result<Vec<_>, _>>()?;
         Ok(Some((r, entries)))
+    }
+
+    /// Deactivates the table of (service, class) and frees its slot.
+    pub fn remove_table(&mut self, service: u32, class: u32) -> Result<()> {
+        let index = self.table_index_of(service, class)?;
+        if let Some(slot) = self.active_slots.remove(&(service, class)) {
+            self.table_index.set(index, TableRef { slot: 0, flags: 0 }, 0)?;
+            self.free_slots.push_back(slot);
+        }
+        Ok(())
     }
 
     /// Number of free table slots.
@@ -459,5 +460,52 @@ impl Dataplane {
         let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
         out.truncate(r.data_size_out as usize);
         Ok(TestOutput { action: r.return_value, data: out })
+    }
+}
+
+/// The clock of `bpf_ktime_get_ns()` (CLOCK_MONOTONIC), for drain deadlines.
+pub fn ktime_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The controller writes through this; each call maps to one of the writer's operations.
+impl crate::controller::Tables for Dataplane {
+    fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<()> {
+        Dataplane::set_backend(self, id, *backend)
+    }
+    fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> Result<()> {
+        Dataplane::write_table(self, service, class, flags, entries).map(|_| ())
+    }
+    fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> Result<()> {
+        // Add and update first, then remove: a source never falls back to class 0 in between.
+        for (net, class) in new {
+            if !old.contains(&(*net, *class)) {
+                self.set_class_prefix(service, *net, *class)?;
+            }
+        }
+        for (net, _) in old {
+            if !new.iter().any(|(n, _)| n == net) {
+                self.remove_class_prefix(service, *net)?;
+            }
+        }
+        Ok(())
+    }
+    fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> Result<()> {
+        Dataplane::set_service(self, keys, *info)
+    }
+    fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> Result<()> {
+        Dataplane::remove_service_keys(self, keys)
+    }
+    fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()> {
+        for class in 0..classes.min(self.sizes.classes_per_service) {
+            self.remove_table(service, class)?;
+        }
+        Ok(())
+    }
+    fn now_ns(&self) -> u64 {
+        ktime_now_ns()
     }
 }

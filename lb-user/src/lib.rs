@@ -3,7 +3,9 @@
 //! BPF; `dataplane` knows nothing of policy, only of tables to write.
 
 pub mod api;
+pub mod compile;
 pub mod config;
+pub mod controller;
 pub mod dataplane;
 pub mod health;
 pub mod maglev;

@@ -1,0 +1,268 @@
+//! Compiles a validated configuration plus the backends' health into what the data plane
+//! executes: service keys and flags, backend records, client-class prefixes and one Maglev
+//! table per (service, client class).
+//!
+//! Pure: no BPF here. `dataplane` writes the result; `policy` and `maglev` decide its content.
+//! Ids are handed out by [`Ids`], which keeps them stable across reloads (a tracked flow stores
+//! a backend id; renumbering would silently move established connections).
+
+use crate::config::{Config, Service};
+use crate::maglev::{self, MaglevBackend};
+use crate::model::{Forwarding, Persistence, Protocol, SessionAffinity, TrackingMode};
+use crate::policy::{self, ServicePlan};
+use ipnet::IpNet;
+use lb_common::{
+    addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo,
+    ServiceKey, CLASS_NONE, PROTO_ANY, PROTO_TCP, PROTO_UDP,
+};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// Stable ids for services (by name) and backends (by service name and address).
+#[derive(Clone, Debug, Default)]
+pub struct Ids {
+    services: BTreeMap<String, u32>,
+    backends: BTreeMap<(String, IpAddr), u32>,
+}
+
+impl Ids {
+    fn service(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.services.get(name) {
+            return *id;
+        }
+        let id = first_free(self.services.len() as u32, self.services.values());
+        self.services.insert(name.to_owned(), id);
+        id
+    }
+
+    fn backend(&mut self, service: &str, addr: IpAddr) -> u32 {
+        let next = self.backends.len() as u32;
+        let key = (service.to_owned(), addr);
+        if let Some(id) = self.backends.get(&key) {
+            return *id;
+        }
+        let id = first_free(next, self.backends.values());
+        self.backends.insert(key, id);
+        id
+    }
+
+    /// Forget ids of services and backends that are no longer configured, except backends for
+    /// which `keep(service, address)` holds (tracked flows may still point at their id).
+    pub fn retain(&mut self, cfg: &Config, keep: &dyn Fn(&str, IpAddr) -> bool) {
+        self.backends.retain(|(svc, addr), _| {
+            keep(svc, *addr) || cfg.services.iter().any(|s| &s.name == svc && s.backends.iter().any(|b| &b.address == addr))
+        });
+        let backends = &self.backends;
+        self.services.retain(|name, _| cfg.services.iter().any(|s| &s.name == name) || backends.keys().any(|(s, _)| s == name));
+    }
+
+    pub fn backend_id(&self, service: &str, addr: IpAddr) -> Option<u32> {
+        self.backends.get(&(service.to_owned(), addr)).copied()
+    }
+}
+
+/// The lowest id not in use (ids are dense so arrays stay small).
+fn first_free<'a>(hint: u32, used: impl Iterator<Item = &'a u32>) -> u32 {
+    let mut used: Vec<u32> = used.copied().collect();
+    used.sort_unstable();
+    if !used.contains(&hint) {
+        return hint;
+    }
+    (0..).find(|i| used.binary_search(i).is_err()).unwrap_or(hint)
+}
+
+/// Everything the data plane needs for one service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledService {
+    pub name: String,
+    pub id: u32,
+    pub keys: Vec<ServiceKey>,
+    pub info: ServiceInfo,
+    /// (client prefix, class id); sources matching none are class [`CLASS_NONE`].
+    pub class_prefixes: Vec<(IpNet, u32)>,
+    /// One table per class id (index = class id), entries are backend ids.
+    pub tables: Vec<ClassTable>,
+    /// Backend ids and addresses in config order.
+    pub backend_ids: Vec<u32>,
+    pub backend_addrs: Vec<IpAddr>,
+    pub plan: ServicePlan,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassTable {
+    pub class: u32,
+    pub flags: u32,
+    pub entries: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compiled {
+    pub services: Vec<CompiledService>,
+    /// (backend id, record).
+    pub backends: Vec<(u32, Backend)>,
+    pub classes_per_service: u32,
+}
+
+/// Number of client classes of a configuration: "none" plus one per zone.
+pub fn classes_per_service(cfg: &Config) -> u32 {
+    cfg.zones.len() as u32 + 1
+}
+
+/// Class id of zone index `z`.
+pub fn zone_class(z: usize) -> u32 {
+    z as u32 + 1
+}
+
+/// Compile `cfg` with `healthy(service_index, backend_index)`.
+pub fn compile(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool, ids: &mut Ids) -> anyhow::Result<Compiled> {
+    let m = cfg.dataplane.maglev_table_size;
+    let plans = policy::plan_config(cfg, healthy);
+    let mut services = Vec::new();
+    let mut backends = Vec::new();
+    for (si, (svc, plan)) in cfg.services.iter().zip(plans).enumerate() {
+        let id = ids.service(&svc.name);
+        let backend_ids: Vec<u32> = svc.backends.iter().map(|b| ids.backend(&svc.name, b.address)).collect();
+        for (bi, b) in svc.backends.iter().enumerate() {
+            let zone_class = svc.backend_zone_index(cfg, b).map(zone_class).unwrap_or(CLASS_NONE) as u16;
+            let mut flags = 0;
+            if healthy(si, bi) {
+                flags |= backend_flags::HEALTHY;
+            }
+            backends.push((
+                backend_ids[bi],
+                Backend {
+                    addr: addr_words(b.address).0,
+                    family: addr_words(b.address).1,
+                    flags,
+                    zone_class,
+                    mac: b.mac.as_deref().and_then(parse_mac).unwrap_or_default(),
+                    ..Default::default()
+                },
+            ));
+        }
+        // Maglev identifies a backend by its address bytes, so a table does not depend on config
+        // order and is identical on every host.
+        let maglev_keys: Vec<Vec<u8>> = svc.backends.iter().map(|b| addr_bytes(b.address)).collect();
+        let keys_to_tables = |class: u32, eligible: &[usize], zonal: bool| {
+            let members: Vec<MaglevBackend> = eligible
+                .iter()
+                .map(|&bi| MaglevBackend { key: &maglev_keys[bi], weight: svc.backends[bi].weight })
+                .collect();
+            let picks = maglev::build_table(&members, m)
+                .map_err(|e| anyhow::anyhow!("service {:?}: Maglev table: {e}", svc.name))?;
+            let entries = picks.iter().map(|&i| if i == lb_common::BACKEND_DROP { i } else { backend_ids[eligible[i as usize]] }).collect();
+            let mut flags = if zonal { table_flags::ZONAL } else { 0 };
+            if !eligible.iter().any(|&bi| healthy(si, bi)) {
+                flags |= table_flags::NO_HEALTHY;
+            }
+            Ok::<_, anyhow::Error>(ClassTable { class, flags, entries })
+        };
+        let mut tables = Vec::new();
+        for cp in &plan.classes {
+            let class = cp.client_zone.map(zone_class).unwrap_or(CLASS_NONE);
+            tables.push(keys_to_tables(class, &cp.eligible, cp.client_zone.is_some())?);
+        }
+        tables.sort_by_key(|t| t.class);
+        let class_prefixes = cfg
+            .zones
+            .iter()
+            .enumerate()
+            .flat_map(|(z, zone)| zone.client_prefixes.iter().map(move |p| (*p, zone_class(z))))
+            .collect();
+        services.push(CompiledService {
+            name: svc.name.clone(),
+            id,
+            keys: service_keys(svc),
+            info: service_info(cfg, svc, id),
+            class_prefixes,
+            tables,
+            backend_ids,
+            backend_addrs: svc.backends.iter().map(|b| b.address).collect(),
+            plan,
+        });
+    }
+    Ok(Compiled { services, backends, classes_per_service: classes_per_service(cfg) })
+}
+
+fn addr_bytes(addr: IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return None;
+        }
+        mac[i] = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(mac)
+}
+
+fn service_keys(svc: &Service) -> Vec<ServiceKey> {
+    let proto = match svc.protocol {
+        Protocol::Tcp => PROTO_TCP,
+        Protocol::Udp => PROTO_UDP,
+        Protocol::L3Default => PROTO_ANY,
+    };
+    let ports: Vec<u16> = if svc.ports.is_empty() { vec![0] } else { svc.ports.clone() };
+    ports
+        .into_iter()
+        .map(|p| ServiceKey { addr: addr_words(svc.vip).0, port: p.to_be(), proto, family: addr_words(svc.vip).1 })
+        .collect()
+}
+
+fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
+    let ct = &svc.connection_tracking;
+    let affinity = match svc.session_affinity {
+        SessionAffinity::None => lb_common::affinity::NONE,
+        SessionAffinity::ClientIpPortProto => lb_common::affinity::CLIENT_IP_PORT_PROTO,
+        SessionAffinity::ClientIpProto => lb_common::affinity::CLIENT_IP_PROTO,
+        SessionAffinity::ClientIp => lb_common::affinity::CLIENT_IP,
+        SessionAffinity::ClientIpNoDestination => lb_common::affinity::CLIENT_IP_NO_DESTINATION,
+    };
+    let tracking = match ct.tracking_mode {
+        TrackingMode::PerConnection => tracking::PER_CONNECTION,
+        TrackingMode::PerSession => tracking::PER_SESSION,
+    };
+    let persistence = match ct.connection_persistence_on_unhealthy_backends {
+        Persistence::DefaultForProtocol => lb_common::persistence::DEFAULT_FOR_PROTOCOL,
+        Persistence::NeverPersist => lb_common::persistence::NEVER_PERSIST,
+        Persistence::AlwaysPersist => lb_common::persistence::ALWAYS_PERSIST,
+    };
+    // Validation rejects the one invalid combination (ALWAYS_PERSIST + PER_SESSION).
+    let mut flags = lb_common::persistence_flags(persistence, tracking, affinity).unwrap_or(0);
+    if svc.failover_policy.as_ref().is_some_and(|f| f.disable_connection_drain_on_failover) {
+        flags |= service_flags::FLUSH_ON_POOL_CHANGE;
+    }
+    let encap = if svc.vip.is_ipv4() { cfg.dataplane.encap_source_v4 } else { cfg.dataplane.encap_source_v6 };
+    let (encap_src, encap_src_hash_mask) = match encap {
+        Some(net) => {
+            let host_bits = (net.max_prefix_len() - net.prefix_len()).min(32) as u32;
+            let mask = if host_bits == 0 { 0 } else { u32::MAX >> (32 - host_bits) };
+            (addr_words(net.network()).0, mask)
+        }
+        None => ([0; 4], 0),
+    };
+    ServiceInfo {
+        id,
+        affinity,
+        tracking,
+        forwarding: match svc.forwarding {
+            Forwarding::Ipip => forwarding::IPIP,
+            Forwarding::L2Dsr => forwarding::L2_DSR,
+        },
+        flags,
+        idle_timeout_ns: svc.idle_timeout_sec() as u64 * 1_000_000_000,
+        pool_gen: 0,
+        encap_src_hash_mask,
+        encap_src,
+    }
+}

@@ -1,0 +1,480 @@
+//! The controller's desired state and its reconciliation into the data plane.
+//!
+//! Owns the configuration, the health verdicts, the operator's overrides and drains, and what
+//! was last written. Every change (health event, override, drain, reload) recompiles and writes
+//! only the difference through a [`Tables`] sink, in an order that never exposes a half state:
+//! backend records first, then tables (standby slot + flip, inside the sink), then service keys,
+//! then removals. Pure logic plus the sink: unit-testable without BPF.
+
+use crate::compile::{self, Compiled, CompiledService, Ids};
+use crate::config::Config;
+use crate::policy::Pool;
+use ipnet::IpNet;
+use lb_common::{backend_flags, Backend, ServiceInfo, ServiceKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// Where the controller writes. Implemented by the BPF data plane and by test recorders.
+pub trait Tables {
+    fn set_backend(&mut self, id: u32, backend: &Backend) -> anyhow::Result<()>;
+    /// Write a class table into a standby slot and make it active in one update.
+    fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()>;
+    /// Replace the service's client-class prefixes.
+    fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()>;
+    fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> anyhow::Result<()>;
+    fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()>;
+    /// Release a removed service's table slots.
+    fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
+    /// Monotonic clock of `bpf_ktime_get_ns()`, for drain deadlines.
+    fn now_ns(&self) -> u64;
+}
+
+/// A backend that left its service (drain or removal), kept until its drain deadline passes so
+/// that its id is not reused while tracked flows may still point at it.
+#[derive(Clone, Debug, PartialEq)]
+struct Departed {
+    id: u32,
+    record: Backend,
+    deadline_ns: u64,
+}
+
+#[derive(Debug)]
+pub struct Controller {
+    cfg: Config,
+    ids: Ids,
+    /// Health checker verdicts; absent = healthy (optimistic start, see `healthy`).
+    checked: BTreeMap<(String, IpAddr), bool>,
+    /// Operator overrides (`lb backend set --health`).
+    overrides: BTreeMap<(String, IpAddr), bool>,
+    /// Backends drained by the operator: out of every eligible set.
+    drained: BTreeSet<(String, IpAddr)>,
+    departed: BTreeMap<(String, IpAddr), Departed>,
+    /// Active pool and generation per service (for FLUSH_ON_POOL_CHANGE).
+    pools: BTreeMap<String, (Pool, u32)>,
+    applied: Option<Compiled>,
+}
+
+impl Controller {
+    pub fn new(cfg: Config) -> Self {
+        Self {
+            cfg,
+            ids: Ids::default(),
+            checked: BTreeMap::new(),
+            overrides: BTreeMap::new(),
+            drained: BTreeSet::new(),
+            departed: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            applied: None,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn applied(&self) -> Option<&Compiled> {
+        self.applied.as_ref()
+    }
+
+    /// A backend's health as the tables see it: override, else checker verdict, else healthy.
+    /// Starting healthy avoids a flap to "all backends" (E-2) on every daemon restart; a dead
+    /// backend is caught by its first `unhealthy_threshold` probes.
+    pub fn healthy(&self, service: &str, addr: IpAddr) -> bool {
+        let key = (service.to_owned(), addr);
+        self.overrides.get(&key).or_else(|| self.checked.get(&key)).copied().unwrap_or(true)
+    }
+
+    pub fn override_of(&self, service: &str, addr: IpAddr) -> Option<bool> {
+        self.overrides.get(&(service.to_owned(), addr)).copied()
+    }
+
+    pub fn checker_verdict(&self, service: &str, addr: IpAddr) -> Option<bool> {
+        self.checked.get(&(service.to_owned(), addr)).copied()
+    }
+
+    pub fn is_drained(&self, service: &str, addr: IpAddr) -> bool {
+        self.drained.contains(&(service.to_owned(), addr))
+    }
+
+    fn require_backend(&self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
+        let svc = self
+            .cfg
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
+        if !svc.backends.iter().any(|b| b.address == addr) {
+            anyhow::bail!("service {service:?} has no backend {addr}");
+        }
+        Ok(())
+    }
+
+    pub fn set_checked(&mut self, service: &str, addr: IpAddr, healthy: bool) {
+        self.checked.insert((service.to_owned(), addr), healthy);
+    }
+
+    /// `Some(h)` pins the health, `None` returns to the checker's verdict.
+    pub fn set_override(&mut self, service: &str, addr: IpAddr, health: Option<bool>) -> anyhow::Result<()> {
+        self.require_backend(service, addr)?;
+        let key = (service.to_owned(), addr);
+        match health {
+            Some(h) => self.overrides.insert(key, h),
+            None => self.overrides.remove(&key),
+        };
+        Ok(())
+    }
+
+    pub fn drain(&mut self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
+        self.require_backend(service, addr)?;
+        self.drained.insert((service.to_owned(), addr));
+        Ok(())
+    }
+
+    /// Replace the configuration (already validated). State of backends that remain is kept.
+    pub fn replace_config(&mut self, cfg: Config) {
+        let still = |(s, a): &(String, IpAddr)| cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a));
+        self.checked.retain(|k, _| still(k));
+        self.overrides.retain(|k, _| still(k));
+        self.drained.retain(|k| still(k));
+        self.cfg = cfg;
+    }
+
+    /// The configuration the policy sees: drained backends are no longer members.
+    fn effective_config(&self) -> Config {
+        let mut cfg = self.cfg.clone();
+        for svc in &mut cfg.services {
+            let name = svc.name.clone();
+            svc.backends.retain(|b| !self.drained.contains(&(name.clone(), b.address)));
+        }
+        cfg
+    }
+
+    /// Recompute everything and write what changed. On error the sink may hold a partial
+    /// update of *tables* (each one still whole and atomic); the next reconcile repairs it.
+    pub fn reconcile(&mut self, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
+        let eff = self.effective_config();
+        let health: Vec<Vec<bool>> = eff
+            .services
+            .iter()
+            .map(|s| s.backends.iter().map(|b| self.healthy(&s.name, b.address)).collect())
+            .collect();
+        // Ids of departed backends stay reserved until their deadline.
+        let now = sink.now_ns();
+        self.departed.retain(|_, d| d.deadline_ns > now);
+        let mut ids = self.ids.clone();
+        let applied = self.applied.as_ref();
+        let departed = &self.departed;
+        // Ids stay reserved while flows may point at them: backends of the last applied state
+        // (they become `departed` below) and departed ones until their deadline.
+        ids.retain(&self.cfg, &|s, a| {
+            departed.contains_key(&(s.to_owned(), a))
+                || applied.is_some_and(|c| c.services.iter().any(|x| x.name == s && x.backend_addrs.contains(&a)))
+        });
+        let mut new = compile::compile(&eff, &|s, b| health[s][b], &mut ids)?;
+        self.bump_pool_generations(&mut new);
+        let mut report = ReconcileReport::default();
+        let old = self.applied.take();
+        let result = self.write_diff(old.as_ref(), &new, now, sink, &mut report);
+        match result {
+            Ok(()) => {
+                self.ids = ids;
+                self.applied = Some(new);
+                Ok(report)
+            }
+            Err(e) => {
+                // Keep the previous picture so the next attempt diffs against what may still be live.
+                self.applied = old;
+                Err(e)
+            }
+        }
+    }
+
+    /// Bump a service's pool generation when its active pool changes (failover/failback), so
+    /// that FLUSH_ON_POOL_CHANGE voids entries made under the other pool.
+    fn bump_pool_generations(&mut self, new: &mut Compiled) {
+        for svc in &mut new.services {
+            let pool = svc.plan.active_pool;
+            let entry = self.pools.entry(svc.name.clone()).or_insert((pool, 0));
+            if entry.0 != pool {
+                entry.0 = pool;
+                entry.1 = entry.1.wrapping_add(1);
+            }
+            svc.info.pool_gen = entry.1;
+        }
+    }
+
+    fn write_diff(
+        &mut self,
+        old: Option<&Compiled>,
+        new: &Compiled,
+        now: u64,
+        sink: &mut dyn Tables,
+        report: &mut ReconcileReport,
+    ) -> anyhow::Result<()> {
+        let old_backends: BTreeMap<u32, Backend> = old.map(|o| o.backends.iter().copied().collect()).unwrap_or_default();
+        let new_backends: BTreeMap<u32, Backend> = new.backends.iter().copied().collect();
+        // 1. Backend records (new ids must exist before a table points at them).
+        for (id, b) in &new_backends {
+            if old_backends.get(id) != Some(b) {
+                sink.set_backend(*id, b)?;
+                report.backends_written += 1;
+            }
+        }
+        // 2. Tables and class prefixes, then service keys.
+        let old_services: BTreeMap<&str, &CompiledService> =
+            old.map(|o| o.services.iter().map(|s| (s.name.as_str(), s)).collect()).unwrap_or_default();
+        for svc in &new.services {
+            let prev = old_services.get(svc.name.as_str()).copied();
+            for t in &svc.tables {
+                let same = prev.and_then(|p| p.tables.iter().find(|pt| pt.class == t.class)).is_some_and(|pt| pt == t);
+                if !same {
+                    sink.write_table(svc.id, t.class, t.flags, &t.entries)?;
+                    report.tables_written += 1;
+                }
+            }
+            let old_prefixes: &[(IpNet, u32)] = prev.map(|p| p.class_prefixes.as_slice()).unwrap_or(&[]);
+            if old_prefixes != svc.class_prefixes.as_slice() {
+                sink.set_class_prefixes(svc.id, old_prefixes, &svc.class_prefixes)?;
+            }
+            if prev.map(|p| (&p.keys, &p.info)) != Some((&svc.keys, &svc.info)) {
+                sink.set_service(&svc.keys, &svc.info)?;
+                report.services_written += 1;
+                if let Some(p) = prev {
+                    let stale: Vec<ServiceKey> = p.keys.iter().filter(|k| !svc.keys.contains(k)).copied().collect();
+                    if !stale.is_empty() {
+                        sink.remove_service_keys(&stale)?;
+                    }
+                }
+            }
+        }
+        // 3. Removed services.
+        for (name, p) in &old_services {
+            if !new.services.iter().any(|s| &s.name == name) {
+                sink.remove_service_keys(&p.keys)?;
+                sink.set_class_prefixes(p.id, &p.class_prefixes, &[])?;
+                sink.remove_tables(p.id, old.map(|o| o.classes_per_service).unwrap_or(1))?;
+                report.services_removed += 1;
+            }
+        }
+        // 4. Backends that left a service: flagged REMOVED with their drain deadline; tracked
+        //    flows continue until then (spec §1.4), and the kernel voids them afterwards.
+        for (id, b) in &old_backends {
+            if new_backends.contains_key(id) {
+                continue;
+            }
+            let Some((service, addr)) = old.and_then(|o| find_backend(o, *id)) else { continue };
+            let timeout_s = self
+                .cfg
+                .services
+                .iter()
+                .find(|s| s.name == service)
+                .map(|s| s.connection_draining.draining_timeout_sec)
+                .unwrap_or(0);
+            let deadline_ns = now + timeout_s as u64 * 1_000_000_000;
+            let record = Backend { flags: (b.flags & !backend_flags::HEALTHY) | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, ..*b };
+            sink.set_backend(*id, &record)?;
+            report.backends_departed += 1;
+            self.departed.insert((service, addr), Departed { id: *id, record, deadline_ns });
+        }
+        Ok(())
+    }
+}
+
+fn find_backend(c: &Compiled, id: u32) -> Option<(String, IpAddr)> {
+    c.services.iter().find_map(|s| {
+        s.backend_ids.iter().position(|b| *b == id).map(|i| (s.name.clone(), s.backend_addrs[i]))
+    })
+}
+
+/// What one reconcile wrote (for logs and tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub backends_written: usize,
+    pub tables_written: usize,
+    pub services_written: usize,
+    pub services_removed: usize,
+    pub backends_departed: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lb_common::BACKEND_DROP;
+
+    /// Records what the controller writes, like the BPF maps would hold it.
+    #[derive(Default)]
+    struct Recorder {
+        backends: BTreeMap<u32, Backend>,
+        tables: BTreeMap<(u32, u32), (u32, Vec<u32>)>,
+        services: std::collections::HashMap<ServiceKey, ServiceInfo>,
+        prefixes: BTreeMap<u32, Vec<(IpNet, u32)>>,
+        writes: usize,
+        now: u64,
+    }
+
+    impl Tables for Recorder {
+        fn set_backend(&mut self, id: u32, b: &Backend) -> anyhow::Result<()> {
+            self.writes += 1;
+            self.backends.insert(id, *b);
+            Ok(())
+        }
+        fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()> {
+            self.writes += 1;
+            self.tables.insert((service, class), (flags, entries.to_vec()));
+            Ok(())
+        }
+        fn set_class_prefixes(&mut self, service: u32, _old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()> {
+            self.writes += 1;
+            self.prefixes.insert(service, new.to_vec());
+            Ok(())
+        }
+        fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> anyhow::Result<()> {
+            self.writes += 1;
+            for k in keys {
+                self.services.insert(*k, *info);
+            }
+            Ok(())
+        }
+        fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()> {
+            self.writes += 1;
+            for k in keys {
+                self.services.remove(k);
+            }
+            Ok(())
+        }
+        fn remove_tables(&mut self, service: u32, _classes: u32) -> anyhow::Result<()> {
+            self.tables.retain(|(s, _), _| *s != service);
+            Ok(())
+        }
+        fn now_ns(&self) -> u64 {
+            self.now
+        }
+    }
+
+    const CFG: &str = r#"
+        [dataplane]
+        maglev_table_size = 251
+        [[zone]]
+        name = "zone-a"
+        client_prefixes = ["198.18.1.0/24"]
+        [[zone]]
+        name = "zone-b"
+        client_prefixes = ["198.18.2.0/24"]
+        [[service]]
+        name = "web"
+        vip = "198.18.0.100"
+        protocol = "TCP"
+        ports = [80]
+        [service.zonal_affinity]
+        spillover = "ZONAL_AFFINITY_STAY_WITHIN_ZONE"
+        [service.connection_draining]
+        draining_timeout_sec = 300
+        [[service.backend]]
+        address = "198.18.11.1"
+        zone = "zone-a"
+        [[service.backend]]
+        address = "198.18.11.2"
+        zone = "zone-a"
+        [[service.backend]]
+        address = "198.18.12.1"
+        zone = "zone-b"
+    "#;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Backend ids a class table uses.
+    fn members(r: &Recorder, class: u32) -> BTreeSet<u32> {
+        r.tables[&(0, class)].1.iter().copied().filter(|b| *b != BACKEND_DROP).collect()
+    }
+
+    #[test]
+    fn first_reconcile_writes_everything_and_a_second_nothing() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!((rep.backends_written, rep.tables_written, rep.services_written), (3, 3, 1));
+        assert_eq!(members(&r, 1), BTreeSet::from([0, 1]), "zone-a refined to its own backends");
+        assert_eq!(members(&r, 2), BTreeSet::from([2]));
+        assert_eq!(members(&r, 0), BTreeSet::from([0, 1, 2]), "non-compatible clients: all");
+        let writes = r.writes;
+        assert_eq!(c.reconcile(&mut r).unwrap(), ReconcileReport::default());
+        assert_eq!(r.writes, writes, "nothing changed, nothing written");
+    }
+
+    #[test]
+    fn health_change_rewrites_only_affected_tables() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        let zone_b = r.tables[&(0, 2)].clone();
+        c.set_checked("web", ip("198.18.11.2"), false);
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!(rep.backends_written, 1, "only the health flag of one backend");
+        assert_eq!(rep.tables_written, 2, "zone-a and the non-compatible class change, zone-b does not");
+        assert_eq!(members(&r, 1), BTreeSet::from([0]));
+        assert_eq!(r.tables[&(0, 2)], zone_b);
+        assert_eq!(r.backends[&1].flags & backend_flags::HEALTHY, 0);
+    }
+
+    #[test]
+    fn override_beats_checker_and_auto_returns_to_it() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        c.set_checked("web", ip("198.18.11.1"), true);
+        c.set_override("web", ip("198.18.11.1"), Some(false)).unwrap();
+        assert!(!c.healthy("web", ip("198.18.11.1")));
+        c.set_override("web", ip("198.18.11.1"), None).unwrap();
+        assert!(c.healthy("web", ip("198.18.11.1")));
+        let err = c.set_override("web", ip("198.18.99.9"), Some(true)).unwrap_err();
+        assert_eq!(err.to_string(), "service \"web\" has no backend 198.18.99.9");
+        let err = c.drain("api", ip("198.18.11.1")).unwrap_err();
+        assert_eq!(err.to_string(), "no service named \"api\"");
+    }
+
+    #[test]
+    fn drain_removes_from_tables_and_flags_with_deadline_keeping_the_id() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder { now: 1_000, ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        c.drain("web", ip("198.18.11.2")).unwrap();
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!(rep.backends_departed, 1);
+        assert_eq!(members(&r, 1), BTreeSet::from([0]), "no new flows to the drained backend");
+        let b = r.backends[&1];
+        assert_eq!(b.flags & backend_flags::REMOVED, backend_flags::REMOVED);
+        assert_eq!(b.drain_deadline_ns, 1_000 + 300 * 1_000_000_000);
+        // A backend added meanwhile must not reuse the drained one's id.
+        let cfg = CFG.to_owned() + "\n[[service.backend]]\naddress = \"198.18.12.2\"\nzone = \"zone-b\"\n";
+        c.replace_config(Config::parse(&cfg).unwrap());
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(members(&r, 2), BTreeSet::from([2, 3]), "new backend got a fresh id");
+    }
+
+    #[test]
+    fn reload_removing_a_backend_keeps_ids_of_the_others_stable() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        // Remove the first backend and reorder: ids follow addresses, not positions.
+        let cfg = CFG.replace("address = \"198.18.11.1\"", "address = \"198.18.11.9\"");
+        c.replace_config(Config::parse(&cfg).unwrap());
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!(rep.backends_departed, 1);
+        assert_eq!(r.backends[&0].flags & backend_flags::REMOVED, backend_flags::REMOVED, "11.1 departed");
+        assert_eq!(members(&r, 1), BTreeSet::from([1, 3]), "11.2 keeps id 1; 11.9 is new (3)");
+    }
+
+    #[test]
+    fn removed_service_loses_its_keys() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(r.services.len(), 1);
+        let cfg = Config::parse("[[zone]]\nname = \"zone-a\"\nclient_prefixes = [\"198.18.1.0/24\"]\n").unwrap();
+        c.replace_config(cfg);
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!(rep.services_removed, 1);
+        assert!(r.services.is_empty() && r.tables.is_empty());
+    }
+}

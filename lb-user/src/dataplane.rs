@@ -7,10 +7,13 @@
 
 use std::collections::{HashMap as StdHashMap, VecDeque};
 use std::net::IpAddr;
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::xdp::XdpLink;
 use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
@@ -19,6 +22,10 @@ use lb_common::{
     stat, table_flags, AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey,
     TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
 };
+
+/// Every map of the object (pinned by these names).
+pub const MAP_NAMES: [&str; 9] =
+    ["SERVICES", "VIPS", "CONNTRACK", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "DECAP_ADDRS"];
 
 /// The compiled XDP object (built by `build.rs`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
@@ -41,6 +48,23 @@ pub struct DataplaneSizes {
 }
 
 impl DataplaneSizes {
+    /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 9] {
+        let pairs = self.max_services * self.classes_per_service;
+        [
+            // Several keys (ports, protocols) per service.
+            ("SERVICES", self.max_services.saturating_mul(16)),
+            ("VIPS", self.max_services.saturating_mul(4)),
+            ("CONNTRACK", self.conntrack_entries),
+            ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
+            ("TABLE_INDEX", pairs),
+            ("TABLES", self.table_slots * self.table_size_m),
+            ("BACKENDS", self.max_backends),
+            ("STATS", stat::GLOBAL_COUNT + pairs * stat::PER_CLASS_COUNT),
+            ("DECAP_ADDRS", 64),
+        ]
+    }
+
     fn validate(&self) -> Result<()> {
         let s = self;
         if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
@@ -184,22 +208,28 @@ fn class_prefix(net: IpNet) -> ([u32; 4], u32) {
 impl Dataplane {
     /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load(sizes: DataplaneSizes) -> Result<Self> {
+        Self::load_with(sizes, None)
+    }
+
+    /// Like [`Dataplane::load`], with every map pinned under `pin_dir` (a bpffs directory).
+    /// Maps already pinned there are reused with their content, so a restarted daemon keeps
+    /// the connection table and the tables the old program forwards with; the writer's own
+    /// bookkeeping (active table slots, VIP references) is rebuilt from the maps. The caller
+    /// must make sure the pinned maps were made with the same `sizes` (see `pinning`).
+    pub fn load_with(sizes: DataplaneSizes, pin_dir: Option<&Path>) -> Result<Self> {
         sizes.validate()?;
-        let stats_len = stat::GLOBAL_COUNT + sizes.max_services * sizes.classes_per_service * stat::PER_CLASS_COUNT;
-        let pairs = sizes.max_services * sizes.classes_per_service;
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = pin_dir {
+            for name in MAP_NAMES {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        for (name, max) in sizes.map_max_entries() {
+            loader.map_max_entries(name, max);
+        }
+        let mut ebpf = loader
             .override_global("TABLE_M", &sizes.table_size_m, true)
             .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
-            // Several keys (ports, protocols) per service.
-            .map_max_entries("SERVICES", sizes.max_services.saturating_mul(16))
-            .map_max_entries("VIPS", sizes.max_services.saturating_mul(4))
-            .map_max_entries("CONNTRACK", sizes.conntrack_entries)
-            .map_max_entries("CLIENT_CLASS", pairs.saturating_mul(16).max(16))
-            .map_max_entries("TABLE_INDEX", pairs)
-            .map_max_entries("TABLES", sizes.table_slots * sizes.table_size_m)
-            .map_max_entries("BACKENDS", sizes.max_backends)
-            .map_max_entries("STATS", stats_len)
-            .map_max_entries("DECAP_ADDRS", 64)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
         for p in [Program::Lb, Program::Decap] {
@@ -223,8 +253,33 @@ impl Dataplane {
             sizes,
             vip_refs: StdHashMap::new(),
             active_slots: StdHashMap::new(),
-            free_slots: (0..sizes.table_slots).collect(),
-        })
+            free_slots: VecDeque::new(),
+        }
+        .with_recovered_bookkeeping())
+    }
+
+    /// Rebuild the writer's bookkeeping from the maps (all empty on a fresh load).
+    fn with_recovered_bookkeeping(mut self) -> Self {
+        let cps = self.sizes.classes_per_service;
+        for index in 0..self.sizes.max_services * cps {
+            if let Ok(r) = self.table_index.get(&index, 0) {
+                if r.flags & table_flags::ACTIVE != 0 && r.slot < self.sizes.table_slots {
+                    self.active_slots.insert((index / cps, index % cps), r.slot);
+                }
+            }
+        }
+        let used: std::collections::HashSet<u32> = self.active_slots.values().copied().collect();
+        self.free_slots = (0..self.sizes.table_slots).filter(|s| !used.contains(s)).collect();
+        let keys: Vec<ServiceKey> = self.services.keys().filter_map(|k| k.ok()).collect();
+        for key in keys {
+            *self.vip_refs.entry(addr_key(key.addr, key.family)).or_default() += 1;
+        }
+        self
+    }
+
+    /// Ids of the services whose keys are in `SERVICES`, with those keys (after a restart).
+    pub fn installed_services(&self) -> Vec<(ServiceKey, ServiceInfo)> {
+        self.services.iter().filter_map(|r| r.ok()).collect()
     }
 
     pub fn sizes(&self) -> &DataplaneSizes {
@@ -441,6 +496,33 @@ impl Dataplane {
         }
     }
 
+    /// Attaches a program to an interface through a bpf_link pinned at `link_pin`, so that it
+    /// stays attached when this process exits. If a link is already pinned there (a previous
+    /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
+    pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
+        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
+        if link_pin.exists() {
+            let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
+            let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
+            let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
+            // The pin keeps the link (and so the attachment); our fd to it can go.
+            drop(prog.take_link(id)?);
+            return Ok(XdpMode::Default);
+        }
+        let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
+            Ok(id) => (id, XdpMode::Driver),
+            Err(native) => {
+                let id = prog
+                    .attach(ifname, XdpMode::Skb)
+                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
+                (id, XdpMode::Skb)
+            }
+        };
+        let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+        link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
+        Ok(mode)
+    }
+
     /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
     /// the loopback device of the calling thread's network namespace.
     pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
@@ -508,4 +590,15 @@ impl crate::controller::Tables for Dataplane {
     fn now_ns(&self) -> u64 {
         ktime_now_ns()
     }
+}
+
+/// Detaches the XDP program whose bpf_link is pinned at `link_pin` (removing the pin closes
+/// the last reference). Returns false if nothing was pinned there.
+pub fn detach_pinned(link_pin: &Path) -> Result<bool> {
+    if !link_pin.exists() {
+        return Ok(false);
+    }
+    let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
+    drop(pinned.unpin().with_context(|| format!("removing {}", link_pin.display()))?);
+    Ok(true)
 }

@@ -10,5 +10,6 @@ pub mod dataplane;
 pub mod health;
 pub mod maglev;
 pub mod model;
+pub mod pinning;
 pub mod plan;
 pub mod policy;

@@ -1,0 +1,100 @@
+//! bpffs: mounting it when absent, and deciding whether the maps pinned by a previous daemon
+//! can be reused.
+//!
+//! Reuse keeps the connection table across a daemon restart or upgrade. It is only safe when
+//! the pinned maps have exactly the sizes this run wants (the kernel cannot resize a map, and
+//! a table of another size M would be read wrongly), so a mismatch discards the old pins with a
+//! warning and starts fresh.
+
+use crate::dataplane::{DataplaneSizes, MAP_NAMES};
+use anyhow::{bail, Context, Result};
+use std::ffi::CString;
+use std::path::Path;
+
+/// Magic number of a bpf filesystem (statfs f_type).
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+/// Default directory for the daemon's pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/lb";
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statfs writes into the struct we own; c is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
+}
+
+/// Make sure `pin_dir` exists on a bpffs, mounting bpffs at /sys/fs/bpf if that is where it
+/// belongs and nothing is mounted there yet.
+pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
+    let sys_bpf = Path::new("/sys/fs/bpf");
+    if pin_dir.starts_with(sys_bpf) && !is_bpffs(sys_bpf) {
+        std::fs::create_dir_all(sys_bpf).ok();
+        let src = CString::new("bpf").unwrap();
+        let target = CString::new("/sys/fs/bpf").unwrap();
+        // SAFETY: valid C strings; mounting a fresh bpffs instance.
+        let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null()) };
+        if rc != 0 {
+            bail!("mounting bpffs at /sys/fs/bpf: {}", std::io::Error::last_os_error());
+        }
+    }
+    std::fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
+    if !is_bpffs(pin_dir) {
+        bail!("{} is not on a bpf filesystem (mount -t bpf bpf DIR)", pin_dir.display());
+    }
+    Ok(())
+}
+
+/// What `prepare_reuse` found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PinState {
+    /// Nothing pinned: a fresh data plane.
+    Fresh,
+    /// Pinned maps match and will be reused (connections survive).
+    Reused,
+    /// Pinned maps had other sizes and were removed; the reason says which.
+    Discarded(String),
+}
+
+/// Check the maps pinned in `pin_dir` against `sizes`; remove them all if any differs.
+pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState> {
+    let mut any = false;
+    let mut mismatch = None;
+    for (name, want) in sizes.map_max_entries() {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        any = true;
+        let info = aya::maps::MapInfo::from_pin(&path).with_context(|| format!("reading {}", path.display()))?;
+        if info.max_entries() != want && mismatch.is_none() {
+            mismatch = Some(format!("{name} holds {} entries, this configuration needs {want}", info.max_entries()));
+        }
+    }
+    if !any {
+        return Ok(PinState::Fresh);
+    }
+    match mismatch {
+        None => Ok(PinState::Reused),
+        Some(why) => {
+            remove_map_pins(pin_dir)?;
+            Ok(PinState::Discarded(why))
+        }
+    }
+}
+
+/// Remove every map pin (the maps themselves go when no program uses them any more).
+pub fn remove_map_pins(pin_dir: &Path) -> Result<()> {
+    for name in MAP_NAMES {
+        let path = pin_dir.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the daemon pins the link of the balancer on `ifname`.
+pub fn link_pin(pin_dir: &Path, ifname: &str) -> std::path::PathBuf {
+    pin_dir.join(format!("link_{ifname}"))
+}

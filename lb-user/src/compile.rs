@@ -25,7 +25,28 @@ pub struct Ids {
     backends: BTreeMap<(String, IpAddr), u32>,
 }
 
+/// Serializable form of [`Ids`] (JSON maps need string keys).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct IdsSnapshot {
+    pub services: Vec<(String, u32)>,
+    pub backends: Vec<(String, IpAddr, u32)>,
+}
+
 impl Ids {
+    pub fn snapshot(&self) -> IdsSnapshot {
+        IdsSnapshot {
+            services: self.services.iter().map(|(n, i)| (n.clone(), *i)).collect(),
+            backends: self.backends.iter().map(|((s, a), i)| (s.clone(), *a, *i)).collect(),
+        }
+    }
+
+    pub fn from_snapshot(s: &IdsSnapshot) -> Self {
+        Self {
+            services: s.services.iter().cloned().collect(),
+            backends: s.backends.iter().map(|(svc, a, i)| ((svc.clone(), *a), *i)).collect(),
+        }
+    }
+
     fn service(&mut self, name: &str) -> u32 {
         if let Some(id) = self.services.get(name) {
             return *id;

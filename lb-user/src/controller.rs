@@ -29,6 +29,15 @@ pub trait Tables {
     fn now_ns(&self) -> u64;
 }
 
+/// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
+/// that tracked flows refer to, the pool generations, and the last health verdicts.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PersistentState {
+    pub ids: crate::compile::IdsSnapshot,
+    pub pools: Vec<(String, Pool, u32)>,
+    pub checked: Vec<(String, IpAddr, bool)>,
+}
+
 /// A backend that left its service (drain or removal), kept until its drain deadline passes so
 /// that its id is not reused while tracked flows may still point at it.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +75,21 @@ impl Controller {
             pools: BTreeMap::new(),
             applied: None,
         }
+    }
+
+    pub fn persistent_state(&self) -> PersistentState {
+        PersistentState {
+            ids: self.ids.snapshot(),
+            pools: self.pools.iter().map(|(n, (p, g))| (n.clone(), *p, *g)).collect(),
+            checked: self.checked.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
+        }
+    }
+
+    /// Resume from a previous daemon's state (before the first reconcile).
+    pub fn restore(&mut self, st: &PersistentState) {
+        self.ids = Ids::from_snapshot(&st.ids);
+        self.pools = st.pools.iter().map(|(n, p, g)| (n.clone(), (*p, *g))).collect();
+        self.checked = st.checked.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
     }
 
     pub fn config(&self) -> &Config {

@@ -1,5 +1,7 @@
-//! `lb`: the load balancer's controller and CLI.
+//! `lb`: the load balancer's daemon and CLI.
 use clap::{Parser, Subcommand};
+use lb_user::api::{self, HealthOverride, Request};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -11,14 +13,105 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: load and attach the data plane, health-check, serve the control socket.
+    Run(lb_user::daemon::RunArgs),
     /// Offline: print every service's eligible backends per client zone.
     Plan(lb_user::plan::PlanArgs),
+    /// Services, backends (zone, role, health, weight) and per-zone eligible sets.
+    Status(Common),
+    /// Data-plane counters, per service and client zone.
+    Stats(Common),
+    /// Which backend a flow from CLIENT gets, and why.
+    Explain {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        client: IpAddr,
+        #[arg(long)]
+        sport: Option<u16>,
+        #[arg(long)]
+        dport: Option<u16>,
+        /// tcp or udp (default: the service's protocol).
+        #[arg(long)]
+        proto: Option<String>,
+    },
+    /// Operator actions on one backend.
+    Backend {
+        #[command(subcommand)]
+        action: BackendAction,
+    },
+    /// Re-read the configuration file (an invalid one is refused and changes nothing).
+    Reload(Common),
+    /// The lb_decap program, for backends whose kernel cannot decapsulate IPIP/IP6IP6.
+    Decap {
+        #[command(subcommand)]
+        action: DecapAction,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Control socket of the daemon.
+    #[arg(long, default_value = api::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BackendAction {
+    /// Override a backend's health (auto = back to the health checker's verdict).
+    Set {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        address: IpAddr,
+        #[arg(long, value_enum)]
+        health: HealthOverride,
+    },
+    /// No new flows; existing flows continue until the service's draining timeout.
+    Drain {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        address: IpAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum DecapAction {
+    /// Attach lb_decap to an interface (stays attached after this command exits).
+    Attach(lb_user::decap::DecapArgs),
+    /// Detach lb_decap from an interface.
+    Detach(lb_user::decap::DecapArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args))),
         Command::Plan(args) => lb_user::plan::run(&args),
+        Command::Status(c) => call(&c, Request::Status, lb_user::render::status),
+        Command::Stats(c) => call(&c, Request::Stats, lb_user::render::stats),
+        Command::Explain { common, service, client, sport, dport, proto } => {
+            call(&common, Request::Explain { service, client, sport, dport, proto }, lb_user::render::explain)
+        }
+        Command::Backend { action: BackendAction::Set { common, service, address, health } } => {
+            call(&common, Request::BackendSet { service, address, health }, lb_user::render::done)
+        }
+        Command::Backend { action: BackendAction::Drain { common, service, address } } => {
+            call(&common, Request::BackendDrain { service, address }, lb_user::render::done)
+        }
+        Command::Reload(c) => call(&c, Request::Reload, lb_user::render::done),
+        Command::Decap { action: DecapAction::Attach(a) } => lb_user::decap::attach(&a),
+        Command::Decap { action: DecapAction::Detach(a) } => lb_user::decap::detach(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -28,5 +121,19 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
-#[allow(dead_code)]
-fn _unused(_: PathBuf) {}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Send a request to the daemon; print the answer as JSON or through `human`.
+fn call(c: &Common, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let value = rt.block_on(api::call(&c.socket, &req))?;
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{}", human(&value));
+    }
+    Ok(())
+}

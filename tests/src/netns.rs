@@ -35,6 +35,15 @@ impl Netns {
         sh(Command::new("ip").args(["netns", "exec", &self.name]).args(args))
     }
 
+    /// `nsenter --net=...`: run a program in this network namespace only. Unlike
+    /// `ip netns exec` it keeps the caller's mounts, so /sys/fs/bpf stays the host's bpffs
+    /// and pins made inside outlive the program.
+    pub fn nsenter(&self) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name));
+        c
+    }
+
     /// Start a long-running program inside the namespace; it is killed when the guard drops.
     pub fn spawn(&self, args: &[&str]) -> Result<ChildGuard> {
         let child = Command::new("ip")

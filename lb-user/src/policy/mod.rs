@@ -142,7 +142,7 @@ impl EligibleKind {
 
 /// Which backends form the active pool. Needed by the data plane: with
 /// `disableConnectionDrainOnFailover`, a pool change flushes the connection table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Pool {
     /// Primary backends (failback; also the drop state E-8, see [`Rule::pool`]).
     Primary,

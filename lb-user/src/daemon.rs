@@ -1,0 +1,382 @@
+//! `lb run`: the daemon. Loads (or re-adopts) the pinned data plane, attaches the balancer,
+//! and runs one reconcile loop that owns the desired state. Health events, control-API
+//! requests and reloads (SIGHUP or `lb reload`) are handled one at a time by that loop, so
+//! every table swap starts from a consistent picture.
+
+use crate::api::{self, HealthOverride, Request, Response};
+use crate::config::Config;
+use crate::controller::{Controller, PersistentState};
+use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
+use crate::explain::{self, Flow};
+use crate::health::{self, HealthEvent, ProbeSpec};
+use crate::pinning::{self, PinState};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// Configuration file.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Interface to attach the balancer to (repeatable).
+    #[arg(long = "interface")]
+    pub interfaces: Vec<String>,
+    /// Control socket.
+    #[arg(long, default_value = api::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// bpffs directory for the pinned maps and links.
+    #[arg(long, default_value = pinning::DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// On exit, leave the program attached and the maps pinned (for restarts and upgrades).
+    #[arg(long)]
+    pub keep_dataplane: bool,
+}
+
+/// Data-plane sizes for a configuration. Roomy powers of two, so that ordinary reloads fit and
+/// a restart with a similar configuration can adopt the pinned maps.
+pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
+    let services = cfg.services.len() as u32;
+    let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
+    let classes = crate::compile::classes_per_service(cfg);
+    let max_services = (services * 2).max(16).next_power_of_two();
+    let classes_per_service = classes.max(8).next_power_of_two();
+    // Active tables plus a standby slot each, with room for new services' tables.
+    let table_slots = (2 * (services + 4) * classes).max(32).next_power_of_two();
+    DataplaneSizes {
+        table_size_m: cfg.dataplane.maglev_table_size,
+        conntrack_entries: cfg.dataplane.conntrack_entries,
+        max_services,
+        classes_per_service,
+        max_backends: (backends * 2).max(256).next_power_of_two(),
+        table_slots,
+    }
+}
+
+/// Whether a reloaded configuration fits the loaded data plane; otherwise the reload is
+/// refused (the running tables stay) and the message says a restart is needed.
+fn fits(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
+    let want = sizes_for(cfg);
+    if want.table_size_m != now.table_size_m || want.conntrack_entries != now.conntrack_entries {
+        bail!("dataplane.maglev_table_size and dataplane.conntrack_entries take effect only on restart");
+    }
+    let services = cfg.services.len() as u32;
+    let classes = crate::compile::classes_per_service(cfg);
+    let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
+    if services > now.max_services || classes > now.classes_per_service || backends * 2 > now.max_backends
+        || 2 * services * classes > now.table_slots
+    {
+        bail!("the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it");
+    }
+    Ok(())
+}
+
+struct Daemon {
+    args: RunArgs,
+    ctl: Controller,
+    dp: Dataplane,
+    checkers: Vec<JoinHandle<()>>,
+    events: mpsc::Sender<HealthEvent>,
+}
+
+fn state_path(args: &RunArgs) -> PathBuf {
+    args.socket.parent().unwrap_or(Path::new("/run/lb")).join("state.json")
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let cfg = Config::load(&args.config)?;
+    pinning::ensure_pin_dir(&args.pin_dir)?;
+    let sizes = sizes_for(&cfg);
+    let mut ctl = Controller::new(cfg);
+    match pinning::prepare_reuse(&args.pin_dir, &sizes)? {
+        PinState::Fresh => {}
+        PinState::Reused => {
+            eprintln!("lb: adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
+            if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
+                let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
+                ctl.restore(&st);
+            }
+        }
+        PinState::Discarded(why) => {
+            eprintln!("lb: warning: the pinned data plane has other sizes ({why}); starting fresh, tracked connections are lost");
+        }
+    }
+    let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir))?;
+    // Tables first, then attach: the first packet already finds them.
+    ctl.reconcile(&mut dp).context("writing the initial tables")?;
+    for ifname in &args.interfaces {
+        let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname))?;
+        match mode {
+            aya::programs::XdpMode::Skb => eprintln!("lb: warning: {ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
+            aya::programs::XdpMode::Default => eprintln!("lb: replaced the program on {ifname} (kept attached across the restart)"),
+            _ => eprintln!("lb: attached to {ifname} (native XDP)"),
+        }
+    }
+    let listener = api::bind(&args.socket)?;
+    let (events, mut health_rx) = mpsc::channel(1024);
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events };
+    d.save_state();
+    d.start_checkers();
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    eprintln!("lb: running; control socket {}", d.args.socket.display());
+    loop {
+        tokio::select! {
+            Some(ev) = health_rx.recv() => d.on_health(ev),
+            conn = listener.accept() => {
+                if let Ok((stream, _)) = conn {
+                    if let Some((req, mut w)) = api::read_request(stream).await {
+                        let resp = d.handle(req);
+                        let _ = api::reply(&mut w, &resp).await;
+                    }
+                }
+            }
+            _ = hup.recv() => {
+                if let Err(e) = d.reload() {
+                    eprintln!("lb: reload refused: {e:#}");
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    d.shutdown()
+}
+
+impl Daemon {
+    fn reconcile(&mut self) -> Result<()> {
+        let report = self.ctl.reconcile(&mut self.dp)?;
+        if report != Default::default() {
+            eprintln!(
+                "lb: tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
+                report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
+            );
+        }
+        self.save_state();
+        Ok(())
+    }
+
+    fn save_state(&self) {
+        let path = state_path(&self.args);
+        if let Ok(text) = serde_json::to_string(&self.ctl.persistent_state()) {
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).is_err() {
+                eprintln!("lb: warning: cannot save state to {}", path.display());
+            }
+        }
+    }
+
+    fn start_checkers(&mut self) {
+        for h in self.checkers.drain(..) {
+            h.abort();
+        }
+        let cfg = self.ctl.config().clone();
+        for svc in &cfg.services {
+            let Some(hc) = &svc.health_check else { continue };
+            let Some(port) = svc.health_check_port() else { continue };
+            let spec = ProbeSpec::from_config(hc, port);
+            let n = svc.backends.len() as u32;
+            for (i, b) in svc.backends.iter().enumerate() {
+                let initially = self.ctl.checker_verdict(&svc.name, b.address).unwrap_or(true);
+                self.checkers.push(health::spawn_checker(
+                    svc.name.clone(),
+                    SocketAddr::new(b.address, spec.port),
+                    spec.clone(),
+                    initially,
+                    i as u32,
+                    n,
+                    self.events.clone(),
+                ));
+            }
+        }
+    }
+
+    fn on_health(&mut self, ev: HealthEvent) {
+        eprintln!(
+            "lb: health: service {} backend {} is now {} ({})",
+            ev.service,
+            ev.backend,
+            if ev.healthy { "healthy" } else { "unhealthy" },
+            ev.reason
+        );
+        self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
+        if let Err(e) = self.reconcile() {
+            eprintln!("lb: error applying a health change: {e:#}");
+        }
+    }
+
+    /// Reload the config file: a config that fails validation or does not fit changes nothing.
+    fn reload(&mut self) -> Result<Value> {
+        let cfg = Config::load(&self.args.config)?;
+        fits(self.dp.sizes(), &cfg)?;
+        let previous = self.ctl.config().clone();
+        self.ctl.replace_config(cfg);
+        if let Err(e) = self.reconcile() {
+            // Put the old desired state back and repair whatever was written.
+            self.ctl.replace_config(previous);
+            let _ = self.reconcile();
+            return Err(e.context("applying the new configuration"));
+        }
+        self.start_checkers();
+        eprintln!("lb: configuration reloaded from {}", self.args.config.display());
+        Ok(json!({"reloaded": self.args.config.display().to_string()}))
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        let result = match req {
+            Request::Status => Ok(self.status()),
+            Request::Stats => self.stats(),
+            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto.as_deref()),
+            Request::BackendSet { service, address, health } => {
+                let h = match health {
+                    HealthOverride::Healthy => Some(true),
+                    HealthOverride::Unhealthy => Some(false),
+                    HealthOverride::Auto => None,
+                };
+                self.ctl.set_override(&service, address, h).and_then(|_| self.reconcile()).map(|_| json!({"service": service, "address": address.to_string(), "health": health}))
+            }
+            Request::BackendDrain { service, address } => self
+                .ctl
+                .drain(&service, address)
+                .and_then(|_| self.reconcile())
+                .map(|_| json!({"service": service, "address": address.to_string(), "draining": true})),
+            Request::Reload => self.reload(),
+        };
+        match result {
+            Ok(v) => Response::ok(v),
+            Err(e) => Response::err(format!("{e:#}")),
+        }
+    }
+
+    fn status(&self) -> Value {
+        let cfg = self.ctl.config();
+        let applied = self.ctl.applied();
+        let services: Vec<Value> = cfg
+            .services
+            .iter()
+            .map(|svc| {
+                let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
+                let backends: Vec<Value> = svc
+                    .backends
+                    .iter()
+                    .map(|b| {
+                        let source = if self.ctl.override_of(&svc.name, b.address).is_some() {
+                            "override"
+                        } else if self.ctl.checker_verdict(&svc.name, b.address).is_some() {
+                            "health_check"
+                        } else {
+                            "initial"
+                        };
+                        json!({
+                            "address": b.address.to_string(),
+                            "zone": b.zone,
+                            "role": if b.failover { "failover" } else { "primary" },
+                            "health": if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" },
+                            "health_source": source,
+                            "weight": b.weight,
+                            "draining": self.ctl.is_drained(&svc.name, b.address),
+                        })
+                    })
+                    .collect();
+                let zones: Vec<Value> = compiled
+                    .map(|c| {
+                        c.plan
+                            .classes
+                            .iter()
+                            .map(|cp| {
+                                json!({
+                                    "client_zone": cp.client_zone.map(|z| cfg.zones[z].name.clone()),
+                                    "affinity": cp.outcome.as_str(),
+                                    "eligible": cp.eligible.iter().map(|&i| c.backend_addrs[i].to_string()).collect::<Vec<_>>(),
+                                })
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                json!({
+                    "name": svc.name,
+                    "vip": svc.vip.to_string(),
+                    "protocol": svc.protocol.as_str(),
+                    "ports": svc.ports,
+                    "eligible_kind": compiled.map(|c| c.plan.kind.as_str()),
+                    "rule": compiled.map(|c| c.plan.rule.id()),
+                    "active_pool": compiled.map(|c| c.plan.active_pool.as_str()),
+                    "backends": backends,
+                    "zones": zones,
+                })
+            })
+            .collect();
+        json!({"config": self.args.config.display().to_string(), "interfaces": self.args.interfaces, "services": services})
+    }
+
+    fn stats(&self) -> Result<Value> {
+        let st = self.dp.stats()?;
+        let global: serde_json::Map<String, Value> =
+            lb_common::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), json!(st.get(i as u32)))).collect();
+        let cfg = self.ctl.config();
+        let applied = self.ctl.applied();
+        let services: Vec<Value> = applied
+            .map(|a| {
+                a.services
+                    .iter()
+                    .map(|s| {
+                        let classes: Vec<Value> = s
+                            .tables
+                            .iter()
+                            .map(|t| {
+                                let c = st.class(s.id, t.class);
+                                json!({
+                                    "client_zone": if t.class == 0 { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) },
+                                    "packets": c.packets, "bytes": c.bytes, "new_flows": c.new_flows, "cross_zone_spills": c.spills,
+                                })
+                            })
+                            .collect();
+                        json!({"name": s.name, "classes": classes})
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(json!({"global": global, "services": services}))
+    }
+
+    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<&str>) -> Result<Value> {
+        let cfg = self.ctl.config();
+        let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
+        let svc = cfg.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
+        let proto = match proto.unwrap_or(match svc.protocol {
+            crate::model::Protocol::Udp => "udp",
+            _ => "tcp",
+        }) {
+            "tcp" => lb_common::PROTO_TCP,
+            "udp" => lb_common::PROTO_UDP,
+            other => bail!("--proto {other:?}: allowed values are tcp, udp"),
+        };
+        let flow = Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
+        explain::explain(cfg, applied, service, &flow)
+    }
+
+    fn shutdown(mut self) -> Result<()> {
+        for h in self.checkers.drain(..) {
+            h.abort();
+        }
+        let _ = std::fs::remove_file(&self.args.socket);
+        if self.args.keep_dataplane {
+            self.save_state();
+            eprintln!("lb: exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            return Ok(());
+        }
+        for ifname in &self.args.interfaces {
+            dataplane::detach_pinned(&pinning::link_pin(&self.args.pin_dir, ifname))?;
+        }
+        pinning::remove_map_pins(&self.args.pin_dir)?;
+        let _ = std::fs::remove_file(state_path(&self.args));
+        let _ = std::fs::remove_dir(&self.args.pin_dir);
+        eprintln!("lb: detached and unpinned; bye");
+        Ok(())
+    }
+}

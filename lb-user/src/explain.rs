@@ -1,0 +1,90 @@
+//! `lb explain`: which client class a source falls in, the eligible set with its reasons, the
+//! Maglev slot a flow hashes to and the backend the data plane picks for a new flow — computed
+//! with the very functions and tables the kernel uses (lb-common's hashing, the compiled
+//! tables), so the answer agrees with what the XDP program does.
+
+use crate::compile::{CompiledService, Compiled};
+use crate::config::Config;
+use lb_common::{addr_words, flow_hash, hash_tuple, maglev_slot, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
+use serde_json::{json, Value};
+use std::net::IpAddr;
+
+/// A flow to explain. Ports are ignored for protocols without ports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flow {
+    pub client: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+}
+
+/// The class the kernel's LPM lookup gives `client` among a service's class prefixes.
+pub fn client_class(svc: &CompiledService, client: IpAddr) -> u32 {
+    svc.class_prefixes
+        .iter()
+        .filter(|(net, _)| net.contains(&client))
+        .max_by_key(|(net, _)| net.prefix_len())
+        .map(|(_, c)| *c)
+        .unwrap_or(CLASS_NONE)
+}
+
+/// The kernel's choice for a new flow: (class used, hash, slot, backend id).
+pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> (u32, u32, u32, u32) {
+    let class = client_class(svc, flow.client);
+    let ports_valid = flow.proto == PROTO_TCP || flow.proto == PROTO_UDP;
+    let full = FlowTuple {
+        src: addr_words(flow.client).0,
+        dst: addr_words(vip).0,
+        sport: if ports_valid { flow.sport.to_be() } else { 0 },
+        dport: if ports_valid { flow.dport.to_be() } else { 0 },
+        proto: flow.proto,
+        _pad: [0; 3],
+    };
+    let hash = flow_hash(&hash_tuple(svc.info.affinity, &full, ports_valid));
+    let slot = maglev_slot(hash, m);
+    // As the kernel: a class without a table uses class 0's.
+    let table = svc.tables.iter().find(|t| t.class == class).or_else(|| svc.tables.iter().find(|t| t.class == CLASS_NONE));
+    let backend = table.map(|t| t.entries[slot as usize]).unwrap_or(BACKEND_DROP);
+    (class, hash, slot, backend)
+}
+
+/// The full explanation as JSON (the CLI renders it).
+pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) -> anyhow::Result<Value> {
+    let (si, svc_cfg) = cfg
+        .services
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.name == service)
+        .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
+    let svc = compiled
+        .services
+        .iter()
+        .find(|s| s.name == service)
+        .ok_or_else(|| anyhow::anyhow!("service {service:?} is not installed"))?;
+    if flow.client.is_ipv4() != svc_cfg.vip.is_ipv4() {
+        anyhow::bail!("client {} and VIP {} are of different address families", flow.client, svc_cfg.vip);
+    }
+    let (class, hash, slot, backend) = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
+    let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
+    let class_plan = svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
+    let addr_of = |id: u32| svc.backend_ids.iter().position(|b| *b == id).map(|i| svc.backend_addrs[i].to_string());
+    let _ = si;
+    Ok(json!({
+        "service": service,
+        "vip": svc_cfg.vip.to_string(),
+        "client": flow.client.to_string(),
+        "client_class": class,
+        "client_zone": zone,
+        "eligible_kind": svc.plan.kind.as_str(),
+        "rule": svc.plan.rule.id(),
+        "reason": svc.plan.rule.reason(),
+        "affinity": class_plan.map(|c| c.outcome.as_str()),
+        "eligible": class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i].to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        "session_affinity": svc_cfg.session_affinity.as_str(),
+        "hash": hash,
+        "maglev_slot": slot,
+        "table_size": cfg.dataplane.maglev_table_size,
+        "backend": if backend == BACKEND_DROP { None } else { addr_of(backend) },
+        "dropped": backend == BACKEND_DROP,
+    }))
+}

@@ -1,0 +1,80 @@
+//! Human-readable rendering of the daemon's JSON answers (`--json` prints them as they are).
+use serde_json::Value;
+use std::fmt::Write;
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(x) => x.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn list(v: &Value) -> String {
+    match v.as_array() {
+        Some(a) if a.is_empty() => "DROP".into(),
+        Some(a) => a.iter().map(s).collect::<Vec<_>>().join(", "),
+        None => "-".into(),
+    }
+}
+
+pub fn status(v: &Value) -> String {
+    let mut out = String::new();
+    for svc in v["services"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
+            s(&svc["name"]), s(&svc["vip"]), s(&svc["protocol"]), svc["ports"], s(&svc["eligible_kind"]), s(&svc["rule"]), s(&svc["active_pool"])
+        );
+        let _ = writeln!(out, "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} {}", "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING");
+        for b in svc["backends"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} {}",
+                s(&b["address"]), s(&b["zone"]), s(&b["role"]), s(&b["health"]), s(&b["health_source"]), s(&b["weight"]), b["draining"]
+            );
+        }
+        let _ = writeln!(out, "  {:<18} {:<15} ELIGIBLE", "CLIENT ZONE", "AFFINITY");
+        for z in svc["zones"].as_array().into_iter().flatten() {
+            let zone = if z["client_zone"].is_null() { "(non-compatible)".into() } else { s(&z["client_zone"]) };
+            let _ = writeln!(out, "  {:<18} {:<15} {}", zone, s(&z["affinity"]), list(&z["eligible"]));
+        }
+    }
+    out
+}
+
+pub fn stats(v: &Value) -> String {
+    let mut out = String::new();
+    if let Some(g) = v["global"].as_object() {
+        for (k, n) in g {
+            if n.as_u64() != Some(0) {
+                let _ = writeln!(out, "{k:<24} {n}");
+            }
+        }
+    }
+    for svc in v["services"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "service {}", s(&svc["name"]));
+        let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", "CLIENT ZONE", "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS");
+        for c in svc["classes"].as_array().into_iter().flatten() {
+            let zone = if c["client_zone"].is_null() { "(non-compatible)".into() } else { s(&c["client_zone"]) };
+            let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", zone, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]);
+        }
+    }
+    out
+}
+
+pub fn explain(v: &Value) -> String {
+    let mut out = String::new();
+    let zone = if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
+    let _ = writeln!(out, "service {} ({}), client {}", s(&v["service"]), s(&v["vip"]), s(&v["client"]));
+    let _ = writeln!(out, "  client class   {} (zone {})", s(&v["client_class"]), zone);
+    let _ = writeln!(out, "  eligible set   {} by rule {} ({}); zonal affinity {}", s(&v["eligible_kind"]), s(&v["rule"]), s(&v["reason"]), s(&v["affinity"]));
+    let _ = writeln!(out, "  eligible       {}", list(&v["eligible"]));
+    let _ = writeln!(out, "  hash           {} ({}), Maglev slot {} of {}", s(&v["hash"]), s(&v["session_affinity"]), s(&v["maglev_slot"]), s(&v["table_size"]));
+    let _ = writeln!(out, "  new flow goes  {}", if v["dropped"] == Value::Bool(true) { "DROP".into() } else { s(&v["backend"]) });
+    out
+}
+
+pub fn done(v: &Value) -> String {
+    format!("ok {}\n", v)
+}

@@ -10,3 +10,4 @@ pub mod maglev;
 pub mod model;
 pub mod plan;
 pub mod policy;
+pub mod tm;

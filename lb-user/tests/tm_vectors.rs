@@ -746,3 +746,151 @@ fn always_serve_is_unmonitored_and_routable() {
     assert_eq!(Statuses::new(&cfg2, &p).endpoint_status(0, 0), MonitorStatus::Unmonitored);
     assert_eq!(dns_a(&cfg2, &p, "prio", &anyone()), "e1");
 }
+
+// ---------------------------------------------------------------- client classes
+
+const INPUTS: &str = r#"
+[[latency]]
+client_prefixes = ["10.0.0.0/8"]
+regions = ["westeurope", "eastus"]
+
+[[latency]]
+client_prefixes = ["10.1.0.0/16", "2001:db8:1::/48"]
+regions = ["eastus", "westeurope"]
+
+[[geo]]
+client_prefixes = ["10.0.0.0/8"]
+region = "IE"
+
+[[geo]]
+client_prefixes = ["10.1.2.0/24"]
+region = "US-CA"
+"#;
+
+fn assert_disjoint(plan: &TmServicePlan) {
+    for (i, (a, _)) in plan.prefixes.iter().enumerate() {
+        assert_eq!(a.trunc(), *a, "{a} is canonical");
+        for (b, _) in &plan.prefixes[i + 1..] {
+            assert!(!a.contains(b) && !b.contains(a), "{a} and {b} overlap");
+        }
+    }
+    for (_, id) in &plan.prefixes {
+        assert!(*id != DEFAULT_CLASS && *id < plan.classes.len());
+    }
+}
+
+#[test]
+fn classes_from_nested_latency_prefixes() {
+    let cfg = config(&format!(
+        "{INPUTS}{}",
+        service(
+            "perf",
+            "PERFORMANCE",
+            "",
+            &[
+                ep("we1", "192.0.2.1", "location = \"westeurope\""),
+                ep("us1", "192.0.2.3", "location = \"eastus\""),
+            ]
+        )
+    ));
+    let p = probes(&cfg, &[]);
+    let plan = compile_service(&cfg, 0, &p);
+    assert_disjoint(&plan);
+    let set_of = |addr: &str| -> Vec<String> {
+        plan.classes[plan.class_of(addr.parse().unwrap())]
+            .eligible
+            .iter()
+            .map(|b| cfg.services[0].backends[b.backend].label())
+            .collect()
+    };
+    assert_eq!(set_of("10.0.0.1"), ["we1"]);
+    assert_eq!(set_of("10.200.0.1"), ["we1"]);
+    assert_eq!(set_of("10.1.99.1"), ["us1"]);
+    // No latency data: every available endpoint (our choice).
+    assert_eq!(set_of("8.8.8.8"), ["we1", "us1"]);
+    // The 10/8 entry minus the 10.1/16 hole: 8 blocks + the hole; + 1 IPv6 prefix.
+    let v4 = plan.prefixes.iter().filter(|(n, _)| matches!(n, ipnet::IpNet::V4(_))).count();
+    assert_eq!(v4, 9, "{:?}", plan.prefixes);
+    assert_eq!(plan.prefixes.len(), 10);
+    // The prefix map does not depend on health; only the sets do.
+    let p2 = probes(&cfg, &[("perf", "us1", Degraded)]);
+    let plan2 = compile_service(&cfg, 0, &p2);
+    assert_eq!(plan.prefixes, plan2.prefixes);
+    let c = plan2.class_of("10.1.99.1".parse().unwrap());
+    assert_eq!(plan2.classes[c].eligible.len(), 1);
+    assert_eq!(plan2.classes[c].eligible[0].backend, 0, "us1 degraded: next region");
+}
+
+#[test]
+fn classes_follow_nested_children_inputs() {
+    // PRIORITY parent: nested GEOGRAPHIC child first, then a nested SUBNET child.
+    let text = format!(
+        "{INPUTS}{}{}{}",
+        service(
+            "parent",
+            "PRIORITY",
+            "",
+            &[
+                ep("G", "", "target_service = \"geo\""),
+                ep("S", "", "target_service = \"sub\""),
+            ]
+        ),
+        service(
+            "geo",
+            "GEOGRAPHIC",
+            "",
+            &[
+                ep("ie", "192.0.2.1", "geo_mapping = [\"IE\"]"),
+                ep("us", "192.0.2.2", "geo_mapping = [\"US\"]"),
+            ]
+        ),
+        service(
+            "sub",
+            "SUBNET",
+            "",
+            &[
+                ep("s1", "192.0.2.5", "subnets = [\"10.1.2.128-10.1.2.255\"]"),
+                ep("sf", "192.0.2.6", ""),
+            ]
+        ),
+    );
+    let cfg = config(&text);
+    let p = probes(&cfg, &[]);
+    let plan = compile_service(&cfg, 0, &p);
+    assert_disjoint(&plan);
+    let set_of = |plan: &TmServicePlan, addr: &str| -> Vec<String> {
+        plan.classes[plan.class_of(addr.parse().unwrap())]
+            .eligible
+            .iter()
+            .map(|b| cfg.services[b.service].backends[b.backend].label())
+            .collect()
+    };
+    assert_eq!(set_of(&plan, "10.9.9.9"), ["ie"]);
+    assert_eq!(set_of(&plan, "10.1.2.3"), ["us"]);
+    // Unknown location: the geo child answers NODATA, but its endpoints are Online, so the
+    // nested endpoint is chosen and its class is dropped (no failover between mappings).
+    assert!(set_of(&plan, "8.8.8.8").is_empty());
+    // Geo child disabled: the parent falls to the SUBNET child, whose ranges now matter.
+    let mut off = cfg.clone();
+    off.services[1].profile_status = Some(AdminStatus::Disabled);
+    let plan = compile_service(&off, 0, &probes(&off, &[]));
+    assert_disjoint(&plan);
+    assert_eq!(set_of(&plan, "10.1.2.200"), ["s1"]);
+    assert_eq!(set_of(&plan, "10.1.2.100"), ["sf"]);
+    assert_eq!(set_of(&plan, "8.8.8.8"), ["sf"]);
+    assert!(plan.classes[plan.class_of("10.1.2.200".parse().unwrap())]
+        .reason
+        .contains("S ->"));
+}
+
+#[test]
+fn clients_are_located_by_longest_prefix() {
+    let cfg = config(&format!("{INPUTS}{}", service("p", "PRIORITY", "", &[ep("e", "192.0.2.1", "")])));
+    let c = Client::locate(&cfg, "10.1.2.3".parse().unwrap());
+    assert_eq!(c.latency, ["eastus", "westeurope"]);
+    assert_eq!(c.geo.as_deref(), Some("US-CA"));
+    let c = Client::locate(&cfg, "10.7.0.1".parse().unwrap());
+    assert_eq!(c.latency, ["westeurope", "eastus"]);
+    assert_eq!(c.geo.as_deref(), Some("IE"));
+    assert_eq!(Client::locate(&cfg, "8.8.8.8".parse().unwrap()).geo, None);
+}

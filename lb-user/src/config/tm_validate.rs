@@ -87,7 +87,10 @@ fn check_prefixes(
         if net.trunc() != *net {
             r.push(
                 format!("client_prefixes[{i}]"),
-                format!("{net} has host bits set: must be canonical, e.g. {}", net.trunc()),
+                format!(
+                    "{net} has host bits set: must be canonical, e.g. {}",
+                    net.trunc()
+                ),
             );
         } else if let Some(&first) = seen.get(net) {
             r.push(
@@ -143,8 +146,14 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
             (!b.subnets.is_empty(), "subnets"),
             (b.target_service.is_some(), "target_service"),
             (b.min_child_endpoints.is_some(), "min_child_endpoints"),
-            (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
-            (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
+            (
+                b.min_child_endpoints_ipv4.is_some(),
+                "min_child_endpoints_ipv4",
+            ),
+            (
+                b.min_child_endpoints_ipv6.is_some(),
+                "min_child_endpoints_ipv6",
+            ),
             (b.always_serve, "always_serve"),
         ] {
             if set {
@@ -180,7 +189,10 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
     }
     if let Some(ttl) = svc.ttl {
         if ttl > MAX_TTL {
-            r.push("ttl", format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"));
+            r.push(
+                "ttl",
+                format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"),
+            );
         }
     }
     match (svc.max_return, method) {
@@ -405,8 +417,14 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
             }
             for (set, field) in [
                 (b.min_child_endpoints.is_some(), "min_child_endpoints"),
-                (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
-                (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
+                (
+                    b.min_child_endpoints_ipv4.is_some(),
+                    "min_child_endpoints_ipv4",
+                ),
+                (
+                    b.min_child_endpoints_ipv6.is_some(),
+                    "min_child_endpoints_ipv6",
+                ),
             ] {
                 if set {
                     r.push(
@@ -475,7 +493,11 @@ fn check_nested_endpoint(
                 field,
                 format!(
                     "{child:?} names no [[service]]; Traffic Manager services: {}",
-                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
                 ),
             );
         }
@@ -531,10 +553,16 @@ pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
         let mut path = vec![index];
         match longest_chain(&edges, &mut path) {
             Err(cycle) => {
-                let names: Vec<&str> = cycle.iter().map(|&s| cfg.services[s].name.as_str()).collect();
+                let names: Vec<&str> = cycle
+                    .iter()
+                    .map(|&s| cfg.services[s].name.as_str())
+                    .collect();
                 r.push(
                     "backend.target_service",
-                    format!("nesting loop {}: nested services must form a tree", names.join(" -> ")),
+                    format!(
+                        "nesting loop {}: nested services must form a tree",
+                        names.join(" -> ")
+                    ),
                 );
             }
             Ok(depth) if depth > MAX_NESTING_DEPTH => r.push(

@@ -49,7 +49,11 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
             continue;
         }
         for b in &cfg.services[s].backends {
-            if let Some(c) = b.target_service.as_deref().and_then(|t| cfg.service_index(t)) {
+            if let Some(c) = b
+                .target_service
+                .as_deref()
+                .and_then(|t| cfg.service_index(t))
+            {
                 if !seen.contains(&c) {
                     seen.push(c);
                     frontier.push((c, depth + 1));
@@ -63,8 +67,15 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
 /// Builds the prefix map of a service.
 pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     let services = reachable_services(cfg, svc);
-    let uses = |m: RoutingMethod| services.iter().any(|&s| cfg.services[s].routing_method == m);
-    let (use_latency, use_geo) = (uses(RoutingMethod::Performance), uses(RoutingMethod::Geographic));
+    let uses = |m: RoutingMethod| {
+        services
+            .iter()
+            .any(|&s| cfg.services[s].routing_method == m)
+    };
+    let (use_latency, use_geo) = (
+        uses(RoutingMethod::Performance),
+        uses(RoutingMethod::Geographic),
+    );
     let subnet_services: Vec<usize> = services
         .iter()
         .copied()
@@ -79,7 +90,11 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
                 .backends
                 .iter()
                 .enumerate()
-                .flat_map(|(e, b)| b.subnets.iter().filter_map(move |t| Some((e, parse_subnet(t).ok()?))))
+                .flat_map(|(e, b)| {
+                    b.subnets
+                        .iter()
+                        .filter_map(move |t| Some((e, parse_subnet(t).ok()?)))
+                })
                 .collect();
             (s, ranges)
         })
@@ -88,21 +103,41 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     // Every input as an integer interval per family.
     let mut inputs: Vec<AddrRange> = Vec::new();
     if use_latency {
-        inputs.extend(cfg.latency.iter().flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)));
+        inputs.extend(
+            cfg.latency
+                .iter()
+                .flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)),
+        );
     }
     if use_geo {
-        inputs.extend(cfg.geo.iter().flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)));
+        inputs.extend(
+            cfg.geo
+                .iter()
+                .flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)),
+        );
     }
     for (_, ranges) in &subnet_ranges {
         inputs.extend(ranges.iter().map(|(_, r)| *r));
     }
 
     let key_of = |addr: IpAddr| ClassKey {
-        latency: if use_latency { latency_entry(cfg, addr) } else { None },
+        latency: if use_latency {
+            latency_entry(cfg, addr)
+        } else {
+            None
+        },
         geo: if use_geo { geo_entry(cfg, addr) } else { None },
         subnets: subnet_ranges
             .iter()
-            .map(|(s, ranges)| (*s, ranges.iter().find(|(_, r)| r.contains(addr)).map(|(e, _)| *e)))
+            .map(|(s, ranges)| {
+                (
+                    *s,
+                    ranges
+                        .iter()
+                        .find(|(_, r)| r.contains(addr))
+                        .map(|(e, _)| *e),
+                )
+            })
             .collect(),
     };
     let default_key = ClassKey {
@@ -149,8 +184,11 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
             }
         }
         for (first, last, id) in runs {
-            map.prefixes
-                .extend(int_range_to_cidrs(family, first, last).into_iter().map(|n| (n, id)));
+            map.prefixes.extend(
+                int_range_to_cidrs(family, first, last)
+                    .into_iter()
+                    .map(|n| (n, id)),
+            );
         }
     }
     map

@@ -99,7 +99,16 @@ pub fn select(
             Selection {
                 endpoints: available
                     .iter()
-                    .map(|&e| (e, if weighted { service.backends[e].weight } else { 1 }))
+                    .map(|&e| {
+                        (
+                            e,
+                            if weighted {
+                                service.backends[e].weight
+                            } else {
+                                1
+                            },
+                        )
+                    })
                     .collect(),
                 reason: format!("{method}: available {}", labels(service, &available)),
             }
@@ -411,7 +420,13 @@ pub fn eligible(st: &Statuses, svc: usize, client: &Client) -> Eligible {
     eligible_at(st, svc, client, family, 0)
 }
 
-fn eligible_at(st: &Statuses, svc: usize, client: &Client, family: Family, depth: usize) -> Eligible {
+fn eligible_at(
+    st: &Statuses,
+    svc: usize,
+    client: &Client,
+    family: Family,
+    depth: usize,
+) -> Eligible {
     let service = &st.cfg.services[svc];
     let sel = select(st, svc, client, Some(family), depth);
     let mut reason = sel.reason.clone();

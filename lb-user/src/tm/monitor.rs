@@ -82,7 +82,10 @@ impl MonitorSettings {
         match (&m.path, http) {
             (Some(_), false) => problems.push((
                 "path",
-                format!("not allowed with protocol = {}: remove it", MonitorProtocol::Tcp),
+                format!(
+                    "not allowed with protocol = {}: remove it",
+                    MonitorProtocol::Tcp
+                ),
             )),
             (None, true) => problems.push((
                 "path",
@@ -132,7 +135,10 @@ impl MonitorSettings {
         if !m.expected_status_ranges.is_empty() && !http {
             problems.push((
                 "expected_status_ranges",
-                format!("only allowed with protocol = HTTP or HTTPS (here {})", m.protocol),
+                format!(
+                    "only allowed with protocol = HTTP or HTTPS (here {})",
+                    m.protocol
+                ),
             ));
         } else if m.expected_status_ranges.len() > MAX_STATUS_RANGES {
             problems.push((
@@ -157,7 +163,10 @@ impl MonitorSettings {
         if !m.custom_headers.is_empty() && !http {
             problems.push((
                 "custom_headers",
-                format!("only allowed with protocol = HTTP or HTTPS (here {})", m.protocol),
+                format!(
+                    "only allowed with protocol = HTTP or HTTPS (here {})",
+                    m.protocol
+                ),
             ));
         } else if m.custom_headers.len() > MAX_CUSTOM_HEADERS {
             problems.push((

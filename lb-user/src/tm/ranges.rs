@@ -197,7 +197,12 @@ mod tests {
         let r = parse_subnet("192.168.1.10-192.168.1.20").unwrap();
         assert_eq!(
             nets(&r.to_cidrs()),
-            ["192.168.1.10/31", "192.168.1.12/30", "192.168.1.16/30", "192.168.1.20/32"]
+            [
+                "192.168.1.10/31",
+                "192.168.1.12/30",
+                "192.168.1.16/30",
+                "192.168.1.20/32"
+            ]
         );
         let whole = AddrRange {
             first: "0.0.0.0".parse().unwrap(),
@@ -209,13 +214,26 @@ mod tests {
             last: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
         };
         assert_eq!(nets(&whole6.to_cidrs()), ["::/0"]);
-        assert_eq!(nets(&parse_subnet("10.0.0.0/8").unwrap().to_cidrs()), ["10.0.0.0/8"]);
-        assert_eq!(nets(&parse_subnet("1.2.3.4").unwrap().to_cidrs()), ["1.2.3.4/32"]);
+        assert_eq!(
+            nets(&parse_subnet("10.0.0.0/8").unwrap().to_cidrs()),
+            ["10.0.0.0/8"]
+        );
+        assert_eq!(
+            nets(&parse_subnet("1.2.3.4").unwrap().to_cidrs()),
+            ["1.2.3.4/32"]
+        );
     }
 
     #[test]
     fn malformed_ranges_are_rejected() {
-        for bad in ["1.2.3.4/24", "5.6.7.8-1.2.3.4", "1.2.3.4-::1", "x", "1.2.3.0/33", "a-b"] {
+        for bad in [
+            "1.2.3.4/24",
+            "5.6.7.8-1.2.3.4",
+            "1.2.3.4-::1",
+            "x",
+            "1.2.3.0/33",
+            "a-b",
+        ] {
             assert!(parse_subnet(bad).is_err(), "{bad}");
         }
         assert!(parse_subnet("192.168.1.15-192.168.1.15").is_ok());

@@ -94,14 +94,28 @@ mod tests {
     fn builtin_hierarchy_is_complete() {
         let t = RegionTree::builtin();
         assert!(t.len() > 300);
-        assert_eq!(t.ancestors_inclusive("US-CA"), ["US-CA", "US", "GEO-NA", WORLD]);
+        assert_eq!(
+            t.ancestors_inclusive("US-CA"),
+            ["US-CA", "US", "GEO-NA", WORLD]
+        );
         assert_eq!(t.ancestors_inclusive("IE"), ["IE", "GEO-EU", WORLD]);
-        assert_eq!(t.ancestors_inclusive("GB-SCT"), ["GB-SCT", "GB", "GEO-EU", WORLD]);
-        assert_eq!(t.ancestors_inclusive("AU-NSW"), ["AU-NSW", "AU", "GEO-AP", WORLD]);
-        assert_eq!(t.ancestors_inclusive("CA-QC"), ["CA-QC", "CA", "GEO-NA", WORLD]);
+        assert_eq!(
+            t.ancestors_inclusive("GB-SCT"),
+            ["GB-SCT", "GB", "GEO-EU", WORLD]
+        );
+        assert_eq!(
+            t.ancestors_inclusive("AU-NSW"),
+            ["AU-NSW", "AU", "GEO-AP", WORLD]
+        );
+        assert_eq!(
+            t.ancestors_inclusive("CA-QC"),
+            ["CA-QC", "CA", "GEO-NA", WORLD]
+        );
         assert_eq!(t.ancestors_inclusive("AE"), ["AE", "GEO-ME", WORLD]);
         assert!(t.ancestors_inclusive("XX").is_empty());
-        for g in ["GEO-EU", "GEO-ME", "GEO-NA", "GEO-AS", "GEO-AF", "GEO-AN", "GEO-SA", "GEO-AP"] {
+        for g in [
+            "GEO-EU", "GEO-ME", "GEO-NA", "GEO-AS", "GEO-AF", "GEO-AN", "GEO-SA", "GEO-AP",
+        ] {
             assert_eq!(t.parent(g), Some(WORLD), "{g}");
         }
         // Every code reaches WORLD.

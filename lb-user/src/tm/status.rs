@@ -39,7 +39,11 @@ impl ProbeStatuses {
 
     /// Sets one endpoint by index; false if there is no such endpoint.
     pub fn set_index(&mut self, service: usize, backend: usize, status: MonitorStatus) -> bool {
-        match self.by_service.get_mut(service).and_then(|s| s.get_mut(backend)) {
+        match self
+            .by_service
+            .get_mut(service)
+            .and_then(|s| s.get_mut(backend))
+        {
             Some(slot) => {
                 *slot = status;
                 true
@@ -138,13 +142,14 @@ impl<'a> Statuses<'a> {
         depth: usize,
     ) -> MonitorStatus {
         let child_status = self.profile_status_at(child, depth);
-        let statuses: Vec<(MonitorStatus, Option<Family>)> = (0..self.service(child).backends.len())
-            .map(|e| {
-                let cb = &self.service(child).backends[e];
-                let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
-                (self.endpoint_status_for(child, e, family, depth), fam)
-            })
-            .collect();
+        let statuses: Vec<(MonitorStatus, Option<Family>)> =
+            (0..self.service(child).backends.len())
+                .map(|e| {
+                    let cb = &self.service(child).backends[e];
+                    let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
+                    (self.endpoint_status_for(child, e, family, depth), fam)
+                })
+                .collect();
         let count = |only: Option<Family>| {
             let relevant = statuses
                 .iter()

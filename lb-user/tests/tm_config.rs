@@ -621,6 +621,14 @@ fn zonal_services_reject_traffic_manager_fields() {
         "backend[0].priority",
         &["Traffic Manager routing_method", "ZONAL"],
     );
+    let no_address = "\n[[service]]\nname = \"web\"\nvip = \"198.51.100.1\"\nprotocol = \"TCP\"\n\
+                      ports = [80]\n\n[[service.backend]]\nweight = 2\n";
+    reject(
+        no_address,
+        "service \"web\"",
+        "backend[0].address",
+        &["required"],
+    );
 }
 
 #[test]

@@ -589,6 +589,19 @@ fn n1_subnet_mapping_and_fallback() {
     assert_eq!(via_classes(&cfg, &p, "sn", "192.168.1.20"), ["E2"]);
     assert_eq!(via_classes(&cfg, &p, "sn", "192.168.1.21"), ["F"]);
     assert_eq!(via_classes(&cfg, &p, "sn", "192.168.1.9"), ["F"]);
+    // The first-last range is split into CIDR blocks for the trie, and `lb plan` shows them.
+    let plan = compile_service(&cfg, 0, &p);
+    let text = plan.render(&cfg).join("\n");
+    for line in [
+        "client 192.168.1.10/31 -> class",
+        "client 192.168.1.12/30 -> class",
+        "client 192.168.1.16/30 -> class",
+        "client 192.168.1.20/32 -> class",
+        "client 10.0.0.0/8 -> class",
+        "default class: {sn/F x1}",
+    ] {
+        assert!(text.contains(line), "{line:?} missing in:\n{text}");
+    }
 }
 
 #[test]

@@ -138,6 +138,13 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
         }
     }
     for (i, b) in svc.backends.iter().enumerate() {
+        // `address` may be omitted only on a nested endpoint, which ZONAL does not have.
+        if b.address.is_unspecified() && b.target_service.is_none() {
+            r.push(
+                format!("backend[{i}].address"),
+                "required: the backend's IP address (0.0.0.0 and :: are not valid addresses)",
+            );
+        }
         for (set, field) in [
             (b.endpoint_status != AdminStatus::Enabled, "endpoint_status"),
             (b.priority.is_some(), "priority"),

@@ -215,6 +215,42 @@ pub struct TmServicePlan {
 }
 
 impl TmServicePlan {
+    /// Human-readable lines for `lb plan`: one per prefix, then one per class.
+    pub fn render(&self, cfg: &Config) -> Vec<String> {
+        let svc = &cfg.services[self.service];
+        let mut lines = vec![format!("service {} ({})", svc.name, self.method)];
+        for (net, id) in &self.prefixes {
+            lines.push(format!("  client {net} -> class {id}"));
+        }
+        for class in &self.classes {
+            let set: Vec<String> = class
+                .eligible
+                .iter()
+                .map(|b| {
+                    let owner = &cfg.services[b.service];
+                    format!(
+                        "{}/{} x{}",
+                        owner.name,
+                        owner.backends[b.backend].label(),
+                        b.weight
+                    )
+                })
+                .collect();
+            let which = if class.id == DEFAULT_CLASS {
+                "default class".to_string()
+            } else {
+                format!("class {}", class.id)
+            };
+            let target = if set.is_empty() {
+                "{} drop (unroutable)".to_string()
+            } else {
+                format!("{{{}}}", set.join(", "))
+            };
+            lines.push(format!("  {which}: {target} -- {}", class.reason));
+        }
+        lines
+    }
+
     /// The class of a source address (a linear LPM, for tests and `lb plan`).
     pub fn class_of(&self, addr: IpAddr) -> usize {
         self.prefixes

@@ -17,3 +17,4 @@ pub mod pinning;
 pub mod plan;
 pub mod policy;
 pub mod render;
+pub mod tm;

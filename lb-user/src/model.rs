@@ -129,3 +129,78 @@ impl Default for Subsetting {
         Self::None
     }
 }
+
+// ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
+// Serialized names are Traffic Manager's own strings, except the routing-method selector, which
+// follows this file's upper-case style because it also names the Google Cloud pipeline (ZONAL).
+
+api_enum!(
+    /// How a service picks backends: ZONAL is the Google Cloud pipeline (spec §1); the others
+    /// are Traffic Manager routing methods (spec §2.4).
+    RoutingMethod {
+        Zonal = "ZONAL",
+        Priority = "PRIORITY",
+        Weighted = "WEIGHTED",
+        Performance = "PERFORMANCE",
+        Geographic = "GEOGRAPHIC",
+        MultiValue = "MULTIVALUE",
+        Subnet = "SUBNET",
+    }
+);
+
+api_enum!(
+    /// `endpointStatus` / `profileStatus`: an administrative switch.
+    AdminStatus { Enabled = "Enabled", Disabled = "Disabled" }
+);
+
+api_enum!(
+    /// `monitorConfig.protocol` (spec §2.3).
+    MonitorProtocol { Http = "HTTP", Https = "HTTPS", Tcp = "TCP" }
+);
+
+api_enum!(
+    /// Endpoint monitor status (spec §2.2, §2.3).
+    MonitorStatus {
+        CheckingEndpoint = "CheckingEndpoint",
+        Online = "Online",
+        Degraded = "Degraded",
+        Disabled = "Disabled",
+        Inactive = "Inactive",
+        Stopped = "Stopped",
+        Unmonitored = "Unmonitored",
+    }
+);
+
+api_enum!(
+    /// Profile monitor status (spec §2.3), derived from the endpoints'.
+    ProfileMonitorStatus {
+        Disabled = "Disabled",
+        Degraded = "Degraded",
+        Online = "Online",
+        CheckingEndpoints = "CheckingEndpoints",
+        Inactive = "Inactive",
+    }
+);
+
+impl RoutingMethod {
+    /// True for the Traffic Manager methods (everything but ZONAL).
+    pub fn is_traffic_manager(self) -> bool {
+        self != Self::Zonal
+    }
+}
+
+impl Default for RoutingMethod {
+    fn default() -> Self {
+        Self::Zonal
+    }
+}
+impl Default for AdminStatus {
+    fn default() -> Self {
+        Self::Enabled
+    }
+}
+impl Default for MonitorProtocol {
+    fn default() -> Self {
+        Self::Http
+    }
+}

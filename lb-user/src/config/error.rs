@@ -12,6 +12,10 @@ pub enum Scope {
     Zone { index: usize, name: String },
     /// The `index`-th `[[service]]`.
     Service { index: usize, name: String },
+    /// The `index`-th `[[latency]]` (Traffic Manager PERFORMANCE input).
+    Latency { index: usize },
+    /// The `index`-th `[[geo]]` (Traffic Manager GEOGRAPHIC input).
+    Geo { index: usize },
 }
 
 impl fmt::Display for Scope {
@@ -23,6 +27,8 @@ impl fmt::Display for Scope {
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
             Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
             Scope::Service { name, .. } => write!(f, "service {name:?}"),
+            Scope::Latency { index } => write!(f, "latency[{index}]"),
+            Scope::Geo { index } => write!(f, "geo[{index}]"),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 mod error;
 mod prefix;
+mod tm_validate;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
@@ -26,6 +27,8 @@ pub const DEFAULT_MAGLEV_TABLE_SIZE: u32 = 16381;
 pub const DEFAULT_CONNTRACK_ENTRIES: u32 = 1 << 20;
 /// Default conntrack idle timeout (spec §1.4).
 pub const DEFAULT_IDLE_TIMEOUT_SEC: u32 = 600;
+/// Spec §2.4 MultiValue: `maxReturn` default.
+pub const DEFAULT_MAX_RETURN: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +39,63 @@ pub struct Config {
     pub zones: Vec<Zone>,
     #[serde(default, rename = "service")]
     pub services: Vec<Service>,
+    /// Traffic Manager PERFORMANCE input: client prefix -> regions in ascending RTT.
+    #[serde(default, rename = "latency")]
+    pub latency: Vec<LatencyEntry>,
+    /// Traffic Manager GEOGRAPHIC input: client prefix -> most specific region code.
+    #[serde(default, rename = "geo")]
+    pub geo: Vec<GeoEntry>,
+}
+
+/// `[[latency]]`: clients in these prefixes measure these regions nearest first (spec §2.4
+/// Performance). Prefixes may nest; the longest match wins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyEntry {
+    #[serde(deserialize_with = "prefix::prefix_list")]
+    pub client_prefixes: Vec<IpNet>,
+    /// Region names (e.g. "westeurope") in ascending round-trip time.
+    pub regions: Vec<String>,
+}
+
+/// `[[geo]]`: clients in these prefixes are located in `region` (a code of the built-in
+/// hierarchy, as specific as known: "US-CA", "IE", ...). Prefixes may nest; the longest wins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeoEntry {
+    #[serde(deserialize_with = "prefix::prefix_list")]
+    pub client_prefixes: Vec<IpNet>,
+    pub region: String,
+}
+
+/// `[service.monitor]`: Traffic Manager endpoint monitoring (spec §2.3). Defaults are resolved
+/// by `tm::monitor::MonitorSettings::from_config`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Monitor {
+    #[serde(default)]
+    pub protocol: MonitorProtocol,
+    /// Required.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Required for HTTP/HTTPS, forbidden with TCP.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// 30 (normal) or 10 (fast).
+    #[serde(default = "default_30")]
+    pub interval_sec: u32,
+    /// interval 30: 5..=10, default 10; interval 10: 5..=9, default 9.
+    #[serde(default)]
+    pub timeout_sec: Option<u32>,
+    /// 0..=9, default 3.
+    #[serde(default = "default_3")]
+    pub tolerated_failures: u32,
+    /// At most 8 "min-max" (or single "code") ranges; default 200 only. HTTP/HTTPS only.
+    #[serde(default)]
+    pub expected_status_ranges: Vec<String>,
+    /// At most 8 "name:value" pairs sent with HTTP/HTTPS probes.
+    #[serde(default)]
+    pub custom_headers: Vec<String>,
 }
 
 /// Data-plane sizing and addressing, fixed at load time.
@@ -105,6 +165,21 @@ pub struct Service {
     pub subsetting: Subsetting,
     #[serde(default, rename = "backend")]
     pub backends: Vec<Backend>,
+    /// ZONAL (default: the Google Cloud pipeline) or a Traffic Manager method.
+    #[serde(default)]
+    pub routing_method: RoutingMethod,
+    /// Traffic Manager `profileStatus` (default Enabled); Disabled = NXDOMAIN, no traffic.
+    #[serde(default)]
+    pub profile_status: Option<AdminStatus>,
+    /// Traffic Manager DNS TTL in seconds (0..=2147483647).
+    #[serde(default)]
+    pub ttl: Option<u32>,
+    /// MULTIVALUE only: records per answer, 1..=10, default 2.
+    #[serde(default)]
+    pub max_return: Option<u32>,
+    /// Traffic Manager endpoint monitoring.
+    #[serde(default)]
+    pub monitor: Option<Monitor>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -171,10 +246,23 @@ fn default_2() -> u32 {
 fn default_weight() -> u32 {
     1
 }
+fn default_30() -> u32 {
+    30
+}
+fn default_3() -> u32 {
+    3
+}
+/// A nested endpoint has no address of its own; the unspecified address stands for "absent"
+/// (validation rejects it on every other backend).
+fn unspecified_address() -> IpAddr {
+    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
+    /// Required, except on a nested endpoint (`target_service`), which must omit it.
+    #[serde(default = "unspecified_address")]
     pub address: IpAddr,
     /// Name of a `[[zone]]`; absent = the backend is in no client zone.
     #[serde(default)]
@@ -187,9 +275,74 @@ pub struct Backend {
     /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff").
     #[serde(default)]
     pub mac: Option<String>,
+    // ---- Traffic Manager endpoint fields (spec §2.1); only with a Traffic Manager method.
+    /// Endpoint name for messages and status inputs; unique in the service. Default: address.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `endpointStatus`: Disabled endpoints are never returned and not probed.
+    #[serde(default)]
+    pub endpoint_status: AdminStatus,
+    /// 1..=1000, unique; set on all endpoints or none (default: 1, 2, ... in file order).
+    #[serde(default)]
+    pub priority: Option<u32>,
+    /// `endpointLocation`: a region name of `[[latency]]`; required under PERFORMANCE.
+    #[serde(default)]
+    pub location: Option<String>,
+    /// Region codes served by this endpoint (GEOGRAPHIC); each mapped once per service.
+    #[serde(default)]
+    pub geo_mapping: Vec<String>,
+    /// Client ranges (SUBNET): "10.0.0.0/8" or "192.168.1.10-192.168.1.20"; none = fallback.
+    #[serde(default)]
+    pub subnets: Vec<String>,
+    /// Nested endpoint: the name of a child service (a Traffic Manager method).
+    #[serde(default)]
+    pub target_service: Option<String>,
+    /// Nested only: Online child endpoints needed for this endpoint to be Online (default 1).
+    #[serde(default)]
+    pub min_child_endpoints: Option<u32>,
+    /// Nested only: the same test counting IPv4 child endpoints (A queries).
+    #[serde(default)]
+    pub min_child_endpoints_ipv4: Option<u32>,
+    /// Nested only: the same test counting IPv6 child endpoints (AAAA queries).
+    #[serde(default)]
+    pub min_child_endpoints_ipv6: Option<u32>,
+    /// `alwaysServe`: never probed, monitor status Unmonitored (counted as Online).
+    #[serde(default)]
+    pub always_serve: bool,
+}
+
+impl Backend {
+    /// True for a nested endpoint (its traffic goes to a child service).
+    pub fn is_nested(&self) -> bool {
+        self.target_service.is_some()
+    }
+
+    /// The name used in messages and status inputs: `name`, else the address.
+    pub fn label(&self) -> String {
+        match (&self.name, &self.target_service) {
+            (Some(n), _) => n.clone(),
+            (None, Some(t)) => format!("->{t}"),
+            (None, None) => self.address.to_string(),
+        }
+    }
 }
 
 impl Service {
+    /// Traffic Manager `profileStatus` (default Enabled).
+    pub fn profile_status(&self) -> AdminStatus {
+        self.profile_status.unwrap_or_default()
+    }
+
+    /// MULTIVALUE records per answer (default 2).
+    pub fn max_return(&self) -> u32 {
+        self.max_return.unwrap_or(DEFAULT_MAX_RETURN)
+    }
+
+    /// Index of the backend with this label (see `Backend::label`).
+    pub fn backend_index(&self, label: &str) -> Option<usize> {
+        self.backends.iter().position(|b| b.label() == label)
+    }
+
     /// The effective conntrack idle timeout (default 600 s).
     pub fn idle_timeout_sec(&self) -> u32 {
         self.connection_tracking
@@ -212,6 +365,11 @@ impl Service {
 }
 
 impl Config {
+    /// Index of the service with this name.
+    pub fn service_index(&self, name: &str) -> Option<usize> {
+        self.services.iter().position(|s| s.name == name)
+    }
+
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     pub fn load(path: &Path) -> anyhow::Result<Config> {

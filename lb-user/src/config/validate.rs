@@ -30,13 +30,13 @@ const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] = [
 ];
 
 /// Collects violations for one scope.
-struct Report<'a> {
-    out: &'a mut Vec<Violation>,
-    scope: Scope,
+pub(super) struct Report<'a> {
+    pub(super) out: &'a mut Vec<Violation>,
+    pub(super) scope: Scope,
 }
 
 impl Report<'_> {
-    fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
+    pub(super) fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
         self.out.push(Violation {
             scope: self.scope.clone(),
             field: field.into(),
@@ -59,9 +59,12 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
             },
         };
         check_service(svc, &zone_names, &mut r);
+        super::tm_validate::check_service(cfg, svc, &mut r);
     }
     check_service_names(&cfg.services, &mut out);
     check_listeners(&cfg.services, &mut out);
+    super::tm_validate::check_client_inputs(cfg, &mut out);
+    super::tm_validate::check_nesting(cfg, &mut out);
     out
 }
 
@@ -458,6 +461,11 @@ fn check_backends(svc: &Service, zone_names: &[&str], r: &mut Report) {
     }
     let mut seen: HashMap<IpAddr, usize> = HashMap::new();
     for (i, b) in svc.backends.iter().enumerate() {
+        // A nested endpoint has no address (Traffic Manager; checked in tm_validate).
+        if b.is_nested() {
+            check_backend(svc, b, i, zone_names, r);
+            continue;
+        }
         if let Some(&first) = seen.get(&b.address) {
             r.push(
                 format!("backend[{i}].address"),
@@ -473,7 +481,10 @@ fn check_backends(svc: &Service, zone_names: &[&str], r: &mut Report) {
 fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &mut Report) {
     // Encapsulation is IPv4-in-IPv4 or IPv6-in-IPv6 only; L2 DSR keeps the VIP as destination, so
     // a backend of the other family could not own it either.
-    if b.address.is_ipv4() != svc.vip.is_ipv4() {
+    // Traffic Manager MULTIVALUE may mix A and AAAA endpoints (spec §2.1); the packet view
+    // uses those of the VIP's family. Nested endpoints have no address.
+    let mixed_ok = svc.routing_method == RoutingMethod::MultiValue || b.is_nested();
+    if !mixed_ok && b.address.is_ipv4() != svc.vip.is_ipv4() {
         let family = |a: &IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
         r.push(
             format!("backend[{i}].address"),

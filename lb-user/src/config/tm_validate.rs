@@ -1,0 +1,613 @@
+//! Validation of the Traffic Manager part of the contract (spec §2.1, §2.3, §2.4, §2.5): the
+//! routing method's fields on services and backends, `[service.monitor]`, `[[latency]]`,
+//! `[[geo]]` and nesting. Same style as `validate`: every problem, with field path and the
+//! allowed values.
+
+use super::error::{Scope, Violation};
+use super::validate::Report;
+use super::{Backend, Config, Service};
+use crate::model::*;
+use crate::tm::monitor::MonitorSettings;
+use crate::tm::ranges::{parse_subnet, AddrRange};
+use crate::tm::regions::RegionTree;
+use crate::tm::status::MAX_NESTING_DEPTH;
+use std::collections::{HashMap, HashSet};
+
+/// Spec §2.1: `priority` 1..=1000.
+pub const MAX_PRIORITY: u32 = 1000;
+/// Spec §2.4 **[AMBIG]**: `maxReturn` 1..=10 (FAQ cap; Terraform says 8).
+pub const MAX_MAX_RETURN: u32 = 10;
+/// Spec §2.1: `dnsConfig.ttl` 0..=2147483647.
+pub const MAX_TTL: u32 = 2_147_483_647;
+
+const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALUE, SUBNET";
+
+// ---------------------------------------------------------------- [[latency]] and [[geo]]
+
+pub(super) fn check_client_inputs(cfg: &Config, out: &mut Vec<Violation>) {
+    let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
+    for (index, entry) in cfg.latency.iter().enumerate() {
+        let mut r = Report {
+            out,
+            scope: Scope::Latency { index },
+        };
+        check_prefixes(&entry.client_prefixes, &mut seen, index, "latency", &mut r);
+        if entry.regions.is_empty() {
+            r.push(
+                "regions",
+                "must list at least one region name, nearest first",
+            );
+        }
+        let mut names = HashSet::new();
+        for (i, region) in entry.regions.iter().enumerate() {
+            if region.trim().is_empty() {
+                r.push(format!("regions[{i}]"), "must be a non-empty region name");
+            } else if !names.insert(region.as_str()) {
+                r.push(
+                    format!("regions[{i}]"),
+                    format!("duplicate region {region:?}: each region may be listed once"),
+                );
+            }
+        }
+    }
+    let tree = RegionTree::builtin();
+    let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
+    for (index, entry) in cfg.geo.iter().enumerate() {
+        let mut r = Report {
+            out,
+            scope: Scope::Geo { index },
+        };
+        check_prefixes(&entry.client_prefixes, &mut seen, index, "geo", &mut r);
+        if !tree.contains(&entry.region) {
+            r.push(
+                "region",
+                format!(
+                    "{:?} is not a known region code: use a code of lb-user/data/regions.txt \
+                     (e.g. \"US-CA\", \"IE\", \"GEO-EU\", \"WORLD\")",
+                    entry.region
+                ),
+            );
+        }
+    }
+}
+
+/// Prefixes of a client-input table: canonical, and never listed twice in the table (nesting
+/// is fine: the longest match wins).
+fn check_prefixes(
+    prefixes: &[ipnet::IpNet],
+    seen: &mut HashMap<ipnet::IpNet, usize>,
+    index: usize,
+    table: &str,
+    r: &mut Report,
+) {
+    if prefixes.is_empty() {
+        r.push("client_prefixes", "must list at least one prefix");
+    }
+    for (i, net) in prefixes.iter().enumerate() {
+        if net.trunc() != *net {
+            r.push(
+                format!("client_prefixes[{i}]"),
+                format!(
+                    "{net} has host bits set: must be canonical, e.g. {}",
+                    net.trunc()
+                ),
+            );
+        } else if let Some(&first) = seen.get(net) {
+            r.push(
+                format!("client_prefixes[{i}]"),
+                format!(
+                    "{net} is also listed in {table}[{first}]: a prefix may appear once per \
+                     table (nested prefixes are fine: the longest match wins)"
+                ),
+            );
+        } else {
+            seen.insert(*net, index);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- one service
+
+pub(super) fn check_service(cfg: &Config, svc: &Service, r: &mut Report) {
+    if svc.routing_method.is_traffic_manager() {
+        check_tm_service(cfg, svc, r);
+    } else {
+        check_zonal_has_no_tm_fields(svc, r);
+    }
+}
+
+fn only_tm(field: impl Into<String>, r: &mut Report) {
+    r.push(
+        field,
+        format!(
+            "only allowed with a Traffic Manager routing_method ({TM_METHODS}); this \
+             service uses ZONAL (the default)"
+        ),
+    );
+}
+
+fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
+    for (set, field) in [
+        (svc.profile_status.is_some(), "profile_status"),
+        (svc.ttl.is_some(), "ttl"),
+        (svc.max_return.is_some(), "max_return"),
+        (svc.monitor.is_some(), "monitor"),
+    ] {
+        if set {
+            only_tm(field, r);
+        }
+    }
+    for (i, b) in svc.backends.iter().enumerate() {
+        // `address` may be omitted only on a nested endpoint, which ZONAL does not have.
+        if b.address.is_unspecified() && b.target_service.is_none() {
+            r.push(
+                format!("backend[{i}].address"),
+                "required: the backend's IP address (0.0.0.0 and :: are not valid addresses)",
+            );
+        }
+        for (set, field) in [
+            (b.endpoint_status != AdminStatus::Enabled, "endpoint_status"),
+            (b.priority.is_some(), "priority"),
+            (b.location.is_some(), "location"),
+            (!b.geo_mapping.is_empty(), "geo_mapping"),
+            (!b.subnets.is_empty(), "subnets"),
+            (b.target_service.is_some(), "target_service"),
+            (b.min_child_endpoints.is_some(), "min_child_endpoints"),
+            (
+                b.min_child_endpoints_ipv4.is_some(),
+                "min_child_endpoints_ipv4",
+            ),
+            (
+                b.min_child_endpoints_ipv6.is_some(),
+                "min_child_endpoints_ipv6",
+            ),
+            (b.always_serve, "always_serve"),
+        ] {
+            if set {
+                only_tm(format!("backend[{i}].{field}"), r);
+            }
+        }
+    }
+}
+
+fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
+    let method = svc.routing_method;
+    let not_with_tm = |field: &str, r: &mut Report, what: &str| {
+        r.push(
+            field.to_string(),
+            format!(
+                "{what} belongs to the Google Cloud pipeline: not allowed with routing_method = \
+                 {method} (allowed only with ZONAL)"
+            ),
+        );
+    };
+    if svc.zonal_affinity.spillover != Spillover::Disabled {
+        not_with_tm("zonal_affinity.spillover", r, "zonal affinity");
+    }
+    if svc.failover_policy.is_some() {
+        not_with_tm("failover_policy", r, "a failover policy");
+    }
+    if svc.health_check.is_some() {
+        not_with_tm(
+            "health_check",
+            r,
+            "[service.health_check] (use [service.monitor] here)",
+        );
+    }
+    if let Some(ttl) = svc.ttl {
+        if ttl > MAX_TTL {
+            r.push(
+                "ttl",
+                format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"),
+            );
+        }
+    }
+    match (svc.max_return, method) {
+        (Some(n), RoutingMethod::MultiValue) if !(1..=MAX_MAX_RETURN).contains(&n) => r.push(
+            "max_return",
+            format!("{n} is out of range: allowed 1..={MAX_MAX_RETURN} (default 2)"),
+        ),
+        (Some(_), m) if m != RoutingMethod::MultiValue => r.push(
+            "max_return",
+            format!("only allowed with routing_method = MULTIVALUE (this service uses {m})"),
+        ),
+        _ => {}
+    }
+    if let Some(m) = &svc.monitor {
+        if let Err(problems) = MonitorSettings::from_config(m) {
+            for (field, problem) in problems {
+                r.push(format!("monitor.{field}"), problem);
+            }
+        }
+    }
+    check_endpoint_names(svc, r);
+    check_priorities(svc, r);
+    check_geo_mappings(svc, r);
+    check_subnets(svc, r);
+    for (i, b) in svc.backends.iter().enumerate() {
+        check_endpoint(cfg, svc, b, i, r);
+    }
+    if method == RoutingMethod::MultiValue {
+        let family_ok = svc
+            .backends
+            .iter()
+            .any(|b| !b.is_nested() && b.address.is_ipv4() == svc.vip.is_ipv4());
+        if !svc.backends.is_empty() && !family_ok {
+            r.push(
+                "backend",
+                format!(
+                    "no backend has the address family of vip {}: at least one is needed to \
+                     carry the VIP's traffic",
+                    svc.vip
+                ),
+            );
+        }
+    }
+}
+
+fn check_endpoint_names(svc: &Service, r: &mut Report) {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, b) in svc.backends.iter().enumerate() {
+        if let Some(n) = &b.name {
+            if n.trim().is_empty() {
+                r.push(format!("backend[{i}].name"), "must be a non-empty string");
+                continue;
+            }
+        }
+        let label = b.label();
+        if let Some(&first) = seen.get(&label) {
+            r.push(
+                format!("backend[{i}].name"),
+                format!("duplicate endpoint name {label:?} (also backend[{first}]): names must be unique"),
+            );
+        } else {
+            seen.insert(label, i);
+        }
+    }
+}
+
+/// Spec §2.1 / vectors A5, A6: 1..=1000, unique, set on all endpoints or on none.
+fn check_priorities(svc: &Service, r: &mut Report) {
+    let set = svc.backends.iter().filter(|b| b.priority.is_some()).count();
+    let mut seen: HashMap<u32, usize> = HashMap::new();
+    for (i, b) in svc.backends.iter().enumerate() {
+        let field = format!("backend[{i}].priority");
+        match b.priority {
+            Some(p) if !(1..=MAX_PRIORITY).contains(&p) => r.push(
+                field,
+                format!("{p} is out of range: allowed 1..={MAX_PRIORITY} (lower wins)"),
+            ),
+            Some(p) => {
+                if let Some(&first) = seen.get(&p) {
+                    r.push(
+                        field,
+                        format!(
+                            "duplicate priority {p} (also backend[{first}]): priorities must be \
+                             unique in the service"
+                        ),
+                    );
+                } else {
+                    seen.insert(p, i);
+                }
+            }
+            None if set > 0 => r.push(
+                field,
+                "missing: set a priority on every endpoint or on none (then they follow file \
+                 order: 1, 2, 3, ...)",
+            ),
+            None => {}
+        }
+    }
+}
+
+/// Spec §2.4 Geographic / vector Q7: known codes, each mapped once per service; under
+/// GEOGRAPHIC every endpoint needs at least one.
+fn check_geo_mappings(svc: &Service, r: &mut Report) {
+    let tree = RegionTree::builtin();
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for (i, b) in svc.backends.iter().enumerate() {
+        if svc.routing_method == RoutingMethod::Geographic && b.geo_mapping.is_empty() {
+            r.push(
+                format!("backend[{i}].geo_mapping"),
+                "required with routing_method = GEOGRAPHIC: every endpoint needs at least one \
+                 region code (e.g. \"WORLD\" for the rest of the world)",
+            );
+        }
+        for (j, code) in b.geo_mapping.iter().enumerate() {
+            let field = format!("backend[{i}].geo_mapping[{j}]");
+            if !tree.contains(code) {
+                r.push(
+                    field,
+                    format!(
+                        "{code:?} is not a known region code: use a code of \
+                         lb-user/data/regions.txt (country \"FR\", state \"US-CA\", group \
+                         \"GEO-EU\", or \"WORLD\"; states exist for AU, CA, GB and US only)"
+                    ),
+                );
+            } else if let Some(&first) = owner.get(code.as_str()) {
+                let whom = if first == i {
+                    "in the same endpoint".to_string()
+                } else {
+                    format!("by backend[{first}]")
+                };
+                r.push(
+                    field,
+                    format!(
+                        "{code} is already mapped {whom}: each region code may be mapped to \
+                         one endpoint per service"
+                    ),
+                );
+            } else {
+                owner.insert(code.as_str(), i);
+            }
+        }
+    }
+}
+
+/// Spec §2.4 Subnet / vector N5: ranges parse, never overlap within the service; under SUBNET
+/// at most one endpoint without ranges (the fallback; **[AMBIG]** we allow one).
+fn check_subnets(svc: &Service, r: &mut Report) {
+    let mut ranges: Vec<(AddrRange, usize, usize)> = Vec::new();
+    for (i, b) in svc.backends.iter().enumerate() {
+        for (j, text) in b.subnets.iter().enumerate() {
+            match parse_subnet(text) {
+                Ok(range) => {
+                    if let Some((_, oi, oj)) = ranges.iter().find(|(o, _, _)| o.overlaps(&range)) {
+                        r.push(
+                            format!("backend[{i}].subnets[{j}]"),
+                            format!(
+                                "{text:?} overlaps {:?} (backend[{oi}].subnets[{oj}]): ranges \
+                                 must not overlap anywhere in the service",
+                                svc.backends[*oi].subnets[*oj]
+                            ),
+                        );
+                    }
+                    ranges.push((range, i, j));
+                }
+                Err(e) => r.push(format!("backend[{i}].subnets[{j}]"), e),
+            }
+        }
+    }
+    if svc.routing_method == RoutingMethod::Subnet {
+        let fallbacks: Vec<usize> = (0..svc.backends.len())
+            .filter(|&i| svc.backends[i].subnets.is_empty())
+            .collect();
+        if let [first, rest @ ..] = fallbacks.as_slice() {
+            for i in rest {
+                r.push(
+                    format!("backend[{i}].subnets"),
+                    format!(
+                        "empty, but backend[{first}] is already the fallback endpoint (the one \
+                         without ranges): at most one fallback per service"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Report) {
+    let method = svc.routing_method;
+    if b.zone.is_some() {
+        r.push(
+            format!("backend[{i}].zone"),
+            format!("zones belong to the Google Cloud pipeline: not allowed with routing_method = {method}"),
+        );
+    }
+    if b.failover {
+        r.push(
+            format!("backend[{i}].failover"),
+            format!("failover backends belong to the Google Cloud pipeline: not allowed with routing_method = {method} (use PRIORITY)"),
+        );
+    }
+    match &b.location {
+        Some(l) if l.trim().is_empty() => r.push(
+            format!("backend[{i}].location"),
+            "must be a non-empty region name (as used in [[latency]] regions)",
+        ),
+        None if method == RoutingMethod::Performance => r.push(
+            format!("backend[{i}].location"),
+            "required with routing_method = PERFORMANCE: the endpoint's region name (as used \
+             in [[latency]] regions, e.g. \"westeurope\")",
+        ),
+        _ => {}
+    }
+    let unspecified = b.address.is_unspecified();
+    match &b.target_service {
+        None => {
+            if unspecified {
+                r.push(
+                    format!("backend[{i}].address"),
+                    "required: the endpoint's IP address (0.0.0.0 and :: are not valid \
+                     addresses); or set target_service for a nested endpoint",
+                );
+            }
+            for (set, field) in [
+                (b.min_child_endpoints.is_some(), "min_child_endpoints"),
+                (
+                    b.min_child_endpoints_ipv4.is_some(),
+                    "min_child_endpoints_ipv4",
+                ),
+                (
+                    b.min_child_endpoints_ipv6.is_some(),
+                    "min_child_endpoints_ipv6",
+                ),
+            ] {
+                if set {
+                    r.push(
+                        format!("backend[{i}].{field}"),
+                        "only allowed on a nested endpoint (with target_service)",
+                    );
+                }
+            }
+        }
+        Some(child) => check_nested_endpoint(cfg, svc, b, i, child, r),
+    }
+}
+
+fn check_nested_endpoint(
+    cfg: &Config,
+    svc: &Service,
+    b: &Backend,
+    i: usize,
+    child: &str,
+    r: &mut Report,
+) {
+    if !b.address.is_unspecified() {
+        r.push(
+            format!("backend[{i}].address"),
+            "not allowed on a nested endpoint (with target_service): its traffic goes to the \
+             child service's backends",
+        );
+    }
+    if svc.routing_method == RoutingMethod::MultiValue {
+        // Spec §2.4 / vectors M4, H5.
+        r.push(
+            format!("backend[{i}].target_service"),
+            "not allowed with routing_method = MULTIVALUE: every endpoint must be an IPv4/IPv6 \
+             address, and a MULTIVALUE service cannot be a parent",
+        );
+    }
+    if b.always_serve {
+        r.push(
+            format!("backend[{i}].always_serve"),
+            "not allowed on a nested endpoint: its status always comes from the child service",
+        );
+    }
+    for (value, field) in [
+        (b.min_child_endpoints, "min_child_endpoints"),
+        (b.min_child_endpoints_ipv4, "min_child_endpoints_ipv4"),
+        (b.min_child_endpoints_ipv6, "min_child_endpoints_ipv6"),
+    ] {
+        if value == Some(0) {
+            r.push(
+                format!("backend[{i}].{field}"),
+                "0 is not allowed: at least 1 (default 1)",
+            );
+        }
+    }
+    let field = format!("backend[{i}].target_service");
+    match cfg.service_index(child) {
+        _ if child == svc.name => r.push(field, "a service cannot nest itself"),
+        None => {
+            let names: Vec<&str> = cfg
+                .services
+                .iter()
+                .filter(|s| s.routing_method.is_traffic_manager() && s.name != svc.name)
+                .map(|s| s.name.as_str())
+                .collect();
+            r.push(
+                field,
+                format!(
+                    "{child:?} names no [[service]]; Traffic Manager services: {}",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            );
+        }
+        Some(c) => {
+            let child_svc = &cfg.services[c];
+            if !child_svc.routing_method.is_traffic_manager() {
+                r.push(
+                    field,
+                    format!(
+                        "{child:?} uses routing_method = ZONAL: a child must use a Traffic \
+                         Manager method ({TM_METHODS})"
+                    ),
+                );
+            } else if child_svc.vip.is_ipv4() != svc.vip.is_ipv4() {
+                r.push(
+                    field,
+                    format!(
+                        "{child:?} has vip {} of another address family than this service's {}: \
+                         nesting keeps the family",
+                        child_svc.vip, svc.vip
+                    ),
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- nesting across services
+
+/// Spec §2.5 / vector H5: no loops, at most `MAX_NESTING_DEPTH` nesting levels below any
+/// service (a chain of 11 services has 10 levels and is allowed).
+pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
+    let edges: Vec<Vec<usize>> = cfg
+        .services
+        .iter()
+        .enumerate()
+        .map(|(s, svc)| {
+            svc.backends
+                .iter()
+                .filter_map(|b| cfg.service_index(b.target_service.as_deref()?))
+                .filter(|&c| c != s)
+                .collect()
+        })
+        .collect();
+    for (index, svc) in cfg.services.iter().enumerate() {
+        let mut r = Report {
+            out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
+        let mut path = vec![index];
+        match longest_chain(&edges, &mut path) {
+            Err(cycle) => {
+                let names: Vec<&str> = cycle
+                    .iter()
+                    .map(|&s| cfg.services[s].name.as_str())
+                    .collect();
+                r.push(
+                    "backend.target_service",
+                    format!(
+                        "nesting loop {}: nested services must form a tree",
+                        names.join(" -> ")
+                    ),
+                );
+            }
+            Ok(depth) if depth > MAX_NESTING_DEPTH => r.push(
+                "backend.target_service",
+                format!(
+                    "nesting is {depth} levels deep below this service: allowed at most \
+                     {MAX_NESTING_DEPTH}"
+                ),
+            ),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Levels of nesting below the last service of `path`, or the loop through the path's first
+/// service. Loops not through the first service are reported from their own members; the
+/// search stops one level past the limit.
+fn longest_chain(edges: &[Vec<usize>], path: &mut Vec<usize>) -> Result<usize, Vec<usize>> {
+    let Some(&here) = path.last() else {
+        return Ok(0);
+    };
+    if path.len() > MAX_NESTING_DEPTH + 2 {
+        return Ok(0);
+    }
+    let mut best = 0;
+    for &c in &edges[here] {
+        if c == path[0] {
+            let mut cycle = path.clone();
+            cycle.push(c);
+            return Err(cycle);
+        }
+        if path.contains(&c) {
+            continue;
+        }
+        path.push(c);
+        let below = longest_chain(edges, path);
+        path.pop();
+        best = best.max(below? + 1);
+    }
+    Ok(best)
+}

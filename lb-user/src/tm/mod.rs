@@ -1,0 +1,33 @@
+//! Azure Traffic Manager routing methods (spec §2): pure-Rust semantics, no BPF.
+//!
+//! - `monitor`: probe settings, probe result -> endpoint status, profile and nested status;
+//! - `status`: effective endpoint status from probe inputs + configuration, availability rule;
+//! - `methods`: per-method selection with a DNS view (`resolve_dns`) and a packet view
+//!   (`eligible`);
+//! - `classes`: compilation into disjoint client prefixes + per-class eligible sets;
+//! - `regions`, `ranges`, `client`, `rng`: the region hierarchy, address ranges, client
+//!   location inputs, and a seeded generator for per-query random choices.
+
+pub mod classes;
+pub mod client;
+pub mod methods;
+pub mod monitor;
+pub mod ranges;
+pub mod regions;
+pub mod rng;
+pub mod status;
+
+pub use classes::{
+    compile_classes, compile_service, ClassMap, TmClass, TmServicePlan, DEFAULT_CLASS,
+};
+pub use client::{location_address, Client};
+pub use methods::{
+    effective_priorities, eligible, resolve_dns, select, DnsAnswer, Eligible, EligibleBackend,
+    QueryType, Record, Selection,
+};
+pub use monitor::{
+    nested_endpoint_status, profile_monitor_status, EndpointMonitor, MonitorSettings, ProbeOutcome,
+};
+pub use regions::RegionTree;
+pub use rng::{Rng, SplitMix64};
+pub use status::{ProbeStatuses, Statuses, MAX_NESTING_DEPTH};

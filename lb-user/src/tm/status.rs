@@ -1,0 +1,237 @@
+//! Effective endpoint status and the common availability rule (spec §2.2): probe results come
+//! in from outside (`ProbeStatuses`), everything else (endpoint Disabled, profile Disabled,
+//! alwaysServe, nested endpoints) is derived here.
+
+use super::monitor::{nested_endpoint_status, profile_monitor_status};
+use super::ranges::Family;
+use crate::config::{Config, Service};
+use crate::model::{AdminStatus, MonitorStatus, ProfileMonitorStatus};
+
+/// Nesting depth limit (spec §2.5); also guards recursion on an unvalidated configuration.
+pub const MAX_NESTING_DEPTH: usize = 10;
+
+/// The last probe-derived monitor status of every probed endpoint, `[service][backend]`. The
+/// entries of nested, disabled and alwaysServe endpoints are ignored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeStatuses {
+    by_service: Vec<Vec<MonitorStatus>>,
+}
+
+impl ProbeStatuses {
+    /// Every endpoint of every service starts as `initial`.
+    pub fn new(cfg: &Config, initial: MonitorStatus) -> Self {
+        Self {
+            by_service: cfg
+                .services
+                .iter()
+                .map(|s| vec![initial; s.backends.len()])
+                .collect(),
+        }
+    }
+
+    pub fn get(&self, service: usize, backend: usize) -> MonitorStatus {
+        self.by_service
+            .get(service)
+            .and_then(|s| s.get(backend))
+            .copied()
+            .unwrap_or(MonitorStatus::CheckingEndpoint)
+    }
+
+    /// Sets one endpoint by index; false if there is no such endpoint.
+    pub fn set_index(&mut self, service: usize, backend: usize, status: MonitorStatus) -> bool {
+        match self
+            .by_service
+            .get_mut(service)
+            .and_then(|s| s.get_mut(backend))
+        {
+            Some(slot) => {
+                *slot = status;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sets one endpoint by service name and endpoint label (`Backend::label`).
+    pub fn set(
+        &mut self,
+        cfg: &Config,
+        service: &str,
+        endpoint: &str,
+        status: MonitorStatus,
+    ) -> Result<(), String> {
+        let s = cfg
+            .service_index(service)
+            .ok_or_else(|| format!("no service {service:?}"))?;
+        let b = cfg.services[s]
+            .backend_index(endpoint)
+            .ok_or_else(|| format!("service {service:?} has no endpoint {endpoint:?}"))?;
+        self.set_index(s, b, status);
+        Ok(())
+    }
+}
+
+/// Monitor statuses under which an endpoint may be returned without the all-degraded rule.
+pub fn is_routable(status: MonitorStatus) -> bool {
+    matches!(
+        status,
+        MonitorStatus::Online | MonitorStatus::CheckingEndpoint | MonitorStatus::Unmonitored
+    )
+}
+
+/// Read-only view of a configuration plus probe results: statuses and availability.
+#[derive(Clone, Copy, Debug)]
+pub struct Statuses<'a> {
+    pub cfg: &'a Config,
+    pub probes: &'a ProbeStatuses,
+}
+
+impl<'a> Statuses<'a> {
+    pub fn new(cfg: &'a Config, probes: &'a ProbeStatuses) -> Self {
+        Self { cfg, probes }
+    }
+
+    fn service(&self, svc: usize) -> &'a Service {
+        &self.cfg.services[svc]
+    }
+
+    /// The endpoint's monitor status as Traffic Manager reports it.
+    pub fn endpoint_status(&self, svc: usize, ep: usize) -> MonitorStatus {
+        self.endpoint_status_for(svc, ep, None, 0)
+    }
+
+    /// Same, with the per-record-type child thresholds of a nested endpoint applied for
+    /// `family` (A = V4, AAAA = V6).
+    pub fn endpoint_status_for(
+        &self,
+        svc: usize,
+        ep: usize,
+        family: Option<Family>,
+        depth: usize,
+    ) -> MonitorStatus {
+        let service = self.service(svc);
+        let b = &service.backends[ep];
+        if service.profile_status() == AdminStatus::Disabled {
+            // Vector O6: a disabled profile's endpoints are Inactive.
+            return MonitorStatus::Inactive;
+        }
+        if b.endpoint_status == AdminStatus::Disabled {
+            return MonitorStatus::Disabled;
+        }
+        if let Some(child) = &b.target_service {
+            // Health checks cannot be disabled for nested endpoints: alwaysServe is ignored.
+            let Some(c) = self.cfg.service_index(child) else {
+                return MonitorStatus::Stopped;
+            };
+            if depth >= MAX_NESTING_DEPTH {
+                return MonitorStatus::Stopped;
+            }
+            return self.nested_status(c, b, family, depth + 1);
+        }
+        if b.always_serve {
+            return MonitorStatus::Unmonitored;
+        }
+        self.probes.get(svc, ep)
+    }
+
+    fn nested_status(
+        &self,
+        child: usize,
+        b: &crate::config::Backend,
+        family: Option<Family>,
+        depth: usize,
+    ) -> MonitorStatus {
+        let child_status = self.profile_status_at(child, depth);
+        let statuses: Vec<(MonitorStatus, Option<Family>)> =
+            (0..self.service(child).backends.len())
+                .map(|e| {
+                    let cb = &self.service(child).backends[e];
+                    let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
+                    (self.endpoint_status_for(child, e, family, depth), fam)
+                })
+                .collect();
+        let count = |only: Option<Family>| {
+            let relevant = statuses
+                .iter()
+                .filter(|(_, f)| only.is_none() || f.is_none() || *f == only);
+            let online = relevant
+                .clone()
+                .filter(|(s, _)| matches!(s, MonitorStatus::Online | MonitorStatus::Unmonitored))
+                .count();
+            let checking = relevant
+                .filter(|(s, _)| *s == MonitorStatus::CheckingEndpoint)
+                .count();
+            (online, checking)
+        };
+        let (online, checking) = count(None);
+        let overall = nested_endpoint_status(
+            child_status,
+            online,
+            checking,
+            b.min_child_endpoints.unwrap_or(1),
+        );
+        let family_min = match family {
+            Some(Family::V4) => b.min_child_endpoints_ipv4,
+            Some(Family::V6) => b.min_child_endpoints_ipv6,
+            None => None,
+        };
+        match family_min {
+            Some(min) => {
+                let (online, checking) = count(family);
+                let per_family = nested_endpoint_status(child_status, online, checking, min);
+                worse(overall, per_family)
+            }
+            None => overall,
+        }
+    }
+
+    /// The profile monitor status of a service (spec §2.3).
+    pub fn profile_status(&self, svc: usize) -> ProfileMonitorStatus {
+        self.profile_status_at(svc, 0)
+    }
+
+    fn profile_status_at(&self, svc: usize, depth: usize) -> ProfileMonitorStatus {
+        let service = self.service(svc);
+        profile_monitor_status(
+            service.profile_status(),
+            (0..service.backends.len()).map(|e| self.endpoint_status_for(svc, e, None, depth)),
+        )
+    }
+
+    /// The endpoints a method may return (spec §2.2): enabled, not Stopped/Inactive, and
+    /// routable; if none is routable but some are Degraded, every Degraded one (best effort).
+    /// In service order.
+    pub fn available(&self, svc: usize, family: Option<Family>, depth: usize) -> Vec<usize> {
+        let statuses: Vec<(usize, MonitorStatus)> = (0..self.service(svc).backends.len())
+            .map(|e| (e, self.endpoint_status_for(svc, e, family, depth)))
+            .collect();
+        let routable: Vec<usize> = statuses
+            .iter()
+            .filter(|(_, s)| is_routable(*s))
+            .map(|(e, _)| *e)
+            .collect();
+        if !routable.is_empty() {
+            return routable;
+        }
+        statuses
+            .iter()
+            .filter(|(_, s)| *s == MonitorStatus::Degraded)
+            .map(|(e, _)| *e)
+            .collect()
+    }
+}
+
+/// The less routable of two nested statuses (Online > CheckingEndpoint > Degraded > Stopped).
+fn worse(a: MonitorStatus, b: MonitorStatus) -> MonitorStatus {
+    let rank = |s| match s {
+        MonitorStatus::Online => 3,
+        MonitorStatus::CheckingEndpoint => 2,
+        MonitorStatus::Degraded => 1,
+        _ => 0,
+    };
+    if rank(a) <= rank(b) {
+        a
+    } else {
+        b
+    }
+}

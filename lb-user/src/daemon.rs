@@ -75,6 +75,16 @@ fn fits(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
     Ok(())
 }
 
+/// bpf_fib_lookup, which finds the IPIP next hop, fails (FWD_DISABLED) on an interface without
+/// forwarding; the drops would show only as `drop_fib` in `lb stats`, so say it up front.
+fn warn_if_forwarding_disabled(ifname: &str) {
+    for (family, path) in [("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")), ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding"))] {
+        if std::fs::read_to_string(&path).map(|v| v.trim() == "0").unwrap_or(false) {
+            eprintln!("lb: warning: {family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
+        }
+    }
+}
+
 struct Daemon {
     args: RunArgs,
     ctl: Controller,
@@ -109,6 +119,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Tables first, then attach: the first packet already finds them.
     ctl.reconcile(&mut dp).context("writing the initial tables")?;
     for ifname in &args.interfaces {
+        warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname))?;
         match mode {
             aya::programs::XdpMode::Skb => eprintln!("lb: warning: {ifname} refused native XDP; attached in generic (skb) mode, which is slower"),

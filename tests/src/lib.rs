@@ -3,6 +3,7 @@
 //! the end-to-end topology.
 
 pub mod fixture;
+pub mod e2e;
 pub mod fixture_net;
 pub mod netns;
 pub mod packet;

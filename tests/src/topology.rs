@@ -11,7 +11,8 @@
 //! balancer's veth has GRO on, because frames sent with XDP_TX out of a veth reach the peer only
 //! in NAPI mode. Every namespace is deleted when the `Topology` drops.
 
-use crate::netns::Netns;
+use crate::netns::{sh, Netns};
+use std::path::PathBuf;
 use anyhow::Result;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -60,6 +61,17 @@ pub struct Topology {
     pub backends: Vec<Host>,
     // Dropped last: the hosts' veth peers live here.
     pub switch: Netns,
+    _peer_pins: PinDir,
+}
+
+/// A bpffs directory removed on drop (removing a link's pin detaches it).
+#[derive(Debug)]
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Client prefix of zone `z` (for the configuration).
@@ -99,9 +111,18 @@ impl Topology {
             Ok(Host { ns, name, zone, v4, v6, mac })
         };
         let lb = host("lb".into(), 0, LB4, LB6)?;
-        // The balancer transmits with XDP_TX: its peer must run in NAPI mode.
-        switch.exec(&["ethtool", "-K", &format!("{p}p1"), "gro", "on"])?;
-        lb.ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=0"])?;
+        // The balancer transmits with XDP_TX, and a veth delivers XDP_TX frames only to a peer
+        // in NAPI mode. `ethtool -K gro on` did not give that on this kernel; an XDP program on
+        // the peer does: lb_decap for an address nobody uses passes every frame.
+        let peer_pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/lb-topo-{p}")));
+        sh(switch
+            .nsenter()
+            .arg(crate::e2e::bin("lb"))
+            .args(["decap", "attach", "--interface", &format!("{p}p1"), "--address", "198.19.255.254", "--pin-dir"])
+            .arg(&peer_pins.0))?;
+        // bpf_fib_lookup (IPIP next hop) answers only where forwarding is enabled.
+        lb.ns.exec(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])?;
+        lb.ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
         let mut clients = Vec::new();
         let mut backends = Vec::new();
         for (zi, (nc, nb)) in spec.zones.iter().enumerate() {
@@ -126,6 +147,9 @@ impl Topology {
             clients.push(host(format!("c0-{}", i + 1), 0, v4, v6)?);
         }
         for c in &clients {
+            // A veth hands on TCP/UDP with a partial checksum (offload); a frame the balancer
+            // forwards from XDP would keep it. Real NICs deliver full checksums: so do clients.
+            c.ns.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
             c.ns.ip(&["route", "add", &format!("{VIP4}/32"), "via", &LB4.to_string()])?;
             c.ns.ip(&["-6", "route", "add", &format!("{VIP6}/128"), "via", &LB6.to_string()])?;
         }
@@ -135,7 +159,7 @@ impl Topology {
             lb.ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
             lb.ns.ip(&["-6", "neigh", "replace", &b.v6.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
         }
-        Ok(Topology { lb, clients, backends, switch })
+        Ok(Topology { lb, clients, backends, switch, _peer_pins: peer_pins })
     }
 
     pub fn clients_in_zone(&self, zone: usize) -> impl Iterator<Item = &Host> {

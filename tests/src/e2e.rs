@@ -1,0 +1,306 @@
+//! End-to-end harness: the real `lb` daemon on a [`Topology`], backends running `lb-testsrv`
+//! (and `lb_decap` for IPIP), clients making real TCP/UDP connections to the VIP.
+//!
+//! Everything `lb` runs with `nsenter --net`, so its pins land in the host's bpffs under
+//! per-test directories, which the guards remove (also when a test fails).
+
+use crate::netns::{sh, ChildGuard, Netns};
+use crate::topology::{Host, Topology, VIP4, VIP6};
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A binary of this workspace (`lb`, `lb-testsrv`), next to the test executable's deps dir.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} not built (run the tests through `cargo xtask test` or `cargo test --workspace`)", path.display());
+    path
+}
+
+/// Start the name-answering server on a backend: TCP and UDP on the VIPs and its own
+/// addresses (own addresses answer health checks).
+pub fn start_server(b: &Host, port: u16) -> Result<ChildGuard> {
+    let srv = bin("lb-testsrv");
+    b.ns.spawn(&[
+        srv.to_str().unwrap(),
+        &b.name,
+        &format!("{VIP4}:{port}"),
+        &format!("[{VIP6}]:{port}"),
+        &format!("{}:{port}", b.v4),
+        &format!("[{}]:{port}", b.v6),
+    ])
+}
+
+/// Run `lb ARGS` inside a namespace (nsenter: host mounts, so pins outlive the command).
+pub fn lb_in(ns: &Netns, args: &[&str]) -> Result<String> {
+    sh(ns.nsenter().arg(bin("lb")).args(args))
+}
+
+/// `lb_decap` on every backend, pinned under `pin_dir` (removed by [`DecapGuard`]).
+pub struct DecapGuard {
+    pin_dir: PathBuf,
+}
+
+impl DecapGuard {
+    pub fn attach(topo: &Topology, pin_dir: &Path) -> Result<Self> {
+        let guard = Self { pin_dir: pin_dir.to_owned() };
+        for b in &topo.backends {
+            lb_in(&b.ns, &["decap", "attach", "--interface", "eth0", "--pin-dir", pin_dir.to_str().unwrap()])
+                .with_context(|| format!("attaching lb_decap on {}", b.name))?;
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for DecapGuard {
+    fn drop(&mut self) {
+        // Removing the pins detaches (the links' interfaces may already be gone).
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+    }
+}
+
+/// The `lb` daemon running in the balancer namespace.
+pub struct Daemon {
+    child: Option<std::process::Child>,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub pin_dir: PathBuf,
+    ns_name: String,
+    keep: bool,
+}
+
+impl Daemon {
+    /// Write `config` and start `lb run` on the balancer's eth0; waits until the control
+    /// socket answers.
+    pub fn start(topo: &Topology, prefix: &str, config: &str) -> Result<Self> {
+        Self::start_opts(topo, prefix, config, false)
+    }
+
+    /// Like [`Daemon::start`] with `--keep-dataplane`, for restart tests.
+    pub fn start_keeping(topo: &Topology, prefix: &str, config: &str) -> Result<Self> {
+        Self::start_opts(topo, prefix, config, true)
+    }
+
+    fn start_opts(topo: &Topology, prefix: &str, config: &str, keep: bool) -> Result<Self> {
+        let dir = PathBuf::from(format!("/run/lb-test-{prefix}"));
+        std::fs::create_dir_all(&dir)?;
+        let cfg = dir.join("lb.toml");
+        std::fs::write(&cfg, config)?;
+        let mut d = Self {
+            child: None,
+            socket: dir.join("lb.sock"),
+            config: cfg,
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/lb-test-{prefix}")),
+            dir,
+            ns_name: topo.lb.ns.name().to_owned(),
+            keep: false,
+        };
+        d.spawn(keep)?;
+        Ok(d)
+    }
+
+    fn spawn(&mut self, keep: bool) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("lb.log"))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.ns_name))
+            .arg(bin("lb"))
+            .args(["run", "--interface", "eth0", "--config"])
+            .arg(&self.config)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--pin-dir")
+            .arg(&self.pin_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if keep {
+            cmd.arg("--keep-dataplane");
+        }
+        self.keep = keep;
+        self.child = Some(cmd.spawn().context("starting lb run")?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.cli(&["status", "--json"]).is_ok() {
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    bail!("lb run exited ({status}); log:\n{}", self.log());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("lb run did not answer on {} within 60 s; log:\n{}", self.socket.display(), self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("lb.log")).unwrap_or_default()
+    }
+
+    /// `lb ARGS --socket S` (the CLI talks to the daemon over the Unix socket).
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        sh(Command::new(bin("lb")).args(args).arg("--socket").arg(&self.socket))
+    }
+
+    pub fn status(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(&self.cli(&["status", "--json"])?)?)
+    }
+
+    /// Stop with SIGTERM and wait (the daemon detaches unless started to keep the data plane).
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if c.try_wait()?.is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    bail!("lb run ignored SIGTERM for 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop and start again. A daemon started with [`Daemon::start_keeping`] leaves the data
+    /// plane running in between, and the new one adopts it.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
+        self.spawn(self.keep)
+    }
+
+    pub fn rewrite_config(&self, config: &str) -> Result<()> {
+        std::fs::write(&self.config, config)?;
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.stop();
+        // Whatever it left (keep mode, crash): unpin links and maps.
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Poll `f` until it returns Some, or fail after `timeout` with `what`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Open a TCP connection from `client` to `target` and return the greeting (backend name).
+pub fn tcp_hello(client: &Host, target: SocketAddr) -> Result<String> {
+    client.ns.run(move || -> Result<String> {
+        let s = TcpStream::connect_timeout(&target, Duration::from_secs(5)).with_context(|| format!("connecting to {target}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        Ok(line.trim().to_owned())
+    })?
+}
+
+/// `n` TCP connections from `client` (different source ports); the backend names seen.
+pub fn tcp_spread(client: &Host, target: SocketAddr, n: usize) -> Result<Vec<String>> {
+    (0..n).map(|_| tcp_hello(client, target)).collect()
+}
+
+/// One UDP request/response; the answering backend's name.
+pub fn udp_hello(client: &Host, target: SocketAddr) -> Result<String> {
+    client.ns.run(move || -> Result<String> {
+        let bind: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse()? } else { "[::]:0".parse()? };
+        let s = UdpSocket::bind(bind)?;
+        s.connect(target)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = [0u8; 256];
+        for _ in 0..5 {
+            s.send(b"hello")?;
+            if let Ok(n) = s.recv(&mut buf) {
+                return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        bail!("no UDP answer from {target}")
+    })?
+}
+
+/// A long-lived TCP connection: each `ask` sends a line and returns the backend's name.
+pub struct Session {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    pub greeting: String,
+}
+
+impl Session {
+    pub fn open(client: &Host, target: SocketAddr) -> Result<Self> {
+        let s = client.ns.run(move || TcpStream::connect_timeout(&target, Duration::from_secs(5)))??;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let writer = s.try_clone()?;
+        let mut reader = BufReader::new(s);
+        let mut greeting = String::new();
+        reader.read_line(&mut greeting)?;
+        Ok(Self { reader, writer, greeting: greeting.trim().to_owned() })
+    }
+
+    /// Send one line; the answer is `NAME line`, return NAME.
+    pub fn ask(&mut self, line: &str) -> Result<String> {
+        writeln!(self.writer, "{line}")?;
+        let mut answer = String::new();
+        self.reader.read_line(&mut answer).context("reading the answer on an established connection")?;
+        let answer = answer.trim();
+        let (name, echoed) = answer.split_once(' ').ok_or_else(|| anyhow::anyhow!("connection closed or bad answer {answer:?}"))?;
+        if echoed != line {
+            bail!("answer {answer:?} does not echo {line:?}");
+        }
+        Ok(name.to_owned())
+    }
+}
+
+/// Config text for a topology: zones with their client prefixes and a `[dataplane]` with the
+/// balancer's encapsulation source.
+pub fn zones_toml(n: usize) -> String {
+    let mut s = String::from("[dataplane]\nencap_source_v4 = \"198.18.0.1\"\nencap_source_v6 = \"2001:db8::1\"\n\n");
+    for z in 1..=n {
+        let (p4, p6) = crate::topology::zone_prefixes(z);
+        s += &format!("[[zone]]\nname = \"zone-{z}\"\nclient_prefixes = [\"{p4}\", \"{p6}\"]\n\n");
+    }
+    s
+}
+
+/// `[[service.backend]]` entries for every backend of the topology.
+pub fn backends_toml(topo: &Topology, v6: bool, failover: &dyn Fn(&Host) -> bool) -> String {
+    let mut s = String::new();
+    for b in &topo.backends {
+        s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n", b.addr(v6), b.zone, b.mac);
+        if failover(b) {
+            s += "failover = true\n";
+        }
+        s += "\n";
+    }
+    s
+}
+
+pub fn vip(v6: bool, port: u16) -> SocketAddr {
+    SocketAddr::new(if v6 { IpAddr::V6(VIP6) } else { IpAddr::V4(VIP4) }, port)
+}

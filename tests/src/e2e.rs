@@ -48,6 +48,8 @@ pub struct DecapGuard {
 
 impl DecapGuard {
     pub fn attach(topo: &Topology, pin_dir: &Path) -> Result<Self> {
+        // Leftovers of a crashed run would point at interfaces that no longer exist.
+        let _ = std::fs::remove_dir_all(pin_dir);
         let guard = Self { pin_dir: pin_dir.to_owned() };
         for b in &topo.backends {
             lb_in(&b.ns, &["decap", "attach", "--interface", "eth0", "--pin-dir", pin_dir.to_str().unwrap()])
@@ -89,6 +91,10 @@ impl Daemon {
 
     fn start_opts(topo: &Topology, prefix: &str, config: &str, keep: bool) -> Result<Self> {
         let dir = PathBuf::from(format!("/run/lb-test-{prefix}"));
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/lb-test-{prefix}"));
+        // Leftovers of a crashed run: a fresh start must not adopt them.
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&pin_dir);
         std::fs::create_dir_all(&dir)?;
         let cfg = dir.join("lb.toml");
         std::fs::write(&cfg, config)?;
@@ -96,7 +102,7 @@ impl Daemon {
             child: None,
             socket: dir.join("lb.sock"),
             config: cfg,
-            pin_dir: PathBuf::from(format!("/sys/fs/bpf/lb-test-{prefix}")),
+            pin_dir,
             dir,
             ns_name: topo.lb.ns.name().to_owned(),
             keep: false,

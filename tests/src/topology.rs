@@ -115,6 +115,7 @@ impl Topology {
         // in NAPI mode. `ethtool -K gro on` did not give that on this kernel; an XDP program on
         // the peer does: lb_decap for an address nobody uses passes every frame.
         let peer_pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/lb-topo-{p}")));
+        let _ = std::fs::remove_dir_all(&peer_pins.0);
         sh(switch
             .nsenter()
             .arg(crate::e2e::bin("lb"))

@@ -100,5 +100,7 @@ fn bench() -> Result<()> {
 fn demo() -> Result<()> {
     require_root("cargo xtask demo")?;
     build()?;
-    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "demo"]))
+    // The demo drives the `lb` binary and the `lb-testsrv` backends, built next to it.
+    run(cargo().args(["build", "--release", "-q", "-p", "lb-tests", "--bins"]))?;
+    run(&mut Command::new(workspace_root().join("target/release/demo")))
 }

@@ -41,12 +41,11 @@ pub enum Verdict {
 /// Bounds-checked pointer to a `T` at `offset` in the packet.
 #[inline(always)]
 pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
-    // Fresh (volatile) loads of data/data_end hide the packet bounds from LLVM: otherwise it
-    // drops this check as implied by earlier length checks, and the verifier, which cannot
-    // follow that reasoning, rejects the access. (`black_box` on the offset did the same but
-    // cost a stack slot per call site, and the BPF stack is only 512 bytes.)
-    let start = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*ctx.ctx).data)) } as usize;
-    let end = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*ctx.ctx).data_end)) } as usize;
+    // Hide the offset from LLVM: otherwise it drops this check as implied by earlier length
+    // checks, and the verifier, which cannot follow that reasoning, rejects the access.
+    let offset = core::hint::black_box(offset);
+    let start = ctx.data();
+    let end = ctx.data_end();
     if start + offset + core::mem::size_of::<T>() > end {
         return None;
     }

@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod bench;
 mod conntrack;
 mod decap;
 mod encap;

@@ -94,7 +94,10 @@ fn test(extra: &[String]) -> Result<()> {
 }
 
 fn bench() -> Result<()> {
-    run(cargo().args(["run", "--release", "-q", "-p", "lb-user", "--example", "maglev_bench"]))
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-user", "--example", "maglev_bench"]))?;
+    // Data-plane per-packet cost with BPF_PROG_TEST_RUN (method: BENCHMARKS.md).
+    require_root("cargo xtask bench (data-plane part)")?;
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))
 }
 
 fn demo() -> Result<()> {

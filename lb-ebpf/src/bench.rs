@@ -1,0 +1,130 @@
+//! Bench-only XDP programs for `BPF_PROG_TEST_RUN` with `repeat > 1` (`dp_bench` in lb-tests).
+//!
+//! They live in the same object so that they share the balancer's maps, but the data-plane
+//! writer never loads them: the production program `lb` is compiled and verified exactly as
+//! without them (`balance` is `#[inline(always)]`, nothing here is called from `lb`).
+//!
+//! With `repeat > 1` the kernel runs every iteration on the same buffer, so after the first
+//! encapsulation the next iterations would see the encapsulated frame. `bench_lb` therefore
+//! runs the balancer and then restores the original frame (`restore`); `bench_restore_only`
+//! does the same head growth as the IPIP/IP6IP6 encapsulation plus the same `restore`, so the
+//! wrapper's cost can be measured and stated on its own.
+
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
+
+use crate::parse::{ptr_at, ETH_LEN, ETH_P_IP};
+
+/// Bytes saved and rewritten: the Ethernet header plus one VLAN tag (for an untagged frame the
+/// last 4 are the first bytes of the IP header, rewritten with the same values).
+const SAVED_LEN: usize = ETH_LEN + 4;
+
+/// The frame's first bytes and length before the balancer ran. A global (the object's .bss),
+/// not the stack: `balance` alone uses nearly all of the 512-byte BPF stack. The bench runs
+/// on one thread, so one copy suffices. Copied as words, so no stack is needed either.
+#[repr(C)]
+struct Saved {
+    len: usize,
+    head: [u64; 2],
+    tail: u16,
+}
+
+#[no_mangle]
+static mut BENCH_SAVED: Saved = Saved { len: 0, head: [0; 2], tail: 0 };
+
+/// Saves the frame's first bytes and length; false if the frame is too short.
+#[inline(always)]
+fn save(ctx: &XdpContext) -> bool {
+    // Own bounds check, no `black_box` (it would take a stack slot next to balance's).
+    let p = ctx.data() as *const u8;
+    if ctx.data() + SAVED_LEN > ctx.data_end() {
+        return false;
+    }
+    unsafe {
+        let s = core::ptr::addr_of_mut!(BENCH_SAVED);
+        (*s).len = ctx.data_end() - ctx.data();
+        (*s).head[0] = core::ptr::read_unaligned(p as *const u64);
+        (*s).head[1] = core::ptr::read_unaligned(p.add(8) as *const u64);
+        (*s).tail = core::ptr::read_unaligned(p.add(16) as *const u16);
+    }
+    true
+}
+
+/// The floor: an XDP program that does nothing.
+#[xdp]
+pub fn bench_empty(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// The trivial forwarder: swap the Ethernet addresses and send the frame back (XDP_TX).
+#[xdp]
+pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
+    let eth = match ptr_at::<[u8; 12]>(&ctx, 0) {
+        Some(p) => p,
+        None => return xdp_action::XDP_ABORTED,
+    };
+    let old = unsafe { core::ptr::read_unaligned(eth) };
+    let mut h = [0u8; 12];
+    h[0..6].copy_from_slice(&old[6..12]);
+    h[6..12].copy_from_slice(&old[0..6]);
+    unsafe { core::ptr::write_unaligned(eth, h) };
+    xdp_action::XDP_TX
+}
+
+/// The balancer, then the original frame back in place for the next iteration.
+#[xdp]
+pub fn bench_lb(ctx: XdpContext) -> u32 {
+    if !save(&ctx) {
+        return xdp_action::XDP_ABORTED;
+    }
+    let action = crate::balance(&ctx);
+    match restore(&ctx) {
+        true => action,
+        false => xdp_action::XDP_ABORTED,
+    }
+}
+
+/// Only the wrapper's work around an encapsulation: grow the head as IPIP (20 bytes) or
+/// IP6IP6 (40 bytes) does, then `restore`. Its cost above the floor bounds the wrapper's cost
+/// from above (it includes one head adjustment that the balancer's encapsulation does anyway).
+#[xdp]
+pub fn bench_restore_only(ctx: XdpContext) -> u32 {
+    if !save(&ctx) {
+        return xdp_action::XDP_ABORTED;
+    }
+    // Bytes 12..14 of the frame: the ethertype.
+    let ethertype = unsafe { ((*core::ptr::addr_of!(BENCH_SAVED)).head[1] >> 32) as u16 };
+    let outer: i32 = if u16::from_be(ethertype) == ETH_P_IP { 20 } else { 40 };
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -outer) } != 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    match restore(&ctx) {
+        true => xdp_action::XDP_TX,
+        false => xdp_action::XDP_ABORTED,
+    }
+}
+
+/// Undoes the head growth since `save` and rewrites the saved first bytes. A frame that did not
+/// grow (a drop or pass verdict, or an L2 rewrite) only gets its first bytes back.
+#[inline(always)]
+fn restore(ctx: &XdpContext) -> bool {
+    let s = core::ptr::addr_of!(BENCH_SAVED);
+    // Bounded, so the verifier accepts LLVM turning this into packet-pointer arithmetic.
+    let saved_len = unsafe { (*s).len } & 0xffff;
+    let grown = (ctx.data_end() - ctx.data()).wrapping_sub(saved_len);
+    if grown != 0 {
+        // At most an IPv6 header plus a VLAN tag's worth of difference.
+        if grown > 64 || unsafe { bpf_xdp_adjust_head(ctx.ctx, grown as i32) } != 0 {
+            return false;
+        }
+    }
+    let p = ctx.data() as *mut u8;
+    if ctx.data() + SAVED_LEN > ctx.data_end() {
+        return false;
+    }
+    unsafe {
+        core::ptr::write_unaligned(p as *mut u64, (*s).head[0]);
+        core::ptr::write_unaligned(p.add(8) as *mut u64, (*s).head[1]);
+        core::ptr::write_unaligned(p.add(16) as *mut u16, (*s).tail);
+    }
+    true
+}

@@ -65,6 +65,7 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     check_listeners(&cfg.services, &mut out);
     super::tm_validate::check_client_inputs(cfg, &mut out);
     super::tm_validate::check_nesting(cfg, &mut out);
+    super::tm_validate::check_dns_names(cfg, &mut out);
     out
 }
 

@@ -417,3 +417,54 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
         encap_src,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = r#"
+        [dataplane]
+        maglev_table_size = 251
+        [[geo]]
+        client_prefixes = ["198.18.1.0/24"]
+        region = "IE"
+        [[service]]
+        name = "parent"
+        vip = "198.18.0.1"
+        protocol = "TCP"
+        routing_method = "PRIORITY"
+        [[service.backend]]
+        target_service = "child"
+        [[service]]
+        name = "child"
+        vip = "198.18.0.2"
+        protocol = "TCP"
+        routing_method = "GEOGRAPHIC"
+        [[service.backend]]
+        address = "198.18.13.1"
+        geo_mapping = ["IE"]
+    "#;
+
+    #[test]
+    fn tm_tables_use_the_leaf_owner_ids_and_flag_unroutable_classes() {
+        let cfg = Config::parse(CFG).unwrap();
+        let mut ids = Ids::default();
+        let c = compile(&cfg, &|_, _| true, &mut ids).unwrap();
+        let leaf = ids.backend_id("child", "198.18.13.1".parse().unwrap()).unwrap();
+        assert_eq!(c.backends.len(), 1, "one record per real endpoint; nested endpoints have none");
+        for svc in &c.services {
+            assert_eq!(svc.class_prefixes, vec![("198.18.1.0/24".parse().unwrap(), 1)], "{}", svc.name);
+            let ie = &svc.tables[1];
+            assert!(ie.entries.iter().all(|&e| e == leaf), "{}: IE class -> the child's backend id", svc.name);
+            assert_eq!(ie.flags, 0, "not ZONAL, healthy");
+            let none = &svc.tables[0];
+            assert!(none.entries.iter().all(|&e| e == lb_common::BACKEND_DROP));
+            assert_eq!(none.flags & table_flags::UNROUTABLE, table_flags::UNROUTABLE, "{}: NODATA class", svc.name);
+        }
+        assert_eq!(c.classes_per_service, 2);
+        // Degraded (the only mapping): still served, but flagged NO_HEALTHY.
+        let c = compile(&cfg, &|_, _| false, &mut ids).unwrap();
+        assert_eq!(c.services[1].tables[1].flags, table_flags::NO_HEALTHY);
+        assert_eq!(c.backends[0].1.flags & backend_flags::HEALTHY, 0);
+    }
+}

@@ -89,7 +89,7 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
     let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
     resp.metadata.recursion_desired = req.metadata.recursion_desired;
     let ecs = req.edns.as_ref().and_then(|e| match e.option(EdnsCode::Subnet) {
-        Some(EdnsOption::Subnet(cs)) => Some(cs.clone()),
+        Some(EdnsOption::Subnet(cs)) => Some(*cs),
         _ => None,
     });
     if req.edns.is_some() {

@@ -263,7 +263,7 @@ async fn performance_uses_the_client_subnet_latency() {
     let a = one(f.addr, "perf.tm.test", "A", &["+subnet=198.18.2.7/32"]).await;
     assert_eq!(a.addrs(), ["198.18.12.3"], "eastus for 198.18.2.0/24");
     // Without ECS the source 127.0.0.1 has no latency data: any available endpoint.
-    let c = counts(&dig(f.addr, &vec![("perf.tm.test", "A"); 5], &[]).await);
+    let c = counts(&dig(f.addr, &[("perf.tm.test", "A"); 5], &[]).await);
     assert_eq!(c.values().sum::<usize>(), 5, "{c:?}");
     f.set("perf", "198.18.12.1", MonitorStatus::Degraded);
     let a = one(f.addr, "perf.tm.test", "A", &["+subnet=198.18.1.0/24"]).await;
@@ -319,7 +319,7 @@ async fn multivalue_count_limit_families_and_nodata() {
     for e in ["198.18.15.1", "198.18.15.2", "198.18.15.3"] {
         f.set("multi", e, MonitorStatus::Degraded);
     }
-    let answers = dig(f.addr, &vec![("multi.tm.test", "A"); 5], &[]).await;
+    let answers = dig(f.addr, &[("multi.tm.test", "A"); 5], &[]).await;
     assert!(answers.iter().all(|a| a.addrs() == ["198.18.15.4"]), "M2: only the healthy one: {answers:?}");
 }
 

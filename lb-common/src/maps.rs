@@ -67,6 +67,9 @@ pub mod table_flags {
     pub const ZONAL: u32 = 1 << 0;
     /// The class's eligible set holds no healthy backend (E-2/E-9): keep unhealthy entries.
     pub const NO_HEALTHY: u32 = 1 << 1;
+    /// A Traffic Manager class whose eligible set is empty (GEOGRAPHIC/SUBNET NODATA, nothing
+    /// available): its new flows are dropped and counted as `stat::DROP_CLASS_UNROUTABLE`.
+    pub const UNROUTABLE: u32 = 1 << 2;
     /// The entry points at a written table; a zero (never written) entry has it clear.
     pub const ACTIVE: u32 = 1 << 31;
 }
@@ -253,6 +256,9 @@ pub mod stat {
     pub const DECAP: u32 = 20;
     /// Encapsulated packet to a decap address whose inner header is truncated or malformed.
     pub const DECAP_DROP_MALFORMED: u32 = 21;
+    /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
+    /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
+    pub const DROP_CLASS_UNROUTABLE: u32 = 22;
     pub const GLOBAL_COUNT: u32 = 32;
 
     /// Per (service, class) counters follow the global ones, `PER_CLASS_COUNT` each, at
@@ -263,12 +269,12 @@ pub mod stat {
     pub const CLASS_SPILLS: u32 = 3;
     pub const PER_CLASS_COUNT: u32 = 4;
 
-    pub const NAMES: [&str; 22] = [
+    pub const NAMES: [&str; 23] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
-        "decap_drop_malformed",
+        "decap_drop_malformed", "drop_class_unroutable",
     ];
 }
 

@@ -86,6 +86,7 @@ fn balance(ctx: &XdpContext) -> u32 {
             };
             let id = match select::table_entry(table.slot, hash) {
                 Some(id) if id != BACKEND_DROP => id,
+                _ if table.flags & table_flags::UNROUTABLE != 0 => return drop(stat::DROP_CLASS_UNROUTABLE),
                 _ => return drop(stat::DROP_NO_BACKEND),
             };
             let b = match BACKENDS.get(id) {

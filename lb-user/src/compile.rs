@@ -9,7 +9,9 @@
 use crate::config::{Config, Service};
 use crate::maglev::{self, MaglevBackend};
 use crate::model::{Forwarding, Persistence, Protocol, SessionAffinity, TrackingMode};
+use crate::model::MonitorStatus;
 use crate::policy::{self, ServicePlan};
+use crate::tm::{self, ProbeStatuses, Statuses, TmServicePlan};
 use ipnet::IpNet;
 use lb_common::{
     addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo,
@@ -106,7 +108,10 @@ pub struct CompiledService {
     /// Backend ids and addresses in config order.
     pub backend_ids: Vec<u32>,
     pub backend_addrs: Vec<IpAddr>,
+    /// The zonal policy's plan. For a Traffic Manager service it has no classes (see `tm`).
     pub plan: ServicePlan,
+    /// A Traffic Manager service's classes with their eligible sets and reasons.
+    pub tm: Option<TmServicePlan>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -124,9 +129,31 @@ pub struct Compiled {
     pub classes_per_service: u32,
 }
 
-/// Number of client classes of a configuration: "none" plus one per zone.
+/// Number of client classes per service the data plane must hold: "none" plus one per zone
+/// for ZONAL services, and the class count of every Traffic Manager service (its prefix map
+/// depends on the configuration only, so this does not change with health).
 pub fn classes_per_service(cfg: &Config) -> u32 {
-    cfg.zones.len() as u32 + 1
+    let zonal = cfg.zones.len() as u32 + 1;
+    let tm = (0..cfg.services.len())
+        .filter(|&s| cfg.services[s].routing_method.is_traffic_manager())
+        .map(|s| tm::compile_classes(cfg, s).classes.len() as u32)
+        .max()
+        .unwrap_or(0);
+    zonal.max(tm)
+}
+
+/// Probe statuses implied by plain health verdicts: healthy = Online, unhealthy = Degraded
+/// (what `lb plan --unhealthy` and callers without monitors mean).
+pub fn probes_from_health(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> ProbeStatuses {
+    let mut probes = ProbeStatuses::new(cfg, MonitorStatus::Online);
+    for (si, svc) in cfg.services.iter().enumerate() {
+        for bi in 0..svc.backends.len() {
+            if !healthy(si, bi) {
+                probes.set_index(si, bi, MonitorStatus::Degraded);
+            }
+        }
+    }
+    probes
 }
 
 /// Class id of zone index `z`.
@@ -134,13 +161,32 @@ pub fn zone_class(z: usize) -> u32 {
     z as u32 + 1
 }
 
-/// Compile `cfg` with `healthy(service_index, backend_index)`.
+/// Compile `cfg` with `healthy(service_index, backend_index)`; Traffic Manager endpoints are
+/// Online when healthy and Degraded otherwise (see [`compile_with`]).
 pub fn compile(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool, ids: &mut Ids) -> anyhow::Result<Compiled> {
+    compile_with(cfg, healthy, &probes_from_health(cfg, healthy), ids)
+}
+
+/// Compile `cfg`: ZONAL services with `healthy(service_index, backend_index)`, Traffic Manager
+/// services with the endpoints' monitor statuses `probes` (spec §2.2: endpoint Disabled,
+/// nested and alwaysServe statuses are derived from the configuration on top of them).
+pub fn compile_with(
+    cfg: &Config,
+    healthy: &dyn Fn(usize, usize) -> bool,
+    probes: &ProbeStatuses,
+    ids: &mut Ids,
+) -> anyhow::Result<Compiled> {
     let m = cfg.dataplane.maglev_table_size;
     let plans = policy::plan_config(cfg, healthy);
     let mut services = Vec::new();
     let mut backends = Vec::new();
     for (si, (svc, plan)) in cfg.services.iter().zip(plans).enumerate() {
+        if svc.routing_method.is_traffic_manager() {
+            let (compiled, records) = compile_tm(cfg, si, plan, probes, ids)?;
+            services.push(compiled);
+            backends.extend(records);
+            continue;
+        }
         let id = ids.service(&svc.name);
         let backend_ids: Vec<u32> = svc.backends.iter().map(|b| ids.backend(&svc.name, b.address)).collect();
         for (bi, b) in svc.backends.iter().enumerate() {
@@ -200,9 +246,93 @@ pub fn compile(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool, ids: &mut I
             backend_ids,
             backend_addrs: svc.backends.iter().map(|b| b.address).collect(),
             plan,
+            tm: None,
         });
     }
     Ok(Compiled { services, backends, classes_per_service: classes_per_service(cfg) })
+}
+
+/// A Traffic Manager service: classes, prefixes and tables from `tm::compile_service`, and the
+/// records of its own (non-nested) endpoints. A nested endpoint's set holds its child's leaf
+/// backends, whose ids are the child's own ((child service, address) in [`Ids`]): one record
+/// per real endpoint, whichever services route to it.
+fn compile_tm(
+    cfg: &Config,
+    si: usize,
+    mut plan: ServicePlan,
+    probes: &ProbeStatuses,
+    ids: &mut Ids,
+) -> anyhow::Result<(CompiledService, Vec<(u32, Backend)>)> {
+    let svc = &cfg.services[si];
+    let m = cfg.dataplane.maglev_table_size;
+    let id = ids.service(&svc.name);
+    let st = Statuses::new(cfg, probes);
+    // The HEALTHY flag (read by connection persistence) = routable without the all-degraded
+    // rule: Online, CheckingEndpoint or Unmonitored.
+    let routable = |s: usize, b: usize| tm::status::is_routable(st.endpoint_status(s, b));
+    let mut records = Vec::new();
+    let (mut backend_ids, mut backend_addrs) = (Vec::new(), Vec::new());
+    for (bi, b) in svc.backends.iter().enumerate() {
+        if b.is_nested() {
+            continue;
+        }
+        let bid = ids.backend(&svc.name, b.address);
+        backend_ids.push(bid);
+        backend_addrs.push(b.address);
+        let (addr, family) = addr_words(b.address);
+        records.push((
+            bid,
+            Backend {
+                addr,
+                family,
+                flags: if routable(si, bi) { backend_flags::HEALTHY } else { 0 },
+                zone_class: CLASS_NONE as u16,
+                mac: b.mac.as_deref().and_then(parse_mac).unwrap_or_default(),
+                ..Default::default()
+            },
+        ));
+    }
+    let tm_plan = tm::compile_service(cfg, si, probes);
+    let mut tables = Vec::new();
+    for class in &tm_plan.classes {
+        let keys: Vec<Vec<u8>> = class.eligible.iter().map(|e| addr_bytes(e.address)).collect();
+        let members: Vec<MaglevBackend> = class
+            .eligible
+            .iter()
+            .zip(&keys)
+            .map(|(e, key)| MaglevBackend { key, weight: e.weight })
+            .collect();
+        let member_ids: Vec<u32> =
+            class.eligible.iter().map(|e| ids.backend(&cfg.services[e.service].name, e.address)).collect();
+        let picks = maglev::build_table(&members, m)
+            .map_err(|e| anyhow::anyhow!("service {:?}: Maglev table of class {}: {e}", svc.name, class.id))?;
+        let entries =
+            picks.iter().map(|&i| if i == lb_common::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
+        let mut flags = 0;
+        if class.eligible.is_empty() {
+            flags |= table_flags::UNROUTABLE | table_flags::NO_HEALTHY;
+        } else if !class.eligible.iter().any(|e| routable(e.service, e.backend)) {
+            // The all-degraded rule (§2.2) picked Degraded endpoints: like E-2, tracked flows
+            // to unhealthy backends are kept rather than re-hashed onto equally bad ones.
+            flags |= table_flags::NO_HEALTHY;
+        }
+        tables.push(ClassTable { class: class.id as u32, flags, entries });
+    }
+    // The zonal view does not apply: no zone classes for status/explain to misread.
+    plan.classes.clear();
+    let compiled = CompiledService {
+        name: svc.name.clone(),
+        id,
+        keys: service_keys(svc),
+        info: service_info(cfg, svc, id),
+        class_prefixes: tm_plan.prefixes.iter().map(|(net, c)| (*net, *c as u32)).collect(),
+        tables,
+        backend_ids,
+        backend_addrs,
+        plan,
+        tm: Some(tm_plan),
+    };
+    Ok((compiled, records))
 }
 
 fn addr_bytes(addr: IpAddr) -> Vec<u8> {
@@ -285,5 +415,56 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
         pool_gen: 0,
         encap_src_hash_mask,
         encap_src,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = r#"
+        [dataplane]
+        maglev_table_size = 251
+        [[geo]]
+        client_prefixes = ["198.18.1.0/24"]
+        region = "IE"
+        [[service]]
+        name = "parent"
+        vip = "198.18.0.1"
+        protocol = "TCP"
+        routing_method = "PRIORITY"
+        [[service.backend]]
+        target_service = "child"
+        [[service]]
+        name = "child"
+        vip = "198.18.0.2"
+        protocol = "TCP"
+        routing_method = "GEOGRAPHIC"
+        [[service.backend]]
+        address = "198.18.13.1"
+        geo_mapping = ["IE"]
+    "#;
+
+    #[test]
+    fn tm_tables_use_the_leaf_owner_ids_and_flag_unroutable_classes() {
+        let cfg = Config::parse(CFG).unwrap();
+        let mut ids = Ids::default();
+        let c = compile(&cfg, &|_, _| true, &mut ids).unwrap();
+        let leaf = ids.backend_id("child", "198.18.13.1".parse().unwrap()).unwrap();
+        assert_eq!(c.backends.len(), 1, "one record per real endpoint; nested endpoints have none");
+        for svc in &c.services {
+            assert_eq!(svc.class_prefixes, vec![("198.18.1.0/24".parse().unwrap(), 1)], "{}", svc.name);
+            let ie = &svc.tables[1];
+            assert!(ie.entries.iter().all(|&e| e == leaf), "{}: IE class -> the child's backend id", svc.name);
+            assert_eq!(ie.flags, 0, "not ZONAL, healthy");
+            let none = &svc.tables[0];
+            assert!(none.entries.iter().all(|&e| e == lb_common::BACKEND_DROP));
+            assert_eq!(none.flags & table_flags::UNROUTABLE, table_flags::UNROUTABLE, "{}: NODATA class", svc.name);
+        }
+        assert_eq!(c.classes_per_service, 2);
+        // Degraded (the only mapping): still served, but flagged NO_HEALTHY.
+        let c = compile(&cfg, &|_, _| false, &mut ids).unwrap();
+        assert_eq!(c.services[1].tables[1].flags, table_flags::NO_HEALTHY);
+        assert_eq!(c.backends[0].1.flags & backend_flags::HEALTHY, 0);
     }
 }

@@ -8,7 +8,9 @@
 
 use crate::compile::{self, Compiled, CompiledService, Ids};
 use crate::config::Config;
+use crate::model::MonitorStatus;
 use crate::policy::Pool;
+use crate::tm::ProbeStatuses;
 use ipnet::IpNet;
 use lb_common::{backend_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -108,6 +110,39 @@ impl Controller {
         self.overrides.get(&key).or_else(|| self.checked.get(&key)).copied().unwrap_or(true)
     }
 
+    /// A Traffic Manager endpoint's probe-derived monitor status (spec §2.3): the probe runner
+    /// reports Online as healthy and Degraded as unhealthy (`health::spawn_monitor`), an
+    /// operator override pins one of the two, and an endpoint without any result yet is
+    /// CheckingEndpoint. Endpoint Disabled, alwaysServe and nested statuses are derived from
+    /// the configuration on top of this (`tm::Statuses`).
+    pub fn monitor_status(&self, service: &str, addr: IpAddr) -> MonitorStatus {
+        let key = (service.to_owned(), addr);
+        match self.overrides.get(&key).or_else(|| self.checked.get(&key)) {
+            Some(true) => MonitorStatus::Online,
+            Some(false) => MonitorStatus::Degraded,
+            None => MonitorStatus::CheckingEndpoint,
+        }
+    }
+
+    /// The monitor statuses of every endpoint of `cfg` (indexed like `cfg`).
+    pub fn probe_statuses(&self, cfg: &Config) -> ProbeStatuses {
+        let mut probes = ProbeStatuses::new(cfg, MonitorStatus::CheckingEndpoint);
+        for (si, svc) in cfg.services.iter().enumerate() {
+            for (bi, b) in svc.backends.iter().enumerate() {
+                probes.set_index(si, bi, self.monitor_status(&svc.name, b.address));
+            }
+        }
+        probes
+    }
+
+    /// What the DNS front answers from: the configuration the tables were compiled from
+    /// (drained endpoints left out) and the endpoints' monitor statuses.
+    pub fn routing_view(&self) -> (Config, ProbeStatuses) {
+        let eff = self.effective_config();
+        let probes = self.probe_statuses(&eff);
+        (eff, probes)
+    }
+
     pub fn override_of(&self, service: &str, addr: IpAddr) -> Option<bool> {
         self.overrides.get(&(service.to_owned(), addr)).copied()
     }
@@ -194,7 +229,8 @@ impl Controller {
             departed.contains_key(&(s.to_owned(), a))
                 || applied.is_some_and(|c| c.services.iter().any(|x| x.name == s && x.backend_addrs.contains(&a)))
         });
-        let mut new = compile::compile(&eff, &|s, b| health[s][b], &mut ids)?;
+        let probes = self.probe_statuses(&eff);
+        let mut new = compile::compile_with(&eff, &|s, b| health[s][b], &probes, &mut ids)?;
         self.bump_pool_generations(&mut new);
         let mut report = ReconcileReport::default();
         let old = self.applied.take();

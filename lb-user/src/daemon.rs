@@ -91,6 +91,8 @@ struct Daemon {
     dp: Dataplane,
     checkers: Vec<JoinHandle<()>>,
     events: mpsc::Sender<HealthEvent>,
+    /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
+    dns_view: crate::dns::ViewSender,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -129,7 +131,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let listener = api::bind(&args.socket)?;
     let (events, mut health_rx) = mpsc::channel(1024);
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events };
+    let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::dns::RoutingView::of(&ctl)));
+    // The listen address is read at start only (a reload does not move the DNS front).
+    let _dns_tasks = match ctl.config().dns.clone() {
+        Some(front) => {
+            let (addr, tasks) = crate::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen))?;
+            eprintln!("lb: DNS front on {addr} (UDP and TCP)");
+            tasks
+        }
+        None => Vec::new(),
+    };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view };
     d.save_state();
     d.start_checkers();
     let mut hup = signal(SignalKind::hangup())?;
@@ -162,6 +174,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 impl Daemon {
     fn reconcile(&mut self) -> Result<()> {
         let report = self.ctl.reconcile(&mut self.dp)?;
+        self.dns_view.send_replace(std::sync::Arc::new(crate::dns::RoutingView::of(&self.ctl)));
         if report != Default::default() {
             eprintln!(
                 "lb: tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
@@ -205,6 +218,8 @@ impl Daemon {
                 ));
             }
         }
+        // Traffic Manager `[service.monitor]` probes report through the same channel.
+        self.checkers.extend(health::spawn_monitors(&cfg, &|s, a| self.ctl.checker_verdict(s, a), &self.events));
     }
 
     fn on_health(&mut self, ev: HealthEvent) {

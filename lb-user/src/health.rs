@@ -4,9 +4,10 @@
 //! over the interval so a large service does not probe all its backends at once. A task reports
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
-use crate::config::HealthCheck;
-use crate::model::HealthProtocol;
-use std::net::SocketAddr;
+use crate::config::{Config, HealthCheck};
+use crate::model::{AdminStatus, HealthProtocol, MonitorProtocol, MonitorStatus};
+use crate::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -167,6 +168,135 @@ pub fn spawn_checker(
     })
 }
 
+// ---------------------------------------------------------------- Traffic Manager monitors
+
+/// One Traffic Manager probe (spec §2.3): TCP = handshake within the timeout; HTTP = `GET path`
+/// with the custom headers, the response's status code. HTTPS: this project has no TLS client,
+/// so an HTTPS monitor checks the TLS port's TCP handshake only (Traffic Manager does not
+/// validate the certificate either; the status code is not seen). Said in the README.
+pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeOutcome {
+    let timeout = Duration::from_secs(u64::from(m.timeout_sec.max(1)));
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await.ok()?;
+        if m.protocol != MonitorProtocol::Http {
+            return Some(ProbeOutcome::Connected);
+        }
+        let mut headers = String::new();
+        let mut has_host = false;
+        for (name, value) in &m.custom_headers {
+            has_host |= name.eq_ignore_ascii_case("host");
+            headers.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if !has_host {
+            let host = match addr {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            };
+            headers.push_str(&format!("Host: {host}\r\n"));
+        }
+        let path = m.path.as_deref().unwrap_or("/");
+        let request = format!("GET {path} HTTP/1.1\r\n{headers}User-Agent: lb-monitor/1\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut buf = Vec::with_capacity(256);
+        let mut chunk = [0u8; 256];
+        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+            let n = stream.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        parse_status_line(&buf).map(ProbeOutcome::HttpStatus)
+    };
+    tokio::time::timeout(timeout, attempt).await.ok().flatten().unwrap_or(ProbeOutcome::Failed)
+}
+
+/// Whether a probe outcome counts as a success for these settings (see `monitor_probe_once`
+/// for HTTPS).
+pub fn monitor_success(m: &MonitorSettings, outcome: ProbeOutcome) -> bool {
+    match (m.protocol, outcome) {
+        (MonitorProtocol::Https, ProbeOutcome::Connected) => true,
+        _ => m.probe_succeeded(outcome),
+    }
+}
+
+/// Probe one Traffic Manager endpoint every `interval`, driving an [`EndpointMonitor`] and
+/// reporting each change between Online (`healthy: true`) and Degraded (`healthy: false`).
+/// `initially`: the last verdict the controller holds (None = CheckingEndpoint), so a
+/// restarted checker reports only real changes.
+pub fn spawn_monitor(
+    service: String,
+    addr: SocketAddr,
+    settings: MonitorSettings,
+    initially: Option<bool>,
+    interval: Duration,
+    events: mpsc::Sender<HealthEvent>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut monitor = EndpointMonitor::new(settings.tolerated_failures);
+        match initially {
+            Some(true) => {
+                monitor.record(true);
+            }
+            Some(false) => {
+                for _ in 0..=settings.tolerated_failures {
+                    monitor.record(false);
+                }
+            }
+            None => {}
+        }
+        let mut reported = monitor.status();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let outcome = monitor_probe_once(addr, &settings).await;
+            let status = monitor.record(monitor_success(&settings, outcome));
+            if status == reported {
+                continue;
+            }
+            reported = status;
+            let healthy = status == MonitorStatus::Online;
+            let reason = format!("monitor: {status} after probe result {outcome:?}");
+            let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason };
+            if events.send(event).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Monitor tasks for every probed endpoint of the Traffic Manager services with a
+/// `[service.monitor]`: not nested (derived from the child), not Disabled (never probed),
+/// not alwaysServe (Unmonitored), not in a Disabled profile (Inactive).
+pub fn spawn_monitors(
+    cfg: &Config,
+    verdict: &dyn Fn(&str, IpAddr) -> Option<bool>,
+    events: &mpsc::Sender<HealthEvent>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for svc in &cfg.services {
+        if !svc.routing_method.is_traffic_manager() || svc.profile_status() == AdminStatus::Disabled {
+            continue;
+        }
+        let Some(settings) = svc.monitor.as_ref().and_then(|m| MonitorSettings::from_config(m).ok()) else { continue };
+        for b in &svc.backends {
+            if b.is_nested() || b.always_serve || b.endpoint_status == AdminStatus::Disabled {
+                continue;
+            }
+            tasks.push(spawn_monitor(
+                svc.name.clone(),
+                SocketAddr::new(b.address, settings.port),
+                settings.clone(),
+                verdict(&svc.name, b.address),
+                Duration::from_secs(u64::from(settings.interval_sec)),
+                events.clone(),
+            ));
+        }
+    }
+    tasks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +389,72 @@ mod tests {
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert!(!ev.healthy, "closed port turns the backend unhealthy: {ev:?}");
         assert!(ev.reason.starts_with("connect:"), "{}", ev.reason);
+        task.abort();
+    }
+
+    fn monitor(protocol: MonitorProtocol, port: u16, ranges: Vec<(u16, u16)>) -> MonitorSettings {
+        MonitorSettings {
+            protocol,
+            port,
+            path: Some("/healthz".into()),
+            interval_sec: 10,
+            timeout_sec: 5,
+            tolerated_failures: 1,
+            expected_status: ranges,
+            custom_headers: vec![("X-Probe".into(), "tm".into())],
+        }
+    }
+
+    /// Answers `status` to GET /healthz carrying the custom header, 404 otherwise.
+    async fn header_server(status: u16) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let ok = req.starts_with("GET /healthz ") && req.contains("\r\nX-Probe: tm\r\n");
+                    let code = if ok { status } else { 404 };
+                    let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn o5_monitor_http_status_ranges_and_headers() {
+        let moved = header_server(301).await;
+        let default_ranges = monitor(MonitorProtocol::Http, moved.port(), vec![(200, 200)]);
+        let outcome = monitor_probe_once(moved, &default_ranges).await;
+        assert_eq!(outcome, ProbeOutcome::HttpStatus(301), "the custom header was sent");
+        assert!(!monitor_success(&default_ranges, outcome), "301 fails with the default range");
+        let wide = monitor(MonitorProtocol::Http, moved.port(), vec![(200, 399)]);
+        assert!(monitor_success(&wide, outcome), "301 passes with 200-399");
+        let tcp = monitor(MonitorProtocol::Tcp, moved.port(), vec![(200, 200)]);
+        assert_eq!(monitor_probe_once(moved, &tcp).await, ProbeOutcome::Connected);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = listener.local_addr().unwrap();
+        drop(listener);
+        assert_eq!(monitor_probe_once(closed, &tcp).await, ProbeOutcome::Failed);
+    }
+
+    #[tokio::test]
+    async fn monitor_reports_online_then_degraded_after_tolerated_failures() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let settings = monitor(MonitorProtocol::Tcp, addr.port(), vec![(200, 200)]);
+        let task = spawn_monitor("tm".into(), addr, settings, None, Duration::from_millis(50), tx);
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+        assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("tm", addr.ip(), true), "CheckingEndpoint -> Online");
+        drop(listener);
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+        assert!(!ev.healthy, "Degraded on failure tolerated+1: {ev:?}");
+        assert!(ev.reason.contains("Degraded"), "{}", ev.reason);
         task.abort();
     }
 }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod decap;
+pub mod dns;
 pub mod dataplane;
 pub mod explain;
 pub mod health;

@@ -1,8 +1,13 @@
-//! `lb plan`: offline rendering of the policy engine's output (table or JSON).
+//! `lb plan`: offline rendering of the policy engine's output (table or JSON): per client
+//! class the eligible set and the reason, for ZONAL and Traffic Manager services; with
+//! `--client IP`, the eligible set a client with that source address gets from each service.
 //!
-//! Rendering is pure (`render_json`, `render_table`); `run` only loads, plans and prints.
+//! Rendering is pure (`render_json`, `render_table`, `client_json`, `client_table`); `run`
+//! only loads, plans and prints.
+use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
 use crate::policy::{plan_config, ClassPlan, ServicePlan};
+use crate::tm::{self, TmServicePlan, DEFAULT_CLASS};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -24,15 +29,46 @@ pub struct PlanArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only the eligible set each service gives a client with this source address.
+    #[arg(long)]
+    pub client: Option<IpAddr>,
+}
+
+/// Every service's plan: the zonal policy's, or a Traffic Manager service's classes.
+pub struct Plans {
+    pub zonal: Vec<ServicePlan>,
+    /// Indexed like the services; Some for Traffic Manager services.
+    pub tm: Vec<Option<TmServicePlan>>,
+}
+
+/// Plans every service with `healthy(service, backend)`; Traffic Manager endpoints are Online
+/// when healthy and Degraded otherwise.
+pub fn plan_all(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Plans {
+    let probes = probes_from_health(cfg, healthy);
+    Plans {
+        zonal: plan_config(cfg, healthy),
+        tm: (0..cfg.services.len())
+            .map(|s| cfg.services[s].routing_method.is_traffic_manager().then(|| tm::compile_service(cfg, s, &probes)))
+            .collect(),
+    }
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args.config)?;
     let unhealthy = unhealthy_set(&cfg, &args.unhealthy)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
-    let plans = plan_config(&cfg, &|si, bi| {
-        !unhealthy.contains(&cfg.services[si].backends[bi].address)
+    let plans = plan_all(&cfg, &|si, bi| {
+        let b = &cfg.services[si].backends[bi];
+        b.is_nested() || !unhealthy.contains(&b.address)
     });
+    if let Some(client) = args.client {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&client_json(&cfg, &plans, client))?);
+        } else {
+            print!("{}", client_table(&cfg, &plans, client));
+        }
+        return Ok(());
+    }
     if args.json {
         println!(
             "{}",
@@ -49,7 +85,7 @@ pub fn unhealthy_set(cfg: &Config, addrs: &[IpAddr]) -> anyhow::Result<HashSet<I
     let known: HashSet<IpAddr> = cfg
         .services
         .iter()
-        .flat_map(|s| s.backends.iter().map(|b| b.address))
+        .flat_map(|s| s.backends.iter().filter(|b| !b.is_nested()).map(|b| b.address))
         .collect();
     let unknown: Vec<String> = addrs
         .iter()
@@ -65,14 +101,21 @@ pub fn unhealthy_set(cfg: &Config, addrs: &[IpAddr]) -> anyhow::Result<HashSet<I
     Ok(addrs.iter().copied().collect())
 }
 
-/// `{"services": [{"name", "eligible_kind", "rule", "active_pool", "zones": [{"client_zone",
-/// "affinity", "eligible"}]}]}`; `zones` holds every configured zone, then `client_zone: null`.
-pub fn render_json(cfg: &Config, plans: &[ServicePlan]) -> Value {
+/// `{"services": [...]}`. A ZONAL service: `{"name", "eligible_kind", "rule", "active_pool",
+/// "zones": [{"client_zone", "affinity", "eligible"}]}` (every configured zone, then
+/// `client_zone: null`). A Traffic Manager service: `{"name", "routing_method", "prefixes":
+/// [{"prefix", "class"}], "classes": [{"class", "eligible": [{"address", "weight"}],
+/// "reason"}]}` (class 0 = sources matching no prefix; empty `eligible` = dropped).
+pub fn render_json(cfg: &Config, plans: &Plans) -> Value {
     let services: Vec<Value> = cfg
         .services
         .iter()
-        .zip(plans)
-        .map(|(svc, plan)| {
+        .zip(&plans.zonal)
+        .zip(&plans.tm)
+        .map(|((svc, plan), tm)| {
+            if let Some(tm) = tm {
+                return tm_json(svc, tm);
+            }
             let zones: Vec<Value> = plan
                 .classes
                 .iter()
@@ -96,12 +139,42 @@ pub fn render_json(cfg: &Config, plans: &[ServicePlan]) -> Value {
     json!({ "services": services })
 }
 
-/// One block per service: a header line, then one row per client class.
-pub fn render_table(cfg: &Config, plans: &[ServicePlan]) -> String {
+fn tm_json(svc: &Service, tm: &TmServicePlan) -> Value {
+    json!({
+        "name": svc.name,
+        "routing_method": tm.method.to_string(),
+        "prefixes": tm.prefixes.iter().map(|(net, c)| json!({"prefix": net.to_string(), "class": c})).collect::<Vec<_>>(),
+        "classes": tm.classes.iter().map(|c| json!({
+            "class": c.id,
+            "eligible": c.eligible.iter().map(|e| json!({"address": e.address.to_string(), "weight": e.weight})).collect::<Vec<_>>(),
+            "reason": c.reason,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One block per service: a header line, then one row per client class (a Traffic Manager
+/// service: its prefixes -> classes, then each class's weighted set and reason).
+pub fn render_table(cfg: &Config, plans: &Plans) -> String {
     let mut out = String::new();
-    for (i, (svc, plan)) in cfg.services.iter().zip(plans).enumerate() {
+    for (i, (svc, plan)) in cfg.services.iter().zip(&plans.zonal).enumerate() {
         if i > 0 {
             out.push('\n');
+        }
+        if let Some(tm) = &plans.tm[i] {
+            out.push_str(&format!("service {} ({} {})  routing_method {}\n", svc.name, svc.vip, svc.protocol, tm.method));
+            for (net, c) in &tm.prefixes {
+                out.push_str(&format!("  client {net} -> class {c}\n"));
+            }
+            for c in &tm.classes {
+                let which = if c.id == DEFAULT_CLASS { "class 0 (no prefix)".to_string() } else { format!("class {}", c.id) };
+                let set = if c.eligible.is_empty() {
+                    "DROP (unroutable)".to_string()
+                } else {
+                    c.eligible.iter().map(|e| format!("{} x{}", e.address, e.weight)).collect::<Vec<_>>().join(", ")
+                };
+                out.push_str(&format!("  {which}: {set}\n    why: {}\n", c.reason));
+            }
+            continue;
         }
         out.push_str(&format!(
             "service {} ({} {})  eligible_kind {}  {}: {}  active_pool {}\n",
@@ -157,4 +230,132 @@ fn addresses(svc: &Service, class: &ClassPlan) -> Vec<String> {
         .iter()
         .map(|&i| svc.backends[i].address.to_string())
         .collect()
+}
+
+/// The class a source address falls in for one service (as the kernel's LPM lookup does) and
+/// the eligible addresses with the reason.
+fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> (u32, Option<String>, Vec<String>, String) {
+    let svc = &cfg.services[si];
+    if let Some(tm) = &plans.tm[si] {
+        let class = &tm.classes[tm.class_of(client)];
+        let eligible = class.eligible.iter().map(|e| e.address.to_string()).collect();
+        return (class.id as u32, None, eligible, class.reason.clone());
+    }
+    // Zonal: the zone whose prefix matches longest (zone prefixes never overlap).
+    let zone = cfg
+        .zones
+        .iter()
+        .enumerate()
+        .flat_map(|(z, zone)| zone.client_prefixes.iter().map(move |p| (z, p)))
+        .filter(|(_, p)| p.contains(&client))
+        .max_by_key(|(_, p)| p.prefix_len())
+        .map(|(z, _)| z);
+    let plan = &plans.zonal[si];
+    let class = plan.classes.iter().find(|c| c.client_zone == zone).or_else(|| plan.classes.iter().find(|c| c.client_zone.is_none()));
+    let eligible = class.map(|c| addresses(svc, c)).unwrap_or_default();
+    let reason = format!(
+        "{}: {}; zonal affinity {}",
+        plan.rule.id(),
+        plan.rule.reason(),
+        class.map(|c| c.outcome.as_str()).unwrap_or("-")
+    );
+    (zone.map(crate::compile::zone_class).unwrap_or(lb_common::CLASS_NONE), zone.map(|z| cfg.zones[z].name.clone()), eligible, reason)
+}
+
+/// `lb plan --client IP --json`: `{"client", "services": [{"name", "client_class", "client_zone"
+/// (ZONAL only), "eligible", "reason"}]}`; `client_class` is the data plane's class id.
+pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
+    let services: Vec<Value> = (0..cfg.services.len())
+        .map(|si| {
+            let (class, zone, eligible, reason) = client_view(cfg, plans, si, client);
+            let mut v = json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
+            if plans.tm[si].is_none() {
+                v["client_zone"] = json!(zone);
+            }
+            v
+        })
+        .collect();
+    json!({"client": client.to_string(), "services": services})
+}
+
+/// `lb plan --client IP`: one line per service.
+pub fn client_table(cfg: &Config, plans: &Plans, client: IpAddr) -> String {
+    let mut out = format!("client {client}\n");
+    for si in 0..cfg.services.len() {
+        let (class, _, eligible, reason) = client_view(cfg, plans, si, client);
+        let set = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
+        out.push_str(&format!("  {}  class {class}: {set}\n    why: {reason}\n", cfg.services[si].name));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = r#"
+        [[zone]]
+        name = "zone-a"
+        client_prefixes = ["198.18.1.0/24"]
+        [[geo]]
+        client_prefixes = ["198.18.1.0/24"]
+        region = "IE"
+        [[service]]
+        name = "web"
+        vip = "198.18.0.100"
+        protocol = "TCP"
+        [service.zonal_affinity]
+        spillover = "ZONAL_AFFINITY_STAY_WITHIN_ZONE"
+        [[service.backend]]
+        address = "198.18.11.1"
+        zone = "zone-a"
+        [[service.backend]]
+        address = "198.18.12.1"
+        [[service]]
+        name = "geo"
+        vip = "198.18.0.4"
+        protocol = "TCP"
+        routing_method = "GEOGRAPHIC"
+        [[service.backend]]
+        address = "198.18.13.1"
+        geo_mapping = ["IE"]
+    "#;
+
+    fn plans(cfg: &Config, unhealthy: &[&str]) -> Plans {
+        let bad: Vec<IpAddr> = unhealthy.iter().map(|a| a.parse().unwrap()).collect();
+        plan_all(cfg, &|s, b| !bad.contains(&cfg.services[s].backends[b].address))
+    }
+
+    #[test]
+    fn client_json_for_zonal_and_tm_services() {
+        let cfg = Config::parse(CFG).unwrap();
+        let v = client_json(&cfg, &plans(&cfg, &[]), "198.18.1.7".parse().unwrap());
+        assert_eq!(v["services"][0]["name"], "web");
+        assert_eq!(v["services"][0]["client_class"], 1);
+        assert_eq!(v["services"][0]["client_zone"], "zone-a");
+        assert_eq!(v["services"][0]["eligible"], json!(["198.18.11.1"]));
+        assert_eq!(v["services"][1]["name"], "geo");
+        assert_eq!(v["services"][1]["eligible"], json!(["198.18.13.1"]));
+        assert!(v["services"][1]["reason"].as_str().unwrap().contains("IE"));
+        let v = client_json(&cfg, &plans(&cfg, &[]), "198.18.9.9".parse().unwrap());
+        assert_eq!(v["services"][0]["client_class"], 0);
+        assert_eq!(v["services"][0]["eligible"], json!(["198.18.11.1", "198.18.12.1"]));
+        assert_eq!(v["services"][1]["client_class"], 0);
+        assert_eq!(v["services"][1]["eligible"], json!([]), "no geo data: NODATA, dropped");
+    }
+
+    #[test]
+    fn tm_json_and_table_show_classes_and_reasons() {
+        let cfg = Config::parse(CFG).unwrap();
+        let p = plans(&cfg, &["198.18.13.1"]);
+        let v = render_json(&cfg, &p);
+        let geo = &v["services"][1];
+        assert_eq!(geo["routing_method"], "GEOGRAPHIC");
+        assert_eq!(geo["prefixes"], json!([{"prefix": "198.18.1.0/24", "class": 1}]));
+        assert_eq!(geo["classes"][1]["eligible"], json!([{"address": "198.18.13.1", "weight": 1}]), "Q3: Degraded still mapped");
+        let table = render_table(&cfg, &p);
+        assert!(table.contains("client 198.18.1.0/24 -> class 1"), "{table}");
+        assert!(table.contains("class 0 (no prefix): DROP (unroutable)"), "{table}");
+        assert!(table.contains("CLIENT ZONE"), "zonal block kept: {table}");
+    }
 }

@@ -10,6 +10,7 @@ mod tm_validate;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
+pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
     MAX_MAGLEV_TABLE_SIZE, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
@@ -45,6 +46,18 @@ pub struct Config {
     /// Traffic Manager GEOGRAPHIC input: client prefix -> most specific region code.
     #[serde(default, rename = "geo")]
     pub geo: Vec<GeoEntry>,
+    /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
+    #[serde(default)]
+    pub dns: Option<DnsFront>,
+}
+
+/// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'
+/// `dns_name`s with the same routing engine as the data plane.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsFront {
+    /// "ADDR:PORT", UDP and TCP.
+    pub listen: std::net::SocketAddr,
 }
 
 /// `[[latency]]`: clients in these prefixes measure these regions nearest first (spec §2.4
@@ -180,6 +193,9 @@ pub struct Service {
     /// Traffic Manager endpoint monitoring.
     #[serde(default)]
     pub monitor: Option<Monitor>,
+    /// Traffic Manager: the name the DNS front (`[dns]`) answers for this service.
+    #[serde(default)]
+    pub dns_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

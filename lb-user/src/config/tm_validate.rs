@@ -132,6 +132,7 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
         (svc.ttl.is_some(), "ttl"),
         (svc.max_return.is_some(), "max_return"),
         (svc.monitor.is_some(), "monitor"),
+        (svc.dns_name.is_some(), "dns_name"),
     ] {
         if set {
             only_tm(field, r);
@@ -610,4 +611,56 @@ fn longest_chain(edges: &[Vec<usize>], path: &mut Vec<usize>) -> Result<usize, V
         best = best.max(below? + 1);
     }
     Ok(best)
+}
+
+// ---------------------------------------------------------------- DNS names
+
+/// A host name the DNS front can answer for: dot-separated labels of letters, digits and '-'
+/// (not at a label's ends), 1..=63 bytes each, 253 bytes in all; one trailing dot allowed.
+pub fn check_dns_name(name: &str) -> Result<(), String> {
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    if bare.is_empty() || bare.len() > 253 {
+        return Err(format!("{name:?} is not a host name: 1..=253 characters"));
+    }
+    for label in bare.split('.') {
+        let ok = (1..=63).contains(&label.len())
+            && label.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "{name:?} is not a host name: labels of 1..=63 letters, digits or '-' (not at \
+                 either end), separated by dots, e.g. \"app.tm.example\""
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The canonical form of a DNS name: lower case, no trailing dot.
+pub fn canonical_dns_name(name: &str) -> String {
+    name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
+}
+
+/// `dns_name`: a valid host name, unique across services (case-insensitive).
+pub(super) fn check_dns_names(cfg: &Config, out: &mut Vec<Violation>) {
+    let mut seen: HashMap<String, &str> = HashMap::new();
+    for (index, svc) in cfg.services.iter().enumerate() {
+        let Some(name) = &svc.dns_name else { continue };
+        let mut r = Report {
+            out,
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+        };
+        if let Err(e) = check_dns_name(name) {
+            r.push("dns_name", e);
+        } else if let Some(other) = seen.insert(canonical_dns_name(name), &svc.name) {
+            r.push(
+                "dns_name",
+                format!("{name:?} is also the dns_name of service {other:?}: names must be unique"),
+            );
+        }
+    }
 }

@@ -65,6 +65,7 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     check_listeners(&cfg.services, &mut out);
     super::tm_validate::check_client_inputs(cfg, &mut out);
     super::tm_validate::check_nesting(cfg, &mut out);
+    super::tm_validate::check_dns_names(cfg, &mut out);
     out
 }
 
@@ -529,7 +530,8 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             format!("backend[{i}].mac"),
             format!("{mac:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"),
         ),
-        None if svc.forwarding == Forwarding::L2Dsr => r.push(
+        // A nested endpoint forwards to its child's backends, whose own MACs are used.
+        None if svc.forwarding == Forwarding::L2Dsr && !b.is_nested() => r.push(
             format!("backend[{i}].mac"),
             format!("required with forwarding = {}: the backend's MAC address", Forwarding::L2Dsr),
         ),

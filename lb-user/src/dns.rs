@@ -1,0 +1,329 @@
+//! The DNS front (`[dns] listen`): answers A/AAAA queries for the Traffic Manager services'
+//! `dns_name`s with the same engine as the data plane (`tm::resolve_dns`), from the
+//! controller's latest state. UDP and TCP on the same address.
+//!
+//! Answers (spec §2.2, §2.4):
+//! - client location = the EDNS Client Subnet address when present, else the query's source;
+//! - one record for PRIORITY/WEIGHTED/PERFORMANCE/GEOGRAPHIC/SUBNET, up to `max_return`
+//!   distinct ones for MULTIVALUE; TTL = the service's `ttl` (default [`DEFAULT_TTL`]);
+//! - NODATA (NOERROR, empty answer) when the method returns nothing or the record type does
+//!   not match; NXDOMAIN for a Disabled profile (O6);
+//! - names that are no service's `dns_name`: REFUSED. This server is authoritative for the
+//!   configured names only, not for a zone around them, so it cannot claim that any other
+//!   name does not exist (NXDOMAIN); REFUSED tells a resolver to ask elsewhere.
+//!
+//! Messages are parsed and built with `hickory-proto`; nothing is hand-parsed.
+
+use crate::config::{canonical_dns_name, Config};
+use crate::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use ipnet::IpNet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// TTL when a service sets none. **[choice]** spec §2.1 gives only the range; 60 s keeps
+/// failover reasonably quick without a flood of queries.
+pub const DEFAULT_TTL: u32 = 60;
+/// EDNS UDP payload size we advertise (the DNS flag day 2020 value).
+const EDNS_PAYLOAD: u16 = 1232;
+
+/// What answers are computed from: the configuration the tables were compiled from and the
+/// endpoints' monitor statuses. The daemon publishes a new one after every reconcile.
+#[derive(Clone, Debug)]
+pub struct RoutingView {
+    pub cfg: Config,
+    pub probes: ProbeStatuses,
+}
+
+impl RoutingView {
+    pub fn new(cfg: Config, probes: ProbeStatuses) -> Self {
+        Self { cfg, probes }
+    }
+
+    /// The current view of a controller.
+    pub fn of(ctl: &crate::controller::Controller) -> Self {
+        let (cfg, probes) = ctl.routing_view();
+        Self { cfg, probes }
+    }
+
+    /// Index of the service answering for `name` (case-insensitive, trailing dot optional).
+    pub fn service_for(&self, name: &str) -> Option<usize> {
+        let wanted = canonical_dns_name(name);
+        self.cfg
+            .services
+            .iter()
+            .position(|s| s.dns_name.as_deref().is_some_and(|n| canonical_dns_name(n) == wanted))
+    }
+}
+
+/// The daemon's handle: publishes views to the running server tasks.
+pub type ViewSender = watch::Sender<Arc<RoutingView>>;
+pub type ViewReceiver = watch::Receiver<Arc<RoutingView>>;
+
+/// Answers one query message received from `source`. None = nothing to send (not a query,
+/// or too short to carry an id).
+pub fn answer(view: &RoutingView, query: &[u8], source: IpAddr, rng: &mut impl Rng) -> Option<Vec<u8>> {
+    let req = match Message::from_vec(query) {
+        Ok(m) => m,
+        Err(_) => {
+            // Unparsable: FORMERR if an id can be echoed.
+            let id = u16::from_be_bytes([*query.first()?, *query.get(1)?]);
+            return Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok();
+        }
+    };
+    if req.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let resp = respond(view, &req, source, rng);
+    resp.to_vec().ok()
+}
+
+fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng) -> Message {
+    let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+    resp.metadata.recursion_desired = req.metadata.recursion_desired;
+    let ecs = req.edns.as_ref().and_then(|e| match e.option(EdnsCode::Subnet) {
+        Some(EdnsOption::Subnet(cs)) => Some(*cs),
+        _ => None,
+    });
+    if req.edns.is_some() {
+        let mut edns = Edns::new();
+        edns.set_max_payload(EDNS_PAYLOAD);
+        if let Some(cs) = &ecs {
+            // RFC 7871 §7.2.1: echo the option; the answer holds for the whole source prefix.
+            edns.options_mut()
+                .insert(EdnsOption::Subnet(ClientSubnet::new(cs.addr(), cs.source_prefix(), cs.source_prefix())));
+        }
+        resp.set_edns(edns);
+    }
+    if req.metadata.op_code != OpCode::Query {
+        resp.metadata.response_code = ResponseCode::NotImp;
+        return resp;
+    }
+    let [q] = req.queries.as_slice() else {
+        resp.metadata.response_code = ResponseCode::FormErr;
+        return resp;
+    };
+    resp.add_query(q.clone());
+    let Some(si) = view.service_for(&q.name().to_ascii()) else {
+        resp.metadata.response_code = ResponseCode::Refused;
+        return resp;
+    };
+    if !matches!(q.query_class(), DNSClass::IN | DNSClass::ANY) {
+        resp.metadata.response_code = ResponseCode::Refused;
+        return resp;
+    }
+    resp.metadata.authoritative = true;
+    let qtype = match q.query_type() {
+        RecordType::A => QueryType::A,
+        RecordType::AAAA => QueryType::Aaaa,
+        RecordType::CNAME => QueryType::Cname,
+        RecordType::ANY => QueryType::Any,
+        // The name exists but holds no record of another type: NODATA (unless the profile
+        // is Disabled, which `resolve_dns` turns into NXDOMAIN for every type).
+        _ => QueryType::Cname,
+    };
+    let ecs_net = ecs.and_then(|cs| IpNet::new(cs.addr(), cs.source_prefix()).ok()).map(|n| n.trunc());
+    let location = location_address(source.to_canonical(), ecs_net);
+    let client = Client::locate(&view.cfg, location);
+    let svc = &view.cfg.services[si];
+    let ttl = svc.ttl.unwrap_or(DEFAULT_TTL);
+    match resolve_dns(&Statuses::new(&view.cfg, &view.probes), si, &client, qtype, rng) {
+        DnsAnswer::NxDomain => resp.metadata.response_code = ResponseCode::NXDomain,
+        DnsAnswer::NoData => {}
+        DnsAnswer::Records(records) => {
+            for r in records {
+                let data = match r.address {
+                    IpAddr::V4(a) => RData::A(A(a)),
+                    IpAddr::V6(a) => RData::AAAA(AAAA(a)),
+                };
+                resp.add_answer(Record::from_rdata(q.name().clone(), ttl, data));
+            }
+        }
+    }
+    resp
+}
+
+fn seeded_rng() -> SplitMix64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    SplitMix64(nanos ^ u64::from(std::process::id()).rotate_left(32))
+}
+
+/// Binds UDP and TCP on `listen` (errors surface here) and serves until the tasks are aborted
+/// or the view sender is dropped. Returns the bound address (useful with port 0) and tasks.
+pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+    let udp = UdpSocket::bind(listen).await?;
+    let bound = udp.local_addr()?;
+    // TCP on the same port (a query whose answer would not fit UDP is retried over TCP).
+    let tcp = TcpListener::bind(bound).await?;
+    let udp_view = view.clone();
+    let udp_task = tokio::spawn(async move {
+        let mut rng = seeded_rng();
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let Ok((n, peer)) = udp.recv_from(&mut buf).await else { continue };
+            let current = udp_view.borrow().clone();
+            if let Some(out) = answer(&current, &buf[..n], peer.ip(), &mut rng) {
+                let _ = udp.send_to(&out, peer).await;
+            }
+        }
+    });
+    let tcp_task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, peer)) = tcp.accept().await else { continue };
+            let view = view.clone();
+            tokio::spawn(async move {
+                let mut rng = seeded_rng();
+                // RFC 1035 §4.2.2: two-byte length prefix; several queries per connection.
+                loop {
+                    let Ok(len) = stream.read_u16().await else { return };
+                    let mut msg = vec![0u8; len as usize];
+                    if stream.read_exact(&mut msg).await.is_err() {
+                        return;
+                    }
+                    let current = view.borrow().clone();
+                    let Some(out) = answer(&current, &msg, peer.ip(), &mut rng) else { return };
+                    let Ok(out_len) = u16::try_from(out.len()) else { return };
+                    if stream.write_u16(out_len).await.is_err() || stream.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok((bound, vec![udp_task, tcp_task]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::MonitorStatus;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::Name;
+
+    const CFG: &str = r#"
+        [[latency]]
+        client_prefixes = ["198.18.1.0/24"]
+        regions = ["westeurope"]
+        [[service]]
+        name = "prio"
+        vip = "198.18.0.1"
+        protocol = "TCP"
+        ports = [80]
+        routing_method = "PRIORITY"
+        dns_name = "Prio.TM.example"
+        ttl = 30
+        [[service.backend]]
+        name = "p1"
+        address = "198.18.10.1"
+        [[service.backend]]
+        name = "p2"
+        address = "198.18.10.2"
+        [[service]]
+        name = "off"
+        vip = "198.18.0.2"
+        protocol = "TCP"
+        routing_method = "PRIORITY"
+        profile_status = "Disabled"
+        dns_name = "off.tm.example"
+        [[service.backend]]
+        address = "198.18.10.3"
+        [[service]]
+        name = "sub"
+        vip = "198.18.0.3"
+        protocol = "TCP"
+        routing_method = "SUBNET"
+        dns_name = "sub.tm.example"
+        [[service.backend]]
+        name = "s1"
+        address = "198.18.11.1"
+        subnets = ["10.0.0.0/8"]
+    "#;
+
+    fn view() -> RoutingView {
+        let cfg = Config::parse(CFG).unwrap();
+        let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
+        RoutingView::new(cfg, probes)
+    }
+
+    fn query(name: &str, qtype: RecordType, ecs: Option<&str>) -> Vec<u8> {
+        let mut m = Message::query();
+        m.metadata.id = 4242;
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+        if let Some(net) = ecs {
+            let mut e = Edns::new();
+            e.options_mut().insert(EdnsOption::Subnet(net.parse::<ClientSubnet>().unwrap()));
+            m.set_edns(e);
+        }
+        m.to_vec().unwrap()
+    }
+
+    fn ask(view: &RoutingView, q: &[u8], src: &str) -> Message {
+        let out = answer(view, q, src.parse().unwrap(), &mut SplitMix64(1)).unwrap();
+        Message::from_vec(&out).unwrap()
+    }
+
+    fn addrs(m: &Message) -> Vec<String> {
+        m.answers.iter().map(|r| r.data.to_string()).collect()
+    }
+
+    #[test]
+    fn answers_a_with_the_service_ttl_case_insensitively() {
+        let v = view();
+        let m = ask(&v, &query("prio.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert_eq!(m.metadata.id, 4242);
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        assert!(m.metadata.authoritative);
+        assert_eq!(addrs(&m), ["198.18.10.1"]);
+        assert_eq!(m.answers[0].ttl, 30);
+    }
+
+    #[test]
+    fn aaaa_for_v4_endpoint_is_nodata_and_unknown_name_refused() {
+        let v = view();
+        let m = ask(&v, &query("prio.tm.example.", RecordType::AAAA, None), "127.0.0.1");
+        assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 0));
+        let m = ask(&v, &query("other.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert_eq!(m.metadata.response_code, ResponseCode::Refused);
+        let m = ask(&v, &query("prio.tm.example.", RecordType::MX, None), "127.0.0.1");
+        assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 0), "MX: NODATA");
+    }
+
+    #[test]
+    fn o6_disabled_profile_is_nxdomain() {
+        let m = ask(&view(), &query("off.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    }
+
+    #[test]
+    fn n4_client_subnet_wins_over_the_source_and_is_echoed() {
+        let v = view();
+        let m = ask(&v, &query("sub.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert_eq!(addrs(&m), Vec::<String>::new(), "127.0.0.1 matches no range and there is no fallback");
+        let m = ask(&v, &query("sub.tm.example.", RecordType::A, Some("10.9.0.0/16")), "127.0.0.1");
+        assert_eq!(addrs(&m), ["198.18.11.1"]);
+        match m.edns.as_ref().and_then(|e| e.option(EdnsCode::Subnet)) {
+            Some(EdnsOption::Subnet(cs)) => assert_eq!((cs.source_prefix(), cs.scope_prefix()), (16, 16)),
+            other => panic!("ECS not echoed: {other:?}"),
+        }
+        let m = ask(&v, &query("sub.tm.example.", RecordType::A, None), "10.1.2.3");
+        assert_eq!(addrs(&m), ["198.18.11.1"], "no ECS: the source address locates the client");
+    }
+
+    #[test]
+    fn garbage_gets_formerr_and_responses_are_ignored() {
+        let v = view();
+        let out = answer(&v, &[0x12, 0x34, 0xff], "127.0.0.1".parse().unwrap(), &mut SplitMix64(1)).unwrap();
+        let m = Message::from_vec(&out).unwrap();
+        assert_eq!((m.metadata.id, m.metadata.response_code), (0x1234, ResponseCode::FormErr));
+        let mut resp = Message::from_vec(&query("prio.tm.example.", RecordType::A, None)).unwrap();
+        resp.metadata.message_type = MessageType::Response;
+        assert!(answer(&v, &resp.to_vec().unwrap(), "127.0.0.1".parse().unwrap(), &mut SplitMix64(1)).is_none());
+    }
+}

@@ -346,12 +346,25 @@ pub fn backends_toml(topo: &Topology, v6: bool, failover: &dyn Fn(&Host) -> bool
 /// `hc_port` (1 s interval, healthy after 1 success, unhealthy after 2 failures) and every
 /// backend of the topology (`failover` marks failover backends).
 pub fn service_toml(topo: &Topology, name: &str, v6: bool, keys: &str, tables: &str, hc_port: u16, failover: &dyn Fn(&Host) -> bool) -> String {
+    service_block(name, v6, keys, tables, hc_port, &backends_toml(topo, v6, failover))
+}
+
+/// [`service_toml`] with the `[[service.backend]]` entries given as text.
+pub fn service_block(name: &str, v6: bool, keys: &str, tables: &str, hc_port: u16, backends: &str) -> String {
     format!(
         "[[service]]\nname = \"{name}\"\nvip = \"{}\"\nprotocol = \"TCP\"\nports = [80]\n{keys}\n{tables}\n\
-         [service.health_check]\nprotocol = \"TCP\"\nport = {hc_port}\ncheck_interval_sec = 1\ntimeout_sec = 1\nhealthy_threshold = 1\nunhealthy_threshold = 2\n\n{}",
+         [service.health_check]\nprotocol = \"TCP\"\nport = {hc_port}\ncheck_interval_sec = 1\ntimeout_sec = 1\nhealthy_threshold = 1\nunhealthy_threshold = 2\n\n{backends}",
         vip(v6, 80).ip(),
-        backends_toml(topo, v6, failover)
     )
+}
+
+/// `[[service.backend]]` entries for the topology's backends that `include` selects.
+pub fn backends_toml_where(topo: &Topology, v6: bool, include: &dyn Fn(&Host) -> bool) -> String {
+    let mut s = String::new();
+    for b in topo.backends.iter().filter(|b| include(b)) {
+        s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n\n", b.addr(v6), b.zone, b.mac);
+    }
+    s
 }
 
 /// Backend names of a spread, counted.

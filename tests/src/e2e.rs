@@ -285,6 +285,11 @@ pub fn udp_hello(client: &Host, target: SocketAddr) -> Result<String> {
     })?
 }
 
+/// `n` UDP requests, each from a new socket (a new flow); the answering backends' names.
+pub fn udp_spread(client: &Host, target: SocketAddr, n: usize) -> Result<Vec<String>> {
+    (0..n).map(|_| udp_hello(client, target)).collect()
+}
+
 /// A long-lived TCP connection: each `ask` sends a line and returns the backend's name.
 pub struct Session {
     reader: BufReader<TcpStream>,

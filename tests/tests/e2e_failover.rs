@@ -111,3 +111,56 @@ fn drop_traffic_if_unhealthy_all_down() {
     let got = reached(client, target, 24).unwrap_or_else(|| panic!("{}", d.diagnostics()));
     assert_eq!(got, set(&PRIMARIES), "E-9: all primaries as last resort");
 }
+
+/// An established connection on a primary that stays healthy while the service fails over
+/// (1/3 < 0.5): with disable_connection_drain_on_failover = false it keeps its backend; with
+/// true its tracking entry is flushed, so its next packet is a new flow on a failover backend,
+/// which knows no such connection and resets it.
+fn session_across_failover(prefix: &str, flush: bool) {
+    let topo = Topology::build(&spec(prefix)).expect("topology (needs root)");
+    let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let policy = format!("[service.failover_policy]\nfailover_ratio = 0.5\ndisable_connection_drain_on_failover = {flush}\n");
+    let cfg = zones_toml(1) + &service_toml(&topo, "web", false, "", &policy, 80, &is_failover);
+    let d = Daemon::start(&topo, prefix, &cfg).unwrap();
+    let client = topo.clients_in_zone(1).next().unwrap();
+    let target = vip(false, 80);
+    let mut s = Session::open(client, target).unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
+    let home = s.greeting.clone();
+    assert!(PRIMARIES.contains(&home.as_str()));
+    assert_eq!(s.ask("before").unwrap(), home);
+
+    // The two other primaries go down: failover mode, though the session's backend is healthy.
+    for p in PRIMARIES.iter().filter(|p| **p != home) {
+        d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "unhealthy").unwrap();
+    }
+    assert_eq!(d.status().unwrap()["services"][0]["active_pool"], "FAILOVER");
+    assert_eq!(reached(client, target, 16).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&FAILOVERS));
+    let answer = s.ask("after failover");
+    if flush {
+        // The failover backend answers the unknown connection with a reset.
+        let err = answer.err().map(|e| format!("{e:#}")).unwrap_or_else(|| panic!("flushed on failover: the connection must not reach {home} any more"));
+        assert!(err.contains("reset"), "expected a reset from the failover backend: {err}");
+    } else {
+        assert_eq!(answer.unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics())), home, "drains on its backend after failover");
+    }
+
+    // Failback: new connections go to the primaries again.
+    for p in PRIMARIES.iter().filter(|p| **p != home) {
+        d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "auto").unwrap();
+    }
+    assert_eq!(reached(client, target, 24).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES), "failback");
+    if !flush {
+        assert_eq!(s.ask("after failback").unwrap(), home);
+    }
+}
+
+#[test]
+fn session_drains_across_failover() {
+    session_across_failover("fo3", false);
+}
+
+#[test]
+fn session_flushed_on_failover_when_drain_disabled() {
+    session_across_failover("fo4", true);
+}

@@ -13,21 +13,28 @@ use std::time::Duration;
 
 const HC_PORT: u16 = 81;
 
-fn config(topo: &Topology, include: &dyn Fn(&str) -> bool) -> String {
-    zones_toml(1) + &service_block("web", false, "", "", HC_PORT, &backends_toml_where(topo, false, &|b| include(&b.name)))
+/// How packets reach the backends in one run.
+#[derive(Clone, Copy)]
+struct Mode {
+    v6: bool,
+    dsr: bool,
 }
 
-#[test]
-fn session_survives_unhealthy_swap_reload_sighup_restart() {
-    let topo = Topology::build(&TopologySpec { prefix: "es1".into(), zones: vec![(1, 4)], outside_clients: 0 }).expect("topology (needs root)");
+fn run(prefix: &str, mode: Mode) {
+    let keys = if mode.dsr { "forwarding = \"L2_DSR\"\n" } else { "" };
+    let config = |topo: &Topology, include: &dyn Fn(&str) -> bool| -> String {
+        zones_toml(1) + &service_block("web", mode.v6, keys, "", HC_PORT, &backends_toml_where(topo, mode.v6, &|b| include(&b.name)))
+    };
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 4)], outside_clients: 0 }).expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let mut checks: BTreeMap<String, ChildGuard> = topo.backends.iter().map(|b| (b.name.clone(), start_server(b, HC_PORT).unwrap())).collect();
-    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-es1-decap")).unwrap();
+    // L2 DSR needs no decapsulation on the backends.
+    let _decap = (!mode.dsr).then(|| DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap());
     // b1-4 joins only with the first reload.
-    let mut d = Daemon::start_keeping(&topo, "es1", &config(&topo, &|n| n != "b1-4")).unwrap();
+    let mut d = Daemon::start_keeping(&topo, prefix, &config(&topo, &|n| n != "b1-4")).unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
-    let target = vip(false, 80);
-    let addr = |name: &str| topo.backend(name).unwrap().v4.to_string();
+    let target = vip(mode.v6, 80);
+    let addr = |name: &str| topo.backend(name).unwrap().addr(mode.v6).to_string();
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
 
     let mut s = Session::open(client, target).unwrap_or_else(|e| fail(e, &d));
@@ -85,4 +92,14 @@ fn session_survives_unhealthy_swap_reload_sighup_restart() {
     let mut s2 = Session::open(client, target).unwrap();
     assert_eq!(s2.ask("new session").unwrap(), s2.greeting);
     assert_eq!(s.ask("still").unwrap(), home);
+}
+
+#[test]
+fn session_survives_unhealthy_swap_reload_sighup_restart_ipip_v4() {
+    run("es1", Mode { v6: false, dsr: false });
+}
+
+#[test]
+fn session_survives_unhealthy_swap_reload_sighup_restart_l2dsr_v6() {
+    run("es2", Mode { v6: true, dsr: true });
 }

@@ -192,6 +192,46 @@ impl Daemon {
         std::fs::write(&self.config, config)?;
         Ok(())
     }
+
+    /// Send SIGHUP (reload the config file) to the running daemon. `nsenter` execs `lb`, so the
+    /// child's pid is the daemon's.
+    pub fn sighup(&self) -> Result<()> {
+        let c = self.child.as_ref().ok_or_else(|| anyhow::anyhow!("daemon not running"))?;
+        // SAFETY: signalling our own child.
+        if unsafe { libc::kill(c.id() as i32, libc::SIGHUP) } != 0 {
+            bail!("kill(SIGHUP): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// One backend's entry of `lb status --json` (address as configured).
+    pub fn backend_status(&self, service: &str, address: &str) -> Result<serde_json::Value> {
+        let st = self.status()?;
+        let svc = st["services"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == service))
+            .ok_or_else(|| anyhow::anyhow!("no service {service} in status: {st}"))?;
+        svc["backends"]
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["address"] == address))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no backend {address} in {svc}"))
+    }
+
+    /// Whether `lb status` reports the backend healthy.
+    pub fn is_healthy(&self, service: &str, address: &str) -> Result<bool> {
+        Ok(self.backend_status(service, address)?["health"] == "healthy")
+    }
+
+    /// `lb backend set --health H` (healthy, unhealthy, auto).
+    pub fn set_health(&self, service: &str, address: &str, health: &str) -> Result<()> {
+        self.cli(&["backend", "set", "--service", service, "--address", address, "--health", health]).map(|_| ())
+    }
+
+    /// The log and counters, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        format!("--- lb.log ---\n{}\n--- lb stats ---\n{}", self.log(), self.cli(&["stats"]).unwrap_or_default())
+    }
 }
 
 impl Drop for Daemon {
@@ -251,6 +291,11 @@ pub fn udp_hello(client: &Host, target: SocketAddr) -> Result<String> {
     })?
 }
 
+/// `n` UDP requests, each from a new socket (a new flow); the answering backends' names.
+pub fn udp_spread(client: &Host, target: SocketAddr, n: usize) -> Result<Vec<String>> {
+    (0..n).map(|_| udp_hello(client, target)).collect()
+}
+
 /// A long-lived TCP connection: each `ask` sends a line and returns the backend's name.
 pub struct Session {
     reader: BufReader<TcpStream>,
@@ -305,6 +350,41 @@ pub fn backends_toml(topo: &Topology, v6: bool, failover: &dyn Fn(&Host) -> bool
         s += "\n";
     }
     s
+}
+
+/// A service block: `[[service]]` named `name` on the VIP (port 80), `keys` added inside it,
+/// then `tables` (sub-tables such as `[service.zonal_affinity]`), a fast TCP health check on
+/// `hc_port` (1 s interval, healthy after 1 success, unhealthy after 2 failures) and every
+/// backend of the topology (`failover` marks failover backends).
+pub fn service_toml(topo: &Topology, name: &str, v6: bool, keys: &str, tables: &str, hc_port: u16, failover: &dyn Fn(&Host) -> bool) -> String {
+    service_block(name, v6, keys, tables, hc_port, &backends_toml(topo, v6, failover))
+}
+
+/// [`service_toml`] with the `[[service.backend]]` entries given as text.
+pub fn service_block(name: &str, v6: bool, keys: &str, tables: &str, hc_port: u16, backends: &str) -> String {
+    format!(
+        "[[service]]\nname = \"{name}\"\nvip = \"{}\"\nprotocol = \"TCP\"\nports = [80]\n{keys}\n{tables}\n\
+         [service.health_check]\nprotocol = \"TCP\"\nport = {hc_port}\ncheck_interval_sec = 1\ntimeout_sec = 1\nhealthy_threshold = 1\nunhealthy_threshold = 2\n\n{backends}",
+        vip(v6, 80).ip(),
+    )
+}
+
+/// `[[service.backend]]` entries for the topology's backends that `include` selects.
+pub fn backends_toml_where(topo: &Topology, v6: bool, include: &dyn Fn(&Host) -> bool) -> String {
+    let mut s = String::new();
+    for b in topo.backends.iter().filter(|b| include(b)) {
+        s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n\n", b.addr(v6), b.zone, b.mac);
+    }
+    s
+}
+
+/// Backend names of a spread, counted.
+pub fn tally(names: &[String]) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for n in names {
+        *m.entry(n.clone()).or_insert(0) += 1;
+    }
+    m
 }
 
 pub fn vip(v6: bool, port: u16) -> SocketAddr {

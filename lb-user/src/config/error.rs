@@ -112,11 +112,10 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {
+    // No source: the message already carries the read/TOML error, and `{:#}` would print it twice.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            ConfigErrorKind::Read(e) => Some(e),
-            ConfigErrorKind::Syntax(e) => Some(e),
-            ConfigErrorKind::Invalid(_) => None,
+            ConfigErrorKind::Read(_) | ConfigErrorKind::Syntax(_) | ConfigErrorKind::Invalid(_) => None,
         }
     }
 }

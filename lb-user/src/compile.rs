@@ -17,7 +17,8 @@ use lb_common::{
     addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo,
     ServiceKey, CLASS_NONE, PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::net::IpAddr;
 
 /// Stable ids for services (by name) and backends (by service name and address).
@@ -176,13 +177,52 @@ pub fn compile_with(
     probes: &ProbeStatuses,
     ids: &mut Ids,
 ) -> anyhow::Result<Compiled> {
+    compile_cached(cfg, healthy, probes, ids, &mut TableCache::default())
+}
+
+/// Maglev tables already built, by (M, members): a table is rebuilt only when its eligible set
+/// (or a weight) changed, and classes with the same set share one build. The controller keeps
+/// one across reconciles, so a health change costs the tables it really changes.
+#[derive(Debug, Default)]
+pub struct TableCache {
+    tables: HashMap<(u32, Vec<(Vec<u8>, u32)>), Arc<Vec<u32>>>,
+    used: HashSet<(u32, Vec<(Vec<u8>, u32)>)>,
+}
+
+impl TableCache {
+    fn build(&mut self, members: &[MaglevBackend], m: u32) -> Result<Arc<Vec<u32>>, maglev::MaglevError> {
+        let key = (m, members.iter().map(|b| (b.key.to_vec(), b.weight)).collect::<Vec<_>>());
+        self.used.insert(key.clone());
+        if let Some(t) = self.tables.get(&key) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(maglev::build_table(members, m)?);
+        self.tables.insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Forget the tables the last compile did not use.
+    pub fn sweep(&mut self) {
+        let used = std::mem::take(&mut self.used);
+        self.tables.retain(|k, _| used.contains(k));
+    }
+}
+
+/// [`compile_with`], reusing and refreshing `cache`.
+pub fn compile_cached(
+    cfg: &Config,
+    healthy: &dyn Fn(usize, usize) -> bool,
+    probes: &ProbeStatuses,
+    ids: &mut Ids,
+    cache: &mut TableCache,
+) -> anyhow::Result<Compiled> {
     let m = cfg.dataplane.maglev_table_size;
     let plans = policy::plan_config(cfg, healthy);
     let mut services = Vec::new();
     let mut backends = Vec::new();
     for (si, (svc, plan)) in cfg.services.iter().zip(plans).enumerate() {
         if svc.routing_method.is_traffic_manager() {
-            let (compiled, records) = compile_tm(cfg, si, plan, probes, ids)?;
+            let (compiled, records) = compile_tm(cfg, si, plan, probes, ids, cache)?;
             services.push(compiled);
             backends.extend(records);
             continue;
@@ -210,13 +250,12 @@ pub fn compile_with(
         // Maglev identifies a backend by its address bytes, so a table does not depend on config
         // order and is identical on every host.
         let maglev_keys: Vec<Vec<u8>> = svc.backends.iter().map(|b| addr_bytes(b.address)).collect();
-        let keys_to_tables = |class: u32, eligible: &[usize], zonal: bool| {
+        let mut keys_to_tables = |class: u32, eligible: &[usize], zonal: bool| {
             let members: Vec<MaglevBackend> = eligible
                 .iter()
                 .map(|&bi| MaglevBackend { key: &maglev_keys[bi], weight: svc.backends[bi].weight })
                 .collect();
-            let picks = maglev::build_table(&members, m)
-                .map_err(|e| anyhow::anyhow!("service {:?}: Maglev table: {e}", svc.name))?;
+            let picks = cache.build(&members, m).map_err(|e| anyhow::anyhow!("service {:?}: Maglev table: {e}", svc.name))?;
             let entries = picks.iter().map(|&i| if i == lb_common::BACKEND_DROP { i } else { backend_ids[eligible[i as usize]] }).collect();
             let mut flags = if zonal { table_flags::ZONAL } else { 0 };
             if !eligible.iter().any(|&bi| healthy(si, bi)) {
@@ -262,6 +301,7 @@ fn compile_tm(
     mut plan: ServicePlan,
     probes: &ProbeStatuses,
     ids: &mut Ids,
+    cache: &mut TableCache,
 ) -> anyhow::Result<(CompiledService, Vec<(u32, Backend)>)> {
     let svc = &cfg.services[si];
     let m = cfg.dataplane.maglev_table_size;
@@ -304,7 +344,8 @@ fn compile_tm(
             .collect();
         let member_ids: Vec<u32> =
             class.eligible.iter().map(|e| ids.backend(&cfg.services[e.service].name, e.address)).collect();
-        let picks = maglev::build_table(&members, m)
+        let picks = cache
+            .build(&members, m)
             .map_err(|e| anyhow::anyhow!("service {:?}: Maglev table of class {}: {e}", svc.name, class.id))?;
         let entries =
             picks.iter().map(|&i| if i == lb_common::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();

@@ -63,6 +63,7 @@ pub struct Controller {
     /// Active pool and generation per service (for FLUSH_ON_POOL_CHANGE).
     pools: BTreeMap<String, (Pool, u32)>,
     applied: Option<Compiled>,
+    table_cache: compile::TableCache,
 }
 
 impl Controller {
@@ -76,6 +77,7 @@ impl Controller {
             departed: BTreeMap::new(),
             pools: BTreeMap::new(),
             applied: None,
+            table_cache: compile::TableCache::default(),
         }
     }
 
@@ -230,7 +232,8 @@ impl Controller {
                 || applied.is_some_and(|c| c.services.iter().any(|x| x.name == s && x.backend_addrs.contains(&a)))
         });
         let probes = self.probe_statuses(&eff);
-        let mut new = compile::compile_with(&eff, &|s, b| health[s][b], &probes, &mut ids)?;
+        let mut new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
+        self.table_cache.sweep();
         self.bump_pool_generations(&mut new);
         let mut report = ReconcileReport::default();
         let old = self.applied.take();

@@ -97,7 +97,10 @@ fn bench() -> Result<()> {
     run(cargo().args(["run", "--release", "-q", "-p", "lb-user", "--example", "maglev_bench"]))?;
     // Data-plane per-packet cost with BPF_PROG_TEST_RUN (method: BENCHMARKS.md).
     require_root("cargo xtask bench (data-plane part)")?;
-    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))?;
+    // Control plane: health change to live tables, daemon memory with 1M tracked connections.
+    run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
+    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))
 }
 
 fn demo() -> Result<()> {

@@ -1,0 +1,116 @@
+//! `lb explain` agrees with the data plane: the real `Controller` writes a configuration into the
+//! loaded XDP program; for thousands of random new flows, the backend `explain` names (the
+//! function behind `lb explain`) is the backend the kernel actually sends the packet to (L2 DSR:
+//! the destination MAC names the backend).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use lb_common::{PROTO_TCP, PROTO_UDP};
+use lb_tests::packet::*;
+use lb_user::config::Config;
+use lb_user::controller::Controller;
+use lb_user::daemon::sizes_for;
+use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
+use lb_user::explain::{explain, Flow};
+
+const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
+
+fn config() -> String {
+    let mut s = String::from(
+        "[dataplane]\nmaglev_table_size = 1021\n\n\
+         [[zone]]\nname = \"a\"\nclient_prefixes = [\"198.18.1.0/24\", \"2001:db8:1::/64\"]\n\
+         [[zone]]\nname = \"b\"\nclient_prefixes = [\"198.18.2.0/24\", \"2001:db8:2::/64\"]\n\
+         [[zone]]\nname = \"c\"\nclient_prefixes = [\"198.18.3.0/24\", \"2001:db8:3::/64\"]\n\n",
+    );
+    // (name, vip, protocol, affinity, spillover, ratio)
+    let services = [
+        ("web", "198.18.0.10", "TCP", "NONE", "ZONAL_AFFINITY_STAY_WITHIN_ZONE", 0.0),
+        ("dns", "198.18.0.11", "UDP", "CLIENT_IP_PROTO", "ZONAL_AFFINITY_SPILL_CROSS_ZONE", 0.8),
+        ("web6", "2001:db8::10", "TCP", "CLIENT_IP", "ZONAL_AFFINITY_DISABLED", 0.0),
+    ];
+    for (si, (name, vip, proto, aff, spill, ratio)) in services.iter().enumerate() {
+        s += &format!(
+            "[[service]]\nname = \"{name}\"\nvip = \"{vip}\"\nprotocol = \"{proto}\"\nports = [80]\nforwarding = \"L2_DSR\"\nsession_affinity = \"{aff}\"\n\
+             [service.zonal_affinity]\nspillover = \"{spill}\"\n"
+        );
+        if *ratio > 0.0 {
+            s += &format!("spillover_ratio = {ratio}\n");
+        }
+        // Zones a and b get backends, c none; weights vary.
+        for (zi, zone) in ["a", "b"].iter().enumerate() {
+            for i in 0..4 {
+                let n = si * 16 + zi * 4 + i + 1;
+                let addr = if vip.contains(':') { format!("2001:db8:10::{n:x}") } else { format!("198.18.10.{n}") };
+                s += &format!("[[service.backend]]\naddress = \"{addr}\"\nzone = \"{zone}\"\nweight = {}\nmac = \"02:be:00:00:00:{n:02x}\"\n", 1 + i % 3);
+            }
+        }
+        s += "\n";
+    }
+    s
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn explain_names_the_backend_the_kernel_picks() {
+    let cfg = Config::parse(&config()).unwrap();
+    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut ctl = Controller::new(cfg.clone());
+    // Some unhealthy backends so that refine/replace/spill all occur.
+    for (svc, addr) in [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")] {
+        ctl.set_checked(svc, addr.parse().unwrap(), false);
+    }
+    ctl.reconcile(&mut dp).unwrap();
+    let applied = ctl.applied().unwrap().clone();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut checked = 0;
+    let mut distinct = std::collections::BTreeSet::new();
+    for _ in 0..3000 {
+        let svc = &cfg.services[(rng.next() % 3) as usize];
+        let zone = 1 + (rng.next() % 4) as u16; // zone 4 = no zone prefix
+        let host = 1 + (rng.next() % 250) as u16;
+        let sport = 1024 + (rng.next() % 60000) as u16;
+        let proto = if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP };
+        let (client, frame) = match svc.vip {
+            IpAddr::V4(vip) => {
+                let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
+                let l4 = if proto == PROTO_TCP { tcp4(c, vip, sport, 80, 0x02, b"") } else { udp4(c, vip, sport, 80, b"q") };
+                let l3 = V4::new(c, vip, proto).build(&l4);
+                (IpAddr::V4(c), ethernet(LB_MAC, CLIENT_MAC, 0x0800, &l3))
+            }
+            IpAddr::V6(vip) => {
+                let c = Ipv6Addr::new(0x2001, 0xdb8, zone, 0, 0, 0, 0, host);
+                let l3 = ipv6(c, vip, PROTO_TCP, 64, 0, &tcp6(c, vip, sport, 80, 0x02, b""));
+                (IpAddr::V6(c), ethernet(LB_MAC, CLIENT_MAC, 0x86dd, &l3))
+            }
+        };
+        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
+        let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
+        if predicted["dropped"] == true {
+            assert_eq!(out.action, XDP_DROP, "{predicted}");
+            continue;
+        }
+        if out.action != XDP_TX {
+            let st = dp.stats().unwrap();
+            let counters: Vec<String> = lb_common::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
+            panic!("{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}", svc.name, out.action);
+        }
+        let mac = out.data[5];
+        let want = predicted["backend"].as_str().unwrap();
+        let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        assert_eq!(backend.mac.as_deref().unwrap(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        distinct.insert(want.to_owned());
+        checked += 1;
+    }
+    assert!(checked > 2500, "most flows are forwarded ({checked})");
+    assert!(distinct.len() >= 12, "flows reached many backends: {distinct:?}");
+}

@@ -51,26 +51,7 @@ pub async fn probe_once(addr: SocketAddr, spec: &ProbeSpec) -> Result<(), String
         if spec.protocol == HealthProtocol::Tcp {
             return Ok(());
         }
-        let host = match addr {
-            SocketAddr::V4(a) => a.ip().to_string(),
-            SocketAddr::V6(a) => format!("[{}]", a.ip()),
-        };
-        let request = format!(
-            "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: lb-health/1\r\nConnection: close\r\n\r\n",
-            spec.request_path
-        );
-        stream.write_all(request.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
-        // Only the status line matters; read until it is complete.
-        let mut buf = Vec::with_capacity(256);
-        let mut chunk = [0u8; 256];
-        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-            let n = stream.read(&mut chunk).await.map_err(|e| format!("receive: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        let status = parse_status_line(&buf).ok_or_else(|| "no HTTP status line".to_string())?;
+        let status = http_get_status(&mut stream, addr, &spec.request_path, &[]).await?;
         if status == spec.expected_status {
             Ok(())
         } else {
@@ -81,6 +62,33 @@ pub async fn probe_once(addr: SocketAddr, spec: &ProbeSpec) -> Result<(), String
         Ok(r) => r,
         Err(_) => Err(format!("timeout after {:?}", spec.timeout)),
     }
+}
+
+/// Send `GET path` (with `headers`; a Host header is added unless given) on a connected stream
+/// and return the response's status code; only the status line is read.
+async fn http_get_status(stream: &mut TcpStream, addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<u16, String> {
+    let mut head = String::new();
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        match addr {
+            SocketAddr::V4(a) => head.push_str(&format!("Host: {}\r\n", a.ip())),
+            SocketAddr::V6(a) => head.push_str(&format!("Host: [{}]\r\n", a.ip())),
+        }
+    }
+    let request = format!("GET {path} HTTP/1.1\r\n{head}User-Agent: lb-health/1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.map_err(|e| format!("send: {e}"))?;
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+        let n = stream.read(&mut chunk).await.map_err(|e| format!("receive: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    parse_status_line(&buf).ok_or_else(|| "no HTTP status line".to_string())
 }
 
 /// `HTTP/1.1 200 OK\r\n...` → 200.
@@ -181,32 +189,8 @@ pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeO
         if m.protocol != MonitorProtocol::Http {
             return Some(ProbeOutcome::Connected);
         }
-        let mut headers = String::new();
-        let mut has_host = false;
-        for (name, value) in &m.custom_headers {
-            has_host |= name.eq_ignore_ascii_case("host");
-            headers.push_str(&format!("{name}: {value}\r\n"));
-        }
-        if !has_host {
-            let host = match addr {
-                SocketAddr::V4(a) => a.ip().to_string(),
-                SocketAddr::V6(a) => format!("[{}]", a.ip()),
-            };
-            headers.push_str(&format!("Host: {host}\r\n"));
-        }
         let path = m.path.as_deref().unwrap_or("/");
-        let request = format!("GET {path} HTTP/1.1\r\n{headers}User-Agent: lb-monitor/1\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut buf = Vec::with_capacity(256);
-        let mut chunk = [0u8; 256];
-        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-            let n = stream.read(&mut chunk).await.ok()?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        parse_status_line(&buf).map(ProbeOutcome::HttpStatus)
+        http_get_status(&mut stream, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus)
     };
     tokio::time::timeout(timeout, attempt).await.ok().flatten().unwrap_or(ProbeOutcome::Failed)
 }

@@ -11,6 +11,7 @@ mod conntrack;
 mod decap;
 mod encap;
 mod maps;
+mod nexthop;
 mod parse;
 mod select;
 mod stats;
@@ -22,7 +23,8 @@ use lb_common::{
 };
 
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::Verdict;
+use crate::parse::{as_key, Verdict};
+use crate::stats::Counters;
 
 #[xdp]
 pub fn lb(ctx: XdpContext) -> u32 {
@@ -35,79 +37,87 @@ pub fn lb_decap(ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn drop(reason: u32) -> u32 {
-    stats::inc(reason);
+fn drop(reason: u32, counters: Counters) -> u32 {
+    counters.inc(reason);
     xdp_action::XDP_DROP
 }
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
-    stats::inc(stat::RX_PACKETS);
+    // One lookup of this CPU's counter record for the whole packet.
+    let counters = Counters::get();
+    counters.inc(stat::RX_PACKETS);
     let pkt = match parse::parse(ctx) {
         Ok(p) => p,
         Err(Verdict::Pass) => {
-            stats::inc(stat::PASS_NOT_VIP);
+            counters.inc(stat::PASS_NOT_VIP);
             return xdp_action::XDP_PASS;
         }
-        Err(Verdict::Drop(reason)) => return drop(reason),
+        Err(Verdict::Drop(reason)) => return drop(reason, counters),
     };
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
             // A VIP address, but no service on this port/protocol: the host's business.
-            stats::inc(stat::PASS_NOT_VIP);
+            counters.inc(stat::PASS_NOT_VIP);
             return xdp_action::XDP_PASS;
         }
     };
     let proto = pkt.tuple.proto;
     let hash = flow_hash(&hash_tuple(svc.affinity, &pkt.tuple, pkt.ports_valid));
-    let key = CtKey { tuple: track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid), service: svc.id };
+    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
+    let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
+    let key: &CtKey = as_key(&key_words);
     let now = unsafe { bpf_ktime_get_ns() };
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
         None
     } else {
-        conntrack::lookup(&key, &svc, proto, now)
+        conntrack::lookup(key, svc, proto, now, counters)
     };
-    let (class, backend) = match tracked {
+    // (backend id, class, backend, new flows, spills) of this packet.
+    let (id, class, backend, new_flows, spills) = match tracked {
         Some((id, class)) => {
-            stats::inc(stat::CT_HIT);
+            counters.inc(stat::CT_HIT);
             match BACKENDS.get(id) {
-                Some(b) => (class, *b),
-                None => return drop(stat::DROP_NO_BACKEND),
+                Some(b) => (id, class, b, 0, 0),
+                None => return drop(stat::DROP_NO_BACKEND, counters),
             }
         }
         None => {
-            stats::inc(stat::CT_MISS);
+            counters.inc(stat::CT_MISS);
             let (class, table) = match select::class_table(svc.id, select::client_class(svc.id, &pkt)) {
                 Some(t) => t,
-                None => return drop(stat::DROP_NO_TABLE),
+                None => return drop(stat::DROP_NO_TABLE, counters),
             };
             let id = match select::table_entry(table.slot, hash) {
                 Some(id) if id != BACKEND_DROP => id,
-                _ => return drop(stat::DROP_NO_BACKEND),
+                _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
             let b = match BACKENDS.get(id) {
-                Some(b) if b.family != 0 => *b,
-                _ => return drop(stat::DROP_NO_BACKEND),
+                Some(b) if b.family != 0 => b,
+                _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            conntrack::insert(&key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
-            stats::inc(stat::NEW_FLOW);
-            stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_NEW_FLOWS));
-            if table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class {
-                stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_SPILLS));
-            }
-            (class, b)
+            conntrack::insert(key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
+            counters.inc(stat::NEW_FLOW);
+            let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
+            (id, class, b, 1, spill as u64)
         }
     };
-    stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_PACKETS));
-    stats::add(stats::class_index(svc.id, class, cps, stat::CLASS_BYTES), (ctx.data_end() - ctx.data()) as u64);
+    if let Some(c) = stats::class_counters(svc.id, class, cps) {
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += (ctx.data_end() - ctx.data()) as u64;
+            (*c).new_flows += new_flows;
+            (*c).spills += spills;
+        }
+    }
 
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, &backend),
-        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, &backend, &svc, hash),
-        _ => encap::ip6ip6(ctx, &pkt, &backend, &svc, hash),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, backend, counters),
+        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
+        _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
     }
 }
 

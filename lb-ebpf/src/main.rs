@@ -19,11 +19,11 @@ mod stats;
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
 use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
-    BACKEND_DROP, FAMILY_V4,
+    FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::{as_key, Verdict};
+use crate::parse::{as_key, Packet, Verdict};
 use crate::stats::Counters;
 
 #[xdp]
@@ -42,6 +42,19 @@ fn drop(reason: u32, counters: Counters) -> u32 {
     xdp_action::XDP_DROP
 }
 
+/// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address
+/// words are written as constants, so the hash's rounds over them fold at compile time.
+#[inline(always)]
+fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
+    let t = &pkt.tuple;
+    if pkt.family == FAMILY_V4 {
+        let v4 = FlowTuple { src: [t.src[0], 0, 0, 0], dst: [t.dst[0], 0, 0, 0], ..*t };
+        flow_hash(&hash_tuple(svc.affinity, &v4, pkt.ports_valid))
+    } else {
+        flow_hash(&hash_tuple(svc.affinity, t, pkt.ports_valid))
+    }
+}
+
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
@@ -54,17 +67,23 @@ fn balance(ctx: &XdpContext) -> u32 {
             return xdp_action::XDP_PASS;
         }
         Err(Verdict::Drop(reason)) => return drop(reason, counters),
+        Err(Verdict::DropIfVip(reason, addr, family)) => {
+            if parse::is_vip(addr, family) {
+                return drop(reason, counters);
+            }
+            counters.inc(stat::PASS_NOT_VIP);
+            return xdp_action::XDP_PASS;
+        }
     };
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
-            // A VIP address, but no service on this port/protocol: the host's business.
+            // Not a VIP, or a VIP without a service on this port/protocol: the host's business.
             counters.inc(stat::PASS_NOT_VIP);
             return xdp_action::XDP_PASS;
         }
     };
     let proto = pkt.tuple.proto;
-    let hash = flow_hash(&hash_tuple(svc.affinity, &pkt.tuple, pkt.ports_valid));
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
     let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
     let key: &CtKey = as_key(&key_words);
@@ -77,16 +96,19 @@ fn balance(ctx: &XdpContext) -> u32 {
         conntrack::lookup(key, svc, proto, now, counters)
     };
     // (backend id, class, backend, new flows, spills) of this packet.
-    let (id, class, backend, new_flows, spills) = match tracked {
+    let (id, class, backend, new_flows, spills, hash) = match tracked {
         Some((id, class)) => {
             counters.inc(stat::CT_HIT);
+            // A tracked flow needs the hash only for a hashed outer source or the IPv6 flow label.
+            let hash = if svc.encap_src_hash_mask != 0 || pkt.family != FAMILY_V4 { packet_hash(svc, &pkt) } else { 0 };
             match BACKENDS.get(id) {
-                Some(b) => (id, class, b, 0, 0),
+                Some(b) => (id, class, b, 0, 0, hash),
                 None => return drop(stat::DROP_NO_BACKEND, counters),
             }
         }
         None => {
             counters.inc(stat::CT_MISS);
+            let hash = packet_hash(svc, &pkt);
             let (class, table) = match select::class_table(svc.id, select::client_class(svc.id, &pkt)) {
                 Some(t) => t,
                 None => return drop(stat::DROP_NO_TABLE, counters),
@@ -102,7 +124,7 @@ fn balance(ctx: &XdpContext) -> u32 {
             conntrack::insert(key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
             counters.inc(stat::NEW_FLOW);
             let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
-            (id, class, b, 1, spill as u64)
+            (id, class, b, 1, spill as u64, hash)
         }
     };
     if let Some(c) = stats::class_counters(svc.id, class, cps) {

@@ -8,7 +8,7 @@ use lb_common::{
 };
 
 use crate::maps::{CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICES, TABLES, TABLE_INDEX, TABLE_M};
-use crate::parse::{as_key, Packet};
+use crate::parse::{as_key, is_vip, Packet};
 
 /// The service under (addr, port, proto, family); a reference into the map (valid for the
 /// rest of the program run), not a copy.
@@ -18,9 +18,13 @@ fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static 
     unsafe { SERVICES.get(as_key::<ServiceKey, 5>(&key)) }
 }
 
-/// The service of a VIP packet: exact port, then the all-ports service of the protocol, then
-/// the L3_DEFAULT service. Fragments carry no usable port, so they only match all-ports
-/// services (as on GCP, fragmented traffic needs an all-ports or L3_DEFAULT rule).
+/// The service of a packet: exact port, then the all-ports service of the protocol, then
+/// the L3_DEFAULT service; None if there is none or the destination is not a VIP. Fragments
+/// carry no usable port, so they only match all-ports services (as on GCP, fragmented traffic
+/// needs an all-ports or L3_DEFAULT rule).
+///
+/// An exact hit needs no `VIPS` lookup: the writer adds a VIP before any service key on it and
+/// removes it after the last one, so every `SERVICES` key's address is in `VIPS`.
 #[inline(always)]
 pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
     let t = &pkt.tuple;
@@ -28,6 +32,9 @@ pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
         if let Some(s) = service(t.dst, t.dport, t.proto, pkt.family) {
             return Some(s);
         }
+    }
+    if !is_vip(t.dst, pkt.family) {
+        return None;
     }
     if let Some(s) = service(t.dst, 0, t.proto, pkt.family) {
         return Some(s);

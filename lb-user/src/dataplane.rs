@@ -300,8 +300,9 @@ impl Dataplane {
         for key in keys {
             let vip = addr_key(key.addr, key.family);
             let is_new = self.services.get(key, 0).is_err();
-            self.services.insert(key, info, 0).context("writing SERVICES")?;
+            // VIPS first: the data plane relies on every SERVICES key's address being a VIP.
             self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
+            self.services.insert(key, info, 0).context("writing SERVICES")?;
             if is_new {
                 *self.vip_refs.entry(vip).or_default() += 1;
             }

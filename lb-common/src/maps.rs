@@ -231,7 +231,7 @@ pub struct TableRef {
     pub flags: u32,
 }
 
-/// Global counters: index into the `STATS` per-CPU array.
+/// Global counters: index into [`GlobalStats::counters`] (the `STATS` record).
 pub mod stat {
     pub const RX_PACKETS: u32 = 0;
     pub const PASS_NOT_VIP: u32 = 1;
@@ -259,15 +259,8 @@ pub mod stat {
     /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
     /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
     pub const DROP_CLASS_UNROUTABLE: u32 = 22;
+    /// Length of the global counter record ([`GlobalStats`]); indices above are spare.
     pub const GLOBAL_COUNT: u32 = 32;
-
-    /// Per (service, class) counters follow the global ones, `PER_CLASS_COUNT` each, at
-    /// `GLOBAL_COUNT + (service * classes_per_service + class) * PER_CLASS_COUNT`.
-    pub const CLASS_PACKETS: u32 = 0;
-    pub const CLASS_BYTES: u32 = 1;
-    pub const CLASS_NEW_FLOWS: u32 = 2;
-    pub const CLASS_SPILLS: u32 = 3;
-    pub const PER_CLASS_COUNT: u32 = 4;
 
     pub const NAMES: [&str; 23] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
@@ -276,6 +269,35 @@ pub mod stat {
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
         "decap_drop_malformed", "drop_class_unroutable",
     ];
+}
+
+/// Value of the `STATS` per-CPU array (one entry): the global counters, indexed by `stat::*`.
+/// One record, so that the data plane looks it up once per packet and then only adds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalStats {
+    pub counters: [u64; stat::GLOBAL_COUNT as usize],
+}
+
+impl Default for GlobalStats {
+    fn default() -> Self {
+        Self { counters: [0; stat::GLOBAL_COUNT as usize] }
+    }
+}
+
+/// Value of the `CLASS_STATS` per-CPU array at `service * classes_per_service + class`: the
+/// counters of one (service, client class), updated together with one lookup per packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassCounters {
+    /// Packets forwarded.
+    pub packets: u64,
+    /// Their bytes (whole frames as received).
+    pub bytes: u64,
+    /// New flows (backend selections).
+    pub new_flows: u64,
+    /// New flows of a zonal class sent to a backend of another zone.
+    pub spills: u64,
 }
 
 #[cfg(feature = "user")]
@@ -288,7 +310,7 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef, AddrKey);
+    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -301,3 +323,5 @@ const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
+const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);

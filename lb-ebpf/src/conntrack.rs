@@ -4,17 +4,20 @@
 use lb_common::{stat, table_flags, ct_verdict, CtEntry, CtKey, CtVerdict, ServiceInfo};
 
 use crate::maps::{BACKENDS, CONNTRACK};
-use crate::{select, stats};
+use crate::select;
+use crate::stats::Counters;
 
 /// The tracked (backend, class) of a flow if its entry is still valid; an invalid entry is
 /// deleted and counted by reason.
 #[inline(always)]
-pub fn lookup(key: &CtKey, service: &ServiceInfo, proto: u8, now: u64) -> Option<(u32, u32)> {
+pub fn lookup(key: &CtKey, service: &ServiceInfo, proto: u8, now: u64, counters: Counters) -> Option<(u32, u32)> {
     let entry = CONNTRACK.get_ptr_mut(key)?;
-    let e: CtEntry = unsafe { *entry };
-    let backend = BACKENDS.get(e.backend);
-    let verdict = ct_verdict(&e, backend, service, proto, now, || {
-        match select::table_ref(service.id, e.class) {
+    // Only the fields read, not a copy of the whole entry.
+    let (backend_id, class) = unsafe { ((*entry).backend, (*entry).class) };
+    let e = unsafe { &*entry };
+    let backend = BACKENDS.get(backend_id);
+    let verdict = ct_verdict(e, backend, service, proto, now, || {
+        match select::table_ref(service.id, class) {
             Some(t) => t.flags & table_flags::NO_HEALTHY != 0,
             None => false,
         }
@@ -22,14 +25,14 @@ pub fn lookup(key: &CtKey, service: &ServiceInfo, proto: u8, now: u64) -> Option
     let reason = match verdict {
         CtVerdict::Valid => {
             unsafe { (*entry).last_seen_ns = now };
-            return Some((e.backend, e.class));
+            return Some((backend_id, class));
         }
         CtVerdict::IdleExpired => stat::CT_EXPIRED,
         CtVerdict::PoolFlushed => stat::CT_POOL_FLUSHED,
         CtVerdict::BackendGone => stat::CT_DRAIN_EXPIRED,
         CtVerdict::Unhealthy => stat::CT_REROUTED_UNHEALTHY,
     };
-    stats::inc(reason);
+    counters.inc(reason);
     let _ = CONNTRACK.remove(key);
     None
 }

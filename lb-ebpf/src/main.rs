@@ -11,6 +11,7 @@ mod conntrack;
 mod decap;
 mod encap;
 mod maps;
+mod nexthop;
 mod parse;
 mod select;
 mod stats;
@@ -18,11 +19,12 @@ mod stats;
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
 use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
-    BACKEND_DROP, FAMILY_V4,
+    FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::Verdict;
+use crate::parse::{as_key, Packet, Verdict};
+use crate::stats::Counters;
 
 #[xdp]
 pub fn lb(ctx: XdpContext) -> u32 {
@@ -35,80 +37,110 @@ pub fn lb_decap(ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn drop(reason: u32) -> u32 {
-    stats::inc(reason);
+fn drop(reason: u32, counters: Counters) -> u32 {
+    counters.inc(reason);
     xdp_action::XDP_DROP
+}
+
+/// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address
+/// words are written as constants, so the hash's rounds over them fold at compile time.
+#[inline(always)]
+fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
+    let t = &pkt.tuple;
+    if pkt.family == FAMILY_V4 {
+        let v4 = FlowTuple { src: [t.src[0], 0, 0, 0], dst: [t.dst[0], 0, 0, 0], ..*t };
+        flow_hash(&hash_tuple(svc.affinity, &v4, pkt.ports_valid))
+    } else {
+        flow_hash(&hash_tuple(svc.affinity, t, pkt.ports_valid))
+    }
 }
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
-    stats::inc(stat::RX_PACKETS);
+    // One lookup of this CPU's counter record for the whole packet.
+    let counters = Counters::get();
+    counters.inc(stat::RX_PACKETS);
     let pkt = match parse::parse(ctx) {
         Ok(p) => p,
         Err(Verdict::Pass) => {
-            stats::inc(stat::PASS_NOT_VIP);
+            counters.inc(stat::PASS_NOT_VIP);
             return xdp_action::XDP_PASS;
         }
-        Err(Verdict::Drop(reason)) => return drop(reason),
+        Err(Verdict::Drop(reason)) => return drop(reason, counters),
+        Err(Verdict::DropIfVip(reason, addr, family)) => {
+            if parse::is_vip(addr, family) {
+                return drop(reason, counters);
+            }
+            counters.inc(stat::PASS_NOT_VIP);
+            return xdp_action::XDP_PASS;
+        }
     };
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
-            // A VIP address, but no service on this port/protocol: the host's business.
-            stats::inc(stat::PASS_NOT_VIP);
+            // Not a VIP, or a VIP without a service on this port/protocol: the host's business.
+            counters.inc(stat::PASS_NOT_VIP);
             return xdp_action::XDP_PASS;
         }
     };
     let proto = pkt.tuple.proto;
-    let hash = flow_hash(&hash_tuple(svc.affinity, &pkt.tuple, pkt.ports_valid));
-    let key = CtKey { tuple: track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid), service: svc.id };
+    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
+    let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
+    let key: &CtKey = as_key(&key_words);
     let now = unsafe { bpf_ktime_get_ns() };
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
         None
     } else {
-        conntrack::lookup(&key, &svc, proto, now)
+        conntrack::lookup(key, svc, proto, now, counters)
     };
-    let (class, backend) = match tracked {
+    // (backend id, class, backend, new flows, spills) of this packet.
+    let (id, class, backend, new_flows, spills, hash) = match tracked {
         Some((id, class)) => {
-            stats::inc(stat::CT_HIT);
+            counters.inc(stat::CT_HIT);
+            // A tracked flow needs the hash only for a hashed outer source or the IPv6 flow label.
+            let hash = if svc.encap_src_hash_mask != 0 || pkt.family != FAMILY_V4 { packet_hash(svc, &pkt) } else { 0 };
             match BACKENDS.get(id) {
-                Some(b) => (class, *b),
-                None => return drop(stat::DROP_NO_BACKEND),
+                Some(b) => (id, class, b, 0, 0, hash),
+                None => return drop(stat::DROP_NO_BACKEND, counters),
             }
         }
         None => {
-            stats::inc(stat::CT_MISS);
+            counters.inc(stat::CT_MISS);
+            let hash = packet_hash(svc, &pkt);
             let (class, table) = match select::class_table(svc.id, select::client_class(svc.id, &pkt)) {
                 Some(t) => t,
-                None => return drop(stat::DROP_NO_TABLE),
+                None => return drop(stat::DROP_NO_TABLE, counters),
             };
             let id = match select::table_entry(table.slot, hash) {
                 Some(id) if id != BACKEND_DROP => id,
-                _ if table.flags & table_flags::UNROUTABLE != 0 => return drop(stat::DROP_CLASS_UNROUTABLE),
-                _ => return drop(stat::DROP_NO_BACKEND),
+                _ if table.flags & table_flags::UNROUTABLE != 0 => return drop(stat::DROP_CLASS_UNROUTABLE, counters),
+                _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
             let b = match BACKENDS.get(id) {
-                Some(b) if b.family != 0 => *b,
-                _ => return drop(stat::DROP_NO_BACKEND),
+                Some(b) if b.family != 0 => b,
+                _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            conntrack::insert(&key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
-            stats::inc(stat::NEW_FLOW);
-            stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_NEW_FLOWS));
-            if table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class {
-                stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_SPILLS));
-            }
-            (class, b)
+            conntrack::insert(key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
+            counters.inc(stat::NEW_FLOW);
+            let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
+            (id, class, b, 1, spill as u64, hash)
         }
     };
-    stats::inc(stats::class_index(svc.id, class, cps, stat::CLASS_PACKETS));
-    stats::add(stats::class_index(svc.id, class, cps, stat::CLASS_BYTES), (ctx.data_end() - ctx.data()) as u64);
+    if let Some(c) = stats::class_counters(svc.id, class, cps) {
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += (ctx.data_end() - ctx.data()) as u64;
+            (*c).new_flows += new_flows;
+            (*c).spills += spills;
+        }
+    }
 
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, &backend),
-        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, &backend, &svc, hash),
-        _ => encap::ip6ip6(ctx, &pkt, &backend, &svc, hash),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, backend, counters),
+        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
+        _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
     }
 }
 

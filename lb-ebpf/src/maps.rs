@@ -6,7 +6,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     Global,
 };
-use lb_common::{AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey, TableRef};
+use lb_common::{
+    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceInfo, ServiceKey, TableRef,
+};
+
+use crate::nexthop::NextHop;
 
 /// (VIP, port, proto) -> service. Port 0 = all ports, proto 0 = L3_DEFAULT.
 #[map]
@@ -29,9 +33,15 @@ pub static TABLES: Array<u32> = Array::with_max_entries(1, 0);
 /// Backend id -> address, MAC, state flags.
 #[map]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(1, 0);
-/// Counters, see `lb_common::stat`.
+/// Global counters (one record), see `lb_common::stat`.
 #[map]
-pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);
+/// service * CLASSES_PER_SERVICE + class -> that pair's counters.
+#[map]
+pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entries(1, 0);
+/// Backend id -> cached `bpf_fib_lookup` result (this CPU's copy), see `nexthop`.
+#[map]
+pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0);
 /// `lb_decap`: this host's tunnel endpoint addresses.
 #[map]
 pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);

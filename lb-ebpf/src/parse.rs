@@ -1,7 +1,9 @@
 //! Packet parsing: Ethernet (one 802.1Q tag), IPv4 (IHL honoured, fragments), IPv6 (hop-by-hop,
 //! routing, destination-options and fragment headers skipped), TCP/UDP ports and the SYN bit.
 //! A packet whose destination is not a VIP is passed untouched; a VIP packet that is truncated
-//! or malformed is dropped with the reason.
+//! or malformed is dropped with the reason. The parser itself does not look up `VIPS`: the
+//! caller does, only when no exact service matched (a service key implies its VIP, see
+//! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
@@ -29,13 +31,20 @@ pub struct Packet {
     pub ports_valid: bool,
     /// TCP SYN without ACK.
     pub is_syn: bool,
+    /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
+    pub tclass: u8,
+    /// IPv4: the DF bit as it sits in the flags byte (0x40 or 0), copied to the outer header.
+    pub df: u8,
 }
 
 pub enum Verdict {
     /// Not addressed to a VIP (or not IP): leave it to the stack.
     Pass,
-    /// Addressed to a VIP but unusable: drop and count this stat.
+    /// Unusable before the destination is known: drop and count this stat.
     Drop(u32),
+    /// Malformed, destination (address, family) known: drop and count this stat if the
+    /// destination is a VIP, else pass.
+    DropIfVip(u32, [u32; 4], u8),
 }
 
 /// Bounds-checked pointer to a `T` at `offset` in the packet.
@@ -52,6 +61,32 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
+/// The `index`-th 32-bit word at `p`, bytes as they lie in the packet (network order kept).
+///
+/// A plain (not `read_unaligned`) load, so LLVM emits one 32-bit load instead of four byte
+/// loads: the BPF target has no unaligned-access lowering, and packet data is only 2-aligned
+/// behind an Ethernet header. BPF allows misaligned packet access (the verifier only enforces
+/// alignment with BPF_F_STRICT_ALIGNMENT or on architectures without efficient unaligned
+/// access, which the kernel then handles), so this is how C XDP programs read headers too.
+#[inline(always)]
+pub fn word(p: *const u32, index: usize) -> u32 {
+    unsafe { core::ptr::read(p.add(index)) }
+}
+
+/// Stores a 32-bit word at byte `offset` from `p`, see [`word`] for the alignment.
+#[inline(always)]
+pub fn put_word(p: *mut u8, offset: usize, value: u32) {
+    unsafe { core::ptr::write(p.add(offset) as *mut u32, value) }
+}
+
+/// A map key of `N` words as the `#[repr(C)]` key type `K` (same size, no implicit padding),
+/// so keys are built with word stores instead of byte stores and memsets for the pad bytes.
+#[inline(always)]
+pub fn as_key<K, const N: usize>(words: &[u32; N]) -> &K {
+    const { assert!(core::mem::size_of::<K>() == N * 4) };
+    unsafe { &*(words as *const [u32; N] as *const K) }
+}
+
 #[inline(always)]
 pub fn read<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
     ptr_at::<T>(ctx, offset).map(|p| unsafe { core::ptr::read_unaligned(p) })
@@ -62,10 +97,11 @@ fn be16(ctx: &XdpContext, offset: usize) -> Option<u16> {
     read::<[u8; 2]>(ctx, offset).map(u16::from_be_bytes)
 }
 
+/// Whether `addr` is a VIP: packets to it are ours (malformed ones are dropped).
 #[inline(always)]
-fn is_vip(addr: [u32; 4], family: u8) -> bool {
-    let key = AddrKey { addr, family, _pad: [0; 3] };
-    unsafe { VIPS.get(key).is_some() }
+pub fn is_vip(addr: [u32; 4], family: u8) -> bool {
+    let key = [addr[0], addr[1], addr[2], addr[3], family as u32];
+    unsafe { VIPS.get(as_key::<AddrKey, 5>(&key)).is_some() }
 }
 
 /// Offset of the IP header and the ethertype behind at most one VLAN tag.
@@ -91,24 +127,25 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, Verdict> {
 
 #[inline(always)]
 fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
-    let hdr: [u8; 20] = read(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
-    let src = u32::from_ne_bytes([hdr[12], hdr[13], hdr[14], hdr[15]]);
-    let dst = u32::from_ne_bytes([hdr[16], hdr[17], hdr[18], hdr[19]]);
-    if !is_vip([dst, 0, 0, 0], FAMILY_V4) {
-        return Err(Verdict::Pass);
-    }
-    let ihl = ((hdr[0] & 0x0f) as usize) * 4;
-    let tot_len = u16::from_be_bytes([hdr[2], hdr[3]]) as usize;
-    if hdr[0] >> 4 != 4 || ihl < 20 || tot_len < ihl {
-        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+    let hdr = ptr_at::<[u32; 5]>(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))? as *const u32;
+    // Little-endian words: byte i of the header is bits 8*(i%4).. of word i/4.
+    let (w0, w1, w2, src, dst) = (word(hdr, 0), word(hdr, 1), word(hdr, 2), word(hdr, 3), word(hdr, 4));
+    // From here on a malformed packet is dropped if it is addressed to a VIP, else passed;
+    // the VIP check is left to the caller (usually a service hit answers it).
+    let vip_err = |reason| Verdict::DropIfVip(reason, [dst, 0, 0, 0], FAMILY_V4);
+    let ver_ihl = w0 as u8;
+    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
+    let tot_len = u16::from_be((w0 >> 16) as u16) as usize;
+    if ver_ihl >> 4 != 4 || ihl < 20 || tot_len < ihl {
+        return Err(vip_err(stat::DROP_BAD_IP_HEADER));
     }
     if ctx.data() + l3_off + tot_len > ctx.data_end() {
-        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+        return Err(vip_err(stat::DROP_TRUNCATED_IP));
     }
-    let frag = u16::from_be_bytes([hdr[6], hdr[7]]);
+    let frag = u16::from_be((w1 >> 16) as u16);
     // More-fragments flag or a non-zero offset: any piece of a fragmented datagram.
     let is_fragment = frag & 0x3fff != 0;
-    let proto = hdr[9];
+    let proto = (w2 >> 8) as u8;
     let mut pkt = Packet {
         family: FAMILY_V4,
         l3_off,
@@ -116,31 +153,32 @@ fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         tuple: FlowTuple { src: [src, 0, 0, 0], dst: [dst, 0, 0, 0], sport: 0, dport: 0, proto, _pad: [0; 3] },
         ports_valid: false,
         is_syn: false,
+        tclass: (w0 >> 8) as u8,
+        df: (w1 >> 16) as u8 & 0x40,
     };
     if !is_fragment {
-        parse_l4(ctx, &mut pkt, l3_off + ihl, l3_off + tot_len)?;
+        parse_l4(ctx, &mut pkt, l3_off + ihl, l3_off + tot_len).map_err(vip_err)?;
     }
     Ok(pkt)
 }
 
 #[inline(always)]
 fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
-    let hdr: [u32; 10] = read(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
-    let dst = [hdr[6], hdr[7], hdr[8], hdr[9]];
-    if !is_vip(dst, FAMILY_V6) {
-        return Err(Verdict::Pass);
-    }
-    let first = hdr[0].to_ne_bytes();
-    let second = hdr[1].to_ne_bytes();
+    let p = ptr_at::<[u32; 10]>(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))? as *const u32;
+    let dst = [word(p, 6), word(p, 7), word(p, 8), word(p, 9)];
+    let vip_err = |reason| Verdict::DropIfVip(reason, dst, FAMILY_V6);
+    let (w0, w1) = (word(p, 0), word(p, 1));
+    let first = w0.to_ne_bytes();
+    let second = w1.to_ne_bytes();
     let payload_len = u16::from_be_bytes([second[0], second[1]]) as usize;
     // Payload length 0 is a jumbogram (hop-by-hop option): not supported, malformed for us.
     if first[0] >> 4 != 6 || payload_len == 0 {
-        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+        return Err(vip_err(stat::DROP_BAD_IP_HEADER));
     }
     let l3_len = IPV6_HDR_LEN + payload_len;
     let l3_end = l3_off + l3_len;
     if ctx.data() + l3_end > ctx.data_end() {
-        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+        return Err(vip_err(stat::DROP_TRUNCATED_IP));
     }
     let mut next = second[2];
     let mut off = l3_off + IPV6_HDR_LEN;
@@ -150,18 +188,18 @@ fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
             // Hop-by-hop, routing, destination options: length in 8-octet units, minus one.
             0 | 43 | 60 => {
                 if off + 2 > l3_end {
-                    return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+                    return Err(vip_err(stat::DROP_TRUNCATED_IP));
                 }
-                let ext: [u8; 2] = read(ctx, off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+                let ext: [u8; 2] = read(ctx, off).ok_or(vip_err(stat::DROP_TRUNCATED_IP))?;
                 next = ext[0];
                 off += (ext[1] as usize + 1) * 8;
             }
             // Fragment header: 8 octets.
             44 => {
                 if off + 8 > l3_end {
-                    return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+                    return Err(vip_err(stat::DROP_TRUNCATED_IP));
                 }
-                let ext: [u8; 4] = read(ctx, off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))?;
+                let ext: [u8; 4] = read(ctx, off).ok_or(vip_err(stat::DROP_TRUNCATED_IP))?;
                 next = ext[0];
                 // Offset or M flag set; an atomic fragment (both clear) is a whole datagram.
                 if u16::from_be_bytes([ext[2], ext[3]]) & 0xfff9 != 0 {
@@ -173,21 +211,31 @@ fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         }
     }
     if matches!(next, 0 | 43 | 44 | 60) {
-        return Err(Verdict::Drop(stat::DROP_BAD_IP_HEADER));
+        return Err(vip_err(stat::DROP_BAD_IP_HEADER));
     }
     if off > l3_end {
-        return Err(Verdict::Drop(stat::DROP_TRUNCATED_IP));
+        return Err(vip_err(stat::DROP_TRUNCATED_IP));
     }
     let mut pkt = Packet {
         family: FAMILY_V6,
         l3_off,
         l3_len,
-        tuple: FlowTuple { src: [hdr[2], hdr[3], hdr[4], hdr[5]], dst, sport: 0, dport: 0, proto: next, _pad: [0; 3] },
+        tuple: FlowTuple {
+            src: [word(p, 2), word(p, 3), word(p, 4), word(p, 5)],
+            dst,
+            sport: 0,
+            dport: 0,
+            proto: next,
+            _pad: [0; 3],
+        },
         ports_valid: false,
         is_syn: false,
+        // Version (4 bits), traffic class (8), flow label (20), big-endian.
+        tclass: (u32::from_be(w0) >> 20) as u8,
+        df: 0,
     };
     if !is_fragment {
-        parse_l4(ctx, &mut pkt, off, l3_end)?;
+        parse_l4(ctx, &mut pkt, off, l3_end).map_err(vip_err)?;
     }
     Ok(pkt)
 }
@@ -195,29 +243,32 @@ fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
 /// Ports and SYN of an unfragmented TCP/UDP packet whose L4 header starts at `l4_off` and whose
 /// datagram ends at `l3_end`. Other protocols carry no ports.
 #[inline(always)]
-fn parse_l4(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) -> Result<(), Verdict> {
+fn parse_l4(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) -> Result<(), u32> {
     let proto = pkt.tuple.proto;
     if proto == PROTO_TCP {
         if l4_off + 20 > l3_end {
-            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+            return Err(stat::DROP_TRUNCATED_L4);
         }
-        let tcp: [u8; 14] = read(ctx, l4_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_L4))?;
-        let data_off = ((tcp[12] >> 4) as usize) * 4;
+        // 16 bytes are there: the 20 just checked lie within the datagram, which is in the frame.
+        let tcp = ptr_at::<[u32; 4]>(ctx, l4_off).ok_or(stat::DROP_TRUNCATED_L4)? as *const u32;
+        let (ports, w3) = (word(tcp, 0), word(tcp, 3));
+        let data_off = (((w3 as u8) >> 4) as usize) * 4;
         if data_off < 20 || l4_off + data_off > l3_end {
-            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+            return Err(stat::DROP_TRUNCATED_L4);
         }
-        pkt.tuple.sport = u16::from_ne_bytes([tcp[0], tcp[1]]);
-        pkt.tuple.dport = u16::from_ne_bytes([tcp[2], tcp[3]]);
-        // SYN set, ACK clear.
-        pkt.is_syn = tcp[13] & 0x12 == 0x02;
+        pkt.tuple.sport = ports as u16;
+        pkt.tuple.dport = (ports >> 16) as u16;
+        // SYN set, ACK clear (flags: byte 13).
+        pkt.is_syn = (w3 >> 8) as u8 & 0x12 == 0x02;
         pkt.ports_valid = true;
     } else if proto == PROTO_UDP {
         if l4_off + 8 > l3_end {
-            return Err(Verdict::Drop(stat::DROP_TRUNCATED_L4));
+            return Err(stat::DROP_TRUNCATED_L4);
         }
-        let udp: [u8; 4] = read(ctx, l4_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_L4))?;
-        pkt.tuple.sport = u16::from_ne_bytes([udp[0], udp[1]]);
-        pkt.tuple.dport = u16::from_ne_bytes([udp[2], udp[3]]);
+        let udp = ptr_at::<u32>(ctx, l4_off).ok_or(stat::DROP_TRUNCATED_L4)?;
+        let ports = word(udp, 0);
+        pkt.tuple.sport = ports as u16;
+        pkt.tuple.dport = (ports >> 16) as u16;
         pkt.ports_valid = true;
     }
     Ok(())

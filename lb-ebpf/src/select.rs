@@ -8,24 +8,33 @@ use lb_common::{
 };
 
 use crate::maps::{CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICES, TABLES, TABLE_INDEX, TABLE_M};
-use crate::parse::Packet;
+use crate::parse::{as_key, is_vip, Packet};
 
+/// The service under (addr, port, proto, family); a reference into the map (valid for the
+/// rest of the program run), not a copy.
 #[inline(always)]
-fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<ServiceInfo> {
-    let key = ServiceKey { addr, port, proto, family };
-    unsafe { SERVICES.get(key).copied() }
+fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static ServiceInfo> {
+    let key = [addr[0], addr[1], addr[2], addr[3], port as u32 | (proto as u32) << 16 | (family as u32) << 24];
+    unsafe { SERVICES.get(as_key::<ServiceKey, 5>(&key)) }
 }
 
-/// The service of a VIP packet: exact port, then the all-ports service of the protocol, then
-/// the L3_DEFAULT service. Fragments carry no usable port, so they only match all-ports
-/// services (as on GCP, fragmented traffic needs an all-ports or L3_DEFAULT rule).
+/// The service of a packet: exact port, then the all-ports service of the protocol, then
+/// the L3_DEFAULT service; None if there is none or the destination is not a VIP. Fragments
+/// carry no usable port, so they only match all-ports services (as on GCP, fragmented traffic
+/// needs an all-ports or L3_DEFAULT rule).
+///
+/// An exact hit needs no `VIPS` lookup: the writer adds a VIP before any service key on it and
+/// removes it after the last one, so every `SERVICES` key's address is in `VIPS`.
 #[inline(always)]
-pub fn lookup_service(pkt: &Packet) -> Option<ServiceInfo> {
+pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
     let t = &pkt.tuple;
     if pkt.ports_valid {
         if let Some(s) = service(t.dst, t.dport, t.proto, pkt.family) {
             return Some(s);
         }
+    }
+    if !is_vip(t.dst, pkt.family) {
+        return None;
     }
     if let Some(s) = service(t.dst, 0, t.proto, pkt.family) {
         return Some(s);
@@ -38,8 +47,9 @@ pub fn lookup_service(pkt: &Packet) -> Option<ServiceInfo> {
 pub fn client_class(service_id: u32, pkt: &Packet) -> u32 {
     let src = pkt.tuple.src;
     let addr = if pkt.family == FAMILY_V4 { [0, 0, 0xffffu32.to_be(), src[0]] } else { src };
-    let key = Key::new(CLASS_KEY_SERVICE_BITS + 128, ClassKey { service_be: service_id.to_be(), addr });
-    match CLIENT_CLASS.get(&key) {
+    // lpm_trie::Key<ClassKey>: prefix length, then the ClassKey.
+    let key = [CLASS_KEY_SERVICE_BITS + 128, service_id.to_be(), addr[0], addr[1], addr[2], addr[3]];
+    match CLIENT_CLASS.get(as_key::<Key<ClassKey>, 6>(&key)) {
         Some(c) if *c < CLASSES_PER_SERVICE.load() => *c,
         _ => CLASS_NONE,
     }

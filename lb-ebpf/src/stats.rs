@@ -1,22 +1,37 @@
-//! Per-CPU counters (no atomics needed: each CPU owns its copy).
+//! Per-CPU counters (no atomics needed: each CPU owns its copy). The global counters are one
+//! record looked up once per packet; a (service, class) pair's counters are another.
 
-use crate::maps::STATS;
-use lb_common::stat;
+use crate::maps::{CLASS_STATS, STATS};
+use lb_common::{ClassCounters, GlobalStats};
 
-#[inline(always)]
-pub fn add(index: u32, value: u64) {
-    if let Some(p) = STATS.get_ptr_mut(index) {
-        unsafe { *p += value };
+/// This CPU's global counter record, looked up once and then only added to.
+#[derive(Clone, Copy)]
+pub struct Counters(*mut GlobalStats);
+
+impl Counters {
+    #[inline(always)]
+    pub fn get() -> Self {
+        Self(STATS.get_ptr_mut(0).unwrap_or(core::ptr::null_mut()))
+    }
+
+    /// Adds one to counter `index` (a `lb_common::stat` index).
+    #[inline(always)]
+    pub fn inc(self, index: u32) {
+        if !self.0.is_null() {
+            // The mask keeps the index provably inside the record (no bounds-check branch).
+            unsafe { (*self.0).counters[(index & 31) as usize] += 1 };
+        }
     }
 }
 
+/// One counter increment outside the balancer's hot path (decap, rare drops).
 #[inline(always)]
 pub fn inc(index: u32) {
-    add(index, 1);
+    Counters::get().inc(index);
 }
 
-/// Index of a per-(service, class) counter.
+/// This CPU's counters of (service, class).
 #[inline(always)]
-pub fn class_index(service: u32, class: u32, classes_per_service: u32, counter: u32) -> u32 {
-    stat::GLOBAL_COUNT + (service * classes_per_service + class) * stat::PER_CLASS_COUNT + counter
+pub fn class_counters(service: u32, class: u32, classes_per_service: u32) -> Option<*mut ClassCounters> {
+    CLASS_STATS.get_ptr_mut(service * classes_per_service + class)
 }

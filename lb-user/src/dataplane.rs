@@ -19,13 +19,16 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 pub use lb_common::addr_words;
 use lb_common::{
-    stat, table_flags, AddrKey, Backend, ClassKey, CtEntry, CtKey, ServiceInfo, ServiceKey,
-    TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
+    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceInfo,
+    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
 };
 
-/// Every map of the object (pinned by these names).
-pub const MAP_NAMES: [&str; 9] =
-    ["SERVICES", "VIPS", "CONNTRACK", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "DECAP_ADDRS"];
+/// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
+/// route lookups that refills itself within a second, is not pinned.
+pub const MAP_NAMES: [&str; 10] = [
+    "SERVICES", "VIPS", "CONNTRACK", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
+    "DECAP_ADDRS",
+];
 
 /// The compiled XDP object (built by `build.rs`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
@@ -49,7 +52,7 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 9] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 11] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Several keys (ports, protocols) per service.
@@ -60,7 +63,10 @@ impl DataplaneSizes {
             ("TABLE_INDEX", pairs),
             ("TABLES", self.table_slots * self.table_size_m),
             ("BACKENDS", self.max_backends),
-            ("STATS", stat::GLOBAL_COUNT + pairs * stat::PER_CLASS_COUNT),
+            // One record of global counters; one record per (service, class).
+            ("STATS", 1),
+            ("CLASS_STATS", pairs),
+            ("NEXT_HOPS", self.max_backends),
             ("DECAP_ADDRS", 64),
         ]
     }
@@ -76,9 +82,7 @@ impl DataplaneSizes {
         if cells > u32::MAX as u64 / 4 {
             bail!("TABLES would hold {cells} entries, too many");
         }
-        if s.max_services as u64 * s.classes_per_service as u64 * stat::PER_CLASS_COUNT as u64 + stat::GLOBAL_COUNT as u64
-            > u32::MAX as u64 / 8
-        {
+        if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
             bail!("too many (service, class) pairs");
         }
         Ok(())
@@ -178,7 +182,8 @@ pub struct Dataplane {
     /// Kept as the raw map: tables are written with one BPF_MAP_UPDATE_BATCH each.
     tables: aya::maps::Map,
     backends: Array<MapData, Backend>,
-    stats: PerCpuArray<MapData, u64>,
+    stats: PerCpuArray<MapData, GlobalStats>,
+    class_stats: PerCpuArray<MapData, ClassCounters>,
     decap_addrs: HashMap<MapData, AddrKey, u32>,
     /// Service keys per VIP address, to keep `VIPS` in step with `SERVICES`.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -249,6 +254,7 @@ impl Dataplane {
             tables: ebpf.take_map("TABLES").ok_or_else(|| anyhow!("map TABLES missing from the XDP object"))?,
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
+            class_stats: take(&mut ebpf, "CLASS_STATS")?,
             decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
             ebpf,
             sizes,
@@ -295,8 +301,9 @@ impl Dataplane {
         for key in keys {
             let vip = addr_key(key.addr, key.family);
             let is_new = self.services.get(key, 0).is_err();
-            self.services.insert(key, info, 0).context("writing SERVICES")?;
+            // VIPS first: the data plane relies on every SERVICES key's address being a VIP.
             self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
+            self.services.insert(key, info, 0).context("writing SERVICES")?;
             if is_new {
                 *self.vip_refs.entry(vip).or_default() += 1;
             }
@@ -456,21 +463,24 @@ impl Dataplane {
 
     /// All counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats> {
-        let sum = |i: u32| -> Result<u64> { Ok(self.stats.get(&i, 0)?.iter().sum()) };
-        let global = (0..stat::GLOBAL_COUNT).map(sum).collect::<Result<Vec<_>>>()?;
+        let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
+        for cpu in self.stats.get(&0, 0)?.iter() {
+            for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
+                *sum += v;
+            }
+        }
         let mut classes = Vec::new();
         let cps = self.sizes.classes_per_service;
         for service in 0..self.sizes.max_services {
             for class in 0..cps {
-                let base = stat::GLOBAL_COUNT + (service * cps + class) * stat::PER_CLASS_COUNT;
-                let c = ClassStats {
-                    service,
-                    class,
-                    packets: sum(base + stat::CLASS_PACKETS)?,
-                    bytes: sum(base + stat::CLASS_BYTES)?,
-                    new_flows: sum(base + stat::CLASS_NEW_FLOWS)?,
-                    spills: sum(base + stat::CLASS_SPILLS)?,
-                };
+                let per_cpu = self.class_stats.get(&(service * cps + class), 0)?;
+                let c = per_cpu.iter().fold(ClassStats { service, class, ..Default::default() }, |a, v| ClassStats {
+                    packets: a.packets + v.packets,
+                    bytes: a.bytes + v.bytes,
+                    new_flows: a.new_flows + v.new_flows,
+                    spills: a.spills + v.spills,
+                    ..a
+                });
                 if c.packets + c.bytes + c.new_flows + c.spills != 0 {
                     classes.push(c);
                 }

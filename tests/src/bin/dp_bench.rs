@@ -22,13 +22,13 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use lb_common::{
-    affinity, forwarding, stat, table_flags, tracking, AddrKey, Backend, ServiceInfo, ServiceKey, TableRef,
-    PROTO_TCP,
+    affinity, forwarding, stat, table_flags, tracking, AddrKey, Backend, GlobalStats, ServiceInfo, ServiceKey,
+    TableRef, PROTO_TCP,
 };
 use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
 use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, V4, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN};
-use lb_user::dataplane::{addr_words, XDP_PASS, XDP_TX};
+use lb_user::dataplane::{addr_words, DataplaneSizes, XDP_PASS, XDP_TX};
 use lb_user::maglev::{build_table, MaglevBackend};
 
 /// The object built by lb-user's build script (same path as there).
@@ -88,7 +88,7 @@ const NEW_FLOW_PATH: &[(u32, u64)] = &[(stat::RX_PACKETS, 1), (stat::CT_MISS, 1)
 
 struct Bench {
     ebpf: Ebpf,
-    stats: PerCpuArray<MapData, u64>,
+    stats: PerCpuArray<MapData, GlobalStats>,
     ingress_ifindex: u32,
 }
 
@@ -102,19 +102,22 @@ impl Bench {
     /// plus the bench programs, and installs one IPv4 and one IPv6 IPIP service.
     fn load(ingress_ifindex: u32) -> Result<Self> {
         let object = read_object()?;
-        let pairs = MAX_SERVICES * CLASSES_PER_SERVICE;
-        let mut ebpf = EbpfLoader::new()
+        let sizes = DataplaneSizes {
+            table_size_m: TABLE_M,
+            conntrack_entries: CONNTRACK_ENTRIES,
+            max_services: MAX_SERVICES,
+            classes_per_service: CLASSES_PER_SERVICE,
+            max_backends: MAX_BACKENDS,
+            table_slots: TABLE_SLOTS,
+        };
+        let mut loader = EbpfLoader::new();
+        // Every map sized as `Dataplane::load` sizes it.
+        for (name, max) in sizes.map_max_entries() {
+            loader.map_max_entries(name, max);
+        }
+        let mut ebpf = loader
             .override_global("TABLE_M", &TABLE_M, true)
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
-            .map_max_entries("SERVICES", MAX_SERVICES * 16)
-            .map_max_entries("VIPS", MAX_SERVICES * 4)
-            .map_max_entries("CONNTRACK", CONNTRACK_ENTRIES)
-            .map_max_entries("CLIENT_CLASS", pairs * 16)
-            .map_max_entries("TABLE_INDEX", pairs)
-            .map_max_entries("TABLES", TABLE_SLOTS * TABLE_M)
-            .map_max_entries("BACKENDS", MAX_BACKENDS)
-            .map_max_entries("STATS", stat::GLOBAL_COUNT + pairs * stat::PER_CLASS_COUNT)
-            .map_max_entries("DECAP_ADDRS", 64)
             .load(&object)
             .context("loading the XDP object (needs root)")?;
         for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only"] {
@@ -170,7 +173,7 @@ impl Bench {
     }
 
     fn counter(&self, index: u32) -> Result<u64> {
-        Ok(self.stats.get(&index, 0)?.iter().sum())
+        Ok(self.stats.get(&0, 0)?.iter().map(|cpu| cpu.counters[index as usize]).sum())
     }
 
     fn counters(&self) -> Result<Vec<u64>> {

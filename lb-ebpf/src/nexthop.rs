@@ -1,0 +1,166 @@
+//! Next-hop cache: the result of `bpf_fib_lookup` (egress device, next-hop and source MACs)
+//! per backend, in a per-CPU array indexed by backend id, so that the route and neighbour
+//! lookup (about 300 ns) runs once per backend, CPU and second instead of once per packet.
+//!
+//! An entry is used only while all of this holds, else the lookup runs again (and a successful
+//! result replaces the entry; a failed lookup drops the packet as before and is not cached):
+//! * it is younger than `NEXT_HOP_TTL_NS` (1 s): route and neighbour changes are followed
+//!   within a second;
+//! * it was resolved for the same backend address and family (ids are reused), the same ingress
+//!   device, the same outer source prefix (the fixed bits of the service's encapsulation source
+//!   and its hashed-bit mask);
+//! * the outer datagram is not longer than the longest one the lookup accepted
+//!   (`bpf_fib_lookup` checks it against the route's MTU), so a longer packet is looked up
+//!   and, if too long, dropped exactly as without the cache.
+//!
+//! With a hashed outer source, the entry holds the result for the source of the packet that
+//! filled it: routes that differ between sources of the encapsulation prefix (source policy
+//! rules, multipath routes hashing the source) are followed per backend, CPU and second rather
+//! than per packet. Per CPU, so there is no shared writer and no torn entry.
+
+use aya_ebpf::{bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, programs::XdpContext};
+use lb_common::stat;
+
+use crate::maps::NEXT_HOPS;
+
+/// How long a resolved next hop is reused.
+pub const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
+
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const IPPROTO_IPIP: u32 = 4;
+const IPPROTO_IPV6: u32 = 41;
+
+/// One backend's cached route lookup (this CPU's copy).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NextHop {
+    /// Used while `bpf_ktime_get_ns()` is below this; 0 = never filled.
+    pub expires_ns: u64,
+    /// What it was resolved for: backend address, outer source with the hashed bits cleared.
+    pub dst: [u32; 4],
+    pub src: [u32; 4],
+    /// The service's hashed-bit mask of the outer source, the address family (AF_INET or
+    /// AF_INET6) and the ingress device.
+    pub src_mask: u32,
+    pub family: u32,
+    pub ingress_ifindex: u32,
+    /// Longest outer datagram (IPv4 total length / IPv6 40 + payload) the lookup accepted.
+    pub max_len: u32,
+    /// Device to send on.
+    pub egress_ifindex: u32,
+    /// The outer Ethernet header's first 12 bytes: next-hop MAC, then source MAC.
+    pub macs: [u32; 3],
+}
+const _: () = assert!(core::mem::size_of::<NextHop>() == 72);
+
+/// What the outer header needs from the route.
+#[derive(Clone, Copy)]
+pub struct Route {
+    pub egress_ifindex: u32,
+    pub macs: [u32; 3],
+}
+
+/// The outer packet to route.
+pub struct Outer<'a> {
+    /// AF_INET or AF_INET6.
+    pub ipv6: bool,
+    /// Outer datagram length.
+    pub len: u32,
+    /// Outer source (the hashed bits filled in) and the mask of those bits in the word that
+    /// carries them (word 0 for IPv4, word 3 for IPv6), host order.
+    pub src: &'a [u32; 4],
+    pub src_mask: u32,
+    pub dst: &'a [u32; 4],
+}
+
+/// The source with the hashed bits cleared: what the cache entry is keyed on.
+#[inline(always)]
+fn src_fixed(o: &Outer) -> [u32; 4] {
+    let m = !o.src_mask.to_be();
+    if o.ipv6 {
+        [o.src[0], o.src[1], o.src[2], o.src[3] & m]
+    } else {
+        [o.src[0] & m, 0, 0, 0]
+    }
+}
+
+/// Next hop towards `backend_id`'s address `o.dst`: cached, or looked up (Err = drop reason).
+#[inline(always)]
+pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<Route, u32> {
+    // Sized like BACKENDS, so a backend that was read has a slot.
+    let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
+    let h = unsafe { &*hop };
+    let family = if o.ipv6 { AF_INET6 } else { AF_INET };
+    let src = src_fixed(o);
+    if now < h.expires_ns
+        && o.len <= h.max_len
+        && h.dst == *o.dst
+        && h.src == src
+        && h.src_mask == o.src_mask
+        && h.family == family
+        && h.ingress_ifindex == ctx.ingress_ifindex() as u32
+    {
+        return Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs });
+    }
+    match resolve(ctx, hop, o, &src, now) {
+        0 => Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs }),
+        reason => Err(reason),
+    }
+}
+
+/// `struct bpf_fib_lookup` (64 bytes) as words, so it is filled without byte stores:
+/// 0 family, l4_protocol, sport | 1 dport, tot_len | 2 ifindex | 3 tos/flowinfo | 4..8 src |
+/// 8..12 dst | 12 vlan / tbid | 13..16 smac[6], dmac[6] (mark on input).
+type FibParams = [u32; 16];
+
+/// Runs `bpf_fib_lookup` from the ingress device and caches a success in `hop`; returns 0,
+/// or the drop reason. Not inlined: its 64-byte parameter block then lives in its own stack
+/// frame, off the balancer's (and a BPF call takes at most five scalar or pointer arguments).
+#[inline(never)]
+fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4], now: u64) -> u32 {
+    let family = if o.ipv6 { AF_INET6 } else { AF_INET };
+    let l4 = if o.ipv6 { IPPROTO_IPV6 } else { IPPROTO_IPIP };
+    let ingress = ctx.ingress_ifindex() as u32;
+    let s = o.src;
+    let d = o.dst;
+    let mut p: FibParams = [
+        family | l4 << 8,
+        (o.len & 0xffff) << 16,
+        ingress,
+        0,
+        s[0], s[1], s[2], s[3],
+        d[0], d[1], d[2], d[3],
+        0, 0, 0, 0,
+    ];
+    let rc = unsafe {
+        bpf_fib_lookup(ctx.ctx as *mut _, &mut p as *mut FibParams as *mut bpf_fib_lookup_t, 64, 0)
+    };
+    match rc {
+        0 => {}
+        // Blackhole, unreachable, prohibit, not forwarded: there is no route.
+        1..=4 => return stat::DROP_UNROUTABLE,
+        // Forwarding disabled, unsupported lwt, no neighbour, fragmentation needed, error.
+        _ => return stat::DROP_FIB,
+    }
+    // Bytes 52..64 are smac[6], dmac[6]; the header wants dmac, then smac.
+    let (w13, w14, w15) = (p[13], p[14], p[15]);
+    let route = Route {
+        egress_ifindex: p[2],
+        macs: [(w14 >> 16) | (w15 << 16), (w15 >> 16) | (w13 << 16), (w13 >> 16) | (w14 << 16)],
+    };
+    unsafe {
+        *hop = NextHop {
+            expires_ns: now + NEXT_HOP_TTL_NS,
+            dst: *d,
+            src: *src_fixed,
+            src_mask: o.src_mask,
+            family,
+            ingress_ifindex: ingress,
+            max_len: o.len,
+            egress_ifindex: route.egress_ifindex,
+            macs: route.macs,
+        };
+    }
+    0
+}

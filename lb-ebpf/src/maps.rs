@@ -27,9 +27,10 @@ pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0
 /// service * CLASSES_PER_SERVICE + class -> active table slot.
 #[map]
 pub static TABLE_INDEX: Array<TableRef> = Array::with_max_entries(1, 0);
-/// slot * TABLE_M + i -> backend id.
+/// slot * TABLE_M + i -> backend id. BPF_F_MMAPABLE: userspace writes a whole table with one
+/// copy into its mapping instead of a syscall per entry.
 #[map]
-pub static TABLES: Array<u32> = Array::with_max_entries(1, 0);
+pub static TABLES: Array<u32> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
 /// Backend id -> address, MAC, state flags.
 #[map]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(1, 0);

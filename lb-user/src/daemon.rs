@@ -45,8 +45,9 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     let classes = crate::compile::classes_per_service(cfg);
     let max_services = (services * 2).max(16).next_power_of_two();
     let classes_per_service = classes.max(8).next_power_of_two();
-    // Active tables plus a standby slot each, with room for new services' tables.
-    let table_slots = (2 * (services + 4) * classes).max(32).next_power_of_two();
+    // Active tables plus a standby slot each, and some room for a reload that adds tables.
+    // Each slot costs 8 * M bytes of kernel memory (array slots are 8 bytes wide).
+    let table_slots = (2 * services * classes + 16).max(32).next_power_of_two();
     DataplaneSizes {
         table_size_m: cfg.dataplane.maglev_table_size,
         conntrack_entries: cfg.dataplane.conntrack_entries,

@@ -179,8 +179,10 @@ pub struct Dataplane {
     conntrack: HashMap<MapData, CtKey, CtEntry>,
     client_class: LpmTrie<MapData, ClassKey, u32>,
     table_index: Array<MapData, TableRef>,
-    /// Kept as the raw map: tables are written with one BPF_MAP_UPDATE_BATCH each.
+    /// Kept as the raw map: tables are written through `tables_mmap`, or with one
+    /// BPF_MAP_UPDATE_BATCH each where the map cannot be mapped (pinned by an older version).
     tables: aya::maps::Map,
+    tables_mmap: Option<TableMmap>,
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
@@ -252,6 +254,7 @@ impl Dataplane {
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: ebpf.take_map("TABLES").ok_or_else(|| anyhow!("map TABLES missing from the XDP object"))?,
+            tables_mmap: None,
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
@@ -267,6 +270,7 @@ impl Dataplane {
 
     /// Rebuild the writer's bookkeeping from the maps (all empty on a fresh load).
     fn with_recovered_bookkeeping(mut self) -> Self {
+        self.tables_mmap = TableMmap::new(&self.tables, self.sizes.table_slots as usize * self.sizes.table_size_m as usize);
         let cps = self.sizes.classes_per_service;
         for index in 0..self.sizes.max_services * cps {
             if let Ok(r) = self.table_index.get(&index, 0) {
@@ -390,8 +394,13 @@ impl Dataplane {
         }
         let slot = self.free_slots.pop_front().ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
         let written = (|| -> Result<()> {
-            let keys: Vec<u32> = (slot * m..slot * m + m).collect();
-            update_batch(&self.tables, &keys, entries)?;
+            match self.tables_mmap.as_mut() {
+                Some(mapping) => mapping.write(slot as usize * m as usize, entries),
+                None => {
+                    let keys: Vec<u32> = (slot * m..slot * m + m).collect();
+                    update_batch(&self.tables, &keys, entries)?;
+                }
+            }
             self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
             Ok(())
         })();
@@ -433,6 +442,11 @@ impl Dataplane {
             self.free_slots.push_back(slot);
         }
         Ok(())
+    }
+
+    /// Whether tables are written through a shared mapping (else one batch syscall each).
+    pub fn tables_mapped(&self) -> bool {
+        self.tables_mmap.is_some()
     }
 
     /// Number of free table slots.
@@ -553,6 +567,55 @@ impl Dataplane {
         let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
         out.truncate(r.data_size_out as usize);
         Ok(TestOutput { action: r.return_value, data: out })
+    }
+}
+
+/// A shared mapping of the (BPF_F_MMAPABLE) `TABLES` array: writes land in the map directly.
+/// The flip of `TABLE_INDEX` that follows is a syscall, which orders these stores before it.
+/// An array map stores each element in a slot rounded up to 8 bytes, so entry `i` (a u32) is
+/// at byte `8 * i` of the mapping.
+struct TableMmap {
+    ptr: *mut u64,
+    len: usize,
+}
+
+const ARRAY_SLOT: usize = 8;
+
+// SAFETY: the mapping is owned by one `Dataplane` and only written through `&mut self`.
+unsafe impl Send for TableMmap {}
+
+impl TableMmap {
+    /// None if the map was not created mmapable (e.g. pinned by an older daemon).
+    fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let aya::maps::Map::Array(data) = map else { return None };
+        let bytes = (entries * ARRAY_SLOT).div_ceil(4096) * 4096;
+        // SAFETY: mapping a map fd we own; the kernel checks the size and the flag.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, data.fd().as_fd().as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self { ptr: ptr as *mut u64, len: entries })
+    }
+
+    fn write(&mut self, at: usize, values: &[u32]) {
+        assert!(at + values.len() <= self.len, "table write beyond the TABLES map");
+        // SAFETY: in bounds (checked), the mapping lives as long as self; a u32 element occupies
+        // the low-address half of its 8-byte slot (the upper half is padding).
+        let slots = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), values.len()) };
+        for (slot, &v) in slots.iter_mut().zip(values) {
+            // SAFETY: writing the element's first 4 bytes inside its own slot.
+            unsafe { (slot as *mut u64 as *mut u32).write(v) };
+        }
+    }
+}
+
+impl Drop for TableMmap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, (self.len * ARRAY_SLOT).div_ceil(4096) * 4096) };
     }
 }
 

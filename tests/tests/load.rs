@@ -12,6 +12,7 @@ fn loads_and_verifies_both_programs() {
 #[test]
 fn write_table_uses_standby_slot_and_frees_old_one() {
     let mut dp = fixture::load();
+    assert!(dp.tables_mapped(), "TABLES is mmapable: tables are written through the mapping");
     let s1 = dp.write_table(1, 0, 0, &fixture::uniform(3)).unwrap();
     assert_eq!(dp.free_table_slots(), 39);
     let s2 = dp.write_table(1, 0, 0, &fixture::uniform(4)).unwrap();

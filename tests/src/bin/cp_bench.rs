@@ -119,12 +119,18 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
             ct.insert(key, CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() }, 0)?;
         }
         let after = status_kib(child.id(), "VmRSS:")?;
+        let anon = status_kib(child.id(), "RssAnon:")?;
+        let shmem = status_kib(child.id(), "RssFile:")? + status_kib(child.id(), "RssShmem:")?;
         let fdinfo = conntrack_memlock(&pins)?;
         println!(
-            "  daemon resident memory: {:.1} MiB before and {:.1} MiB with {} tracked connections (the table lives in kernel memory: CONNTRACK holds {:.1} MiB)",
-            before as f64 / 1024.0,
-            after as f64 / 1024.0,
+            "  daemon resident memory with {} tracked connections: VmRSS {:.1} MiB (before filling: {:.1} MiB) = own heap (RssAnon) {:.1} MiB \
+             + file-backed pages (RssFile+RssShmem: the binary and the mmapped TABLES map, kernel memory shared with the XDP program) {:.1} MiB; the connection table itself \
+             is kernel memory: CONNTRACK holds {:.1} MiB",
             CONNECTIONS,
+            after as f64 / 1024.0,
+            before as f64 / 1024.0,
+            anon as f64 / 1024.0,
+            shmem as f64 / 1024.0,
             fdinfo as f64 / (1024.0 * 1024.0)
         );
         Ok(())

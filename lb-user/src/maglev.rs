@@ -133,11 +133,8 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
         return Ok(vec![BACKEND_DROP; m as usize]);
     }
 
-    let max_weight = order
-        .iter()
-        .map(|&i| backends[i as usize].weight)
-        .max()
-        .unwrap_or(1);
+    let weights: Vec<u32> = order.iter().map(|&i| backends[i as usize].weight).collect();
+    let schedule = claim_schedule(&weights, m);
     let mut walkers: Vec<Walker> = order
         .iter()
         .map(|&i| {
@@ -145,29 +142,85 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
             Walker::new(i, offset, skip, m)
         })
         .collect();
-    let weights: Vec<u32> = order.iter().map(|&i| backends[i as usize].weight).collect();
     let mut slots = Slots::new(m);
-    populate_rounds(&mut walkers, &weights, max_weight, &mut slots);
+    populate(&schedule, &mut walkers, &mut slots);
     Ok(slots.table)
 }
 
-/// Claims in credit rounds (module docs) until the table is full.
-fn populate_rounds(walkers: &mut [Walker], weights: &[u32], max_weight: u32, slots: &mut Slots) {
-    let mut credits = vec![max_weight / 2; walkers.len()];
-    loop {
-        for ((walker, credit), &weight) in walkers.iter_mut().zip(credits.iter_mut()).zip(weights) {
-            // `credit < max_weight` between rounds and `weight <= max_weight`, so the sum
-            // fits in u64 and the remainder again in u32.
-            let earned = u64::from(*credit) + u64::from(weight);
-            if earned < u64::from(max_weight) {
-                *credit = earned as u32;
-                continue;
+/// The first `m` claims of the credit rounds (module docs), as ranks in key order: round by
+/// round, and within a round in key order. Backends are only visited when they claim.
+///
+/// Backend `i` makes its `k`-th claim in round `r_k = ⌈(k·W − ⌊W/2⌋) / w_i⌉` (the first round
+/// whose credit reaches `k·W`). Consecutive claims are `⌊W/w⌋` or `⌈W/w⌉` rounds apart, so
+/// `r_k` is stepped Bresenham-style without a division per claim. A counting sort by round
+/// (stable, ranks visited in key order) then gives the exact claim order.
+fn claim_schedule(weights: &[u32], m: u32) -> Vec<u32> {
+    let max_weight = u64::from(weights.iter().copied().max().unwrap_or(1));
+    let first_due = max_weight - max_weight / 2; // credit still missing before the 1st claim
+    // After r rounds the claims number Σ⌊(r·w + ⌊W/2⌋)/W⌋ > r·Σw/W − N, so ⌈(m + N)·W/Σw⌉
+    // rounds make at least m claims; so do m rounds (the heaviest claim every round).
+    let total_weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    let needed = (u128::from(m) + weights.len() as u128) * u128::from(max_weight);
+    let rounds = needed.div_ceil(total_weight).min(u128::from(m)) as u64;
+
+    // Claim rounds of one backend, up to `rounds`.
+    let claim_rounds = |w: u32| {
+        let w = u64::from(w);
+        let (step, step_rem) = (max_weight / w, max_weight % w);
+        let mut round = first_due.div_ceil(w);
+        // round·w − (k·W − ⌊W/2⌋), in [0, w): the credit left over at the claim.
+        let mut excess = round * w - first_due;
+        std::iter::from_fn(move || {
+            let this = round;
+            round += step;
+            if excess >= step_rem {
+                excess -= step_rem;
+            } else {
+                excess = excess + w - step_rem;
+                round += 1;
             }
-            *credit = (earned - u64::from(max_weight)) as u32;
-            if slots.claim(walker) {
-                return;
-            }
+            Some(this)
+        })
+        .take_while(move |&r| r <= rounds)
+    };
+
+    // Counting sort by round: `starts[r]` = claims in earlier rounds.
+    let mut starts = vec![0usize; rounds as usize + 2];
+    for &w in weights {
+        for r in claim_rounds(w) {
+            starts[r as usize + 1] += 1;
         }
+    }
+    let mut total = 0usize;
+    for s in starts.iter_mut() {
+        total += *s;
+        *s = total;
+    }
+    debug_assert!(total >= m as usize, "{rounds} rounds make only {total} < {m} claims");
+    let mut schedule = vec![0u32; total];
+    for (rank, &w) in weights.iter().enumerate() {
+        for r in claim_rounds(w) {
+            let at = &mut starts[r as usize];
+            schedule[*at] = rank as u32;
+            *at += 1;
+        }
+    }
+    schedule.truncate(m as usize);
+    schedule
+}
+
+/// Makes the claims of `schedule` (ranks into `walkers`) until the table is full.
+fn populate(schedule: &[u32], walkers: &mut [Walker], slots: &mut Slots) {
+    let end_phase_at = end_phase_free(slots.m);
+    let mut claims = schedule.iter();
+    for &rank in claims.by_ref() {
+        slots.claim(&mut walkers[rank as usize]);
+        if slots.free <= end_phase_at {
+            break;
+        }
+    }
+    if slots.free > 0 {
+        end_phase(claims.as_slice(), walkers, slots);
     }
 }
 
@@ -234,9 +287,9 @@ impl Slots {
         self.taken[(slot / 64) as usize] & (1 << (slot % 64)) != 0
     }
 
-    /// Gives `walker` the first untaken slot of its walk; returns whether the table is full.
+    /// Gives `walker` the first untaken slot of its walk.
     #[inline(always)]
-    fn claim(&mut self, walker: &mut Walker) -> bool {
+    fn claim(&mut self, walker: &mut Walker) {
         let mut slot = walker.next;
         if self.is_taken(slot) {
             slot = loop {
@@ -250,11 +303,121 @@ impl Slots {
                 slot = candidates[PROBE_BLOCK - 1];
             };
         }
-        self.taken[(slot / 64) as usize] |= 1 << (slot % 64);
-        self.table[slot as usize] = walker.index;
+        self.take(slot, walker.index);
         walker.next = add_mod(slot, walker.strides[0], self.m);
+    }
+
+    #[inline(always)]
+    fn take(&mut self, slot: u32, index: u32) {
+        self.taken[(slot / 64) as usize] |= 1 << (slot % 64);
+        self.table[slot as usize] = index;
         self.free -= 1;
-        self.free == 0
+    }
+
+    /// The untaken slots, ascending.
+    fn free_slots(&self) -> Vec<u32> {
+        let mut free = Vec::with_capacity(self.free as usize);
+        for (w, &word) in self.taken.iter().enumerate() {
+            let mut untaken = !word;
+            while untaken != 0 {
+                let slot = w as u32 * 64 + untaken.trailing_zeros();
+                if slot >= self.m {
+                    break;
+                }
+                free.push(slot);
+                untaken &= untaken - 1;
+            }
+        }
+        free
+    }
+}
+
+/// Free slots at which [`end_phase`] takes over from walking: a walk then needs ~`m/free`
+/// probes per claim, the end phase `free` position computations (each a few times a probe).
+fn end_phase_free(m: u32) -> u32 {
+    m.isqrt()
+}
+
+/// Makes the last claims (as many as there are free slots) by search instead of walks.
+///
+/// Invariant: every slot of a backend's walk before its `next` is taken (slots are never
+/// released), so the slot its walk would reach first is the free slot `s` with the smallest
+/// position `(s − next)·skip⁻¹ mod m` in the walk from `next`; `m` is prime, so `skip` is
+/// invertible. With few free slots, computing that for each is much cheaper than walking.
+fn end_phase(claims: &[u32], walkers: &[Walker], slots: &mut Slots) {
+    let m = slots.m;
+    let reduce = ModReducer::new(m);
+    let mut free = slots.free_slots();
+    // Per rank: skip⁻¹ mod m, computed on a backend's first end-phase claim (0 = not yet).
+    let mut inverses = vec![0u32; walkers.len()];
+    for &rank in claims {
+        if free.is_empty() {
+            break;
+        }
+        let walker = &walkers[rank as usize];
+        let inverse = &mut inverses[rank as usize];
+        if *inverse == 0 {
+            *inverse = inverse_mod(walker.strides[0], m);
+        }
+        let inverse = u64::from(*inverse);
+        let next = walker.next;
+        let position = |slot: u32| {
+            let distance = if slot >= next { slot - next } else { slot.wrapping_sub(next).wrapping_add(m) };
+            reduce.reduce(u64::from(distance) * inverse)
+        };
+        let mut best = (u64::MAX, 0);
+        for (k, &slot) in free.iter().enumerate() {
+            let p = position(slot);
+            if p < best.0 {
+                best = (p, k);
+            }
+        }
+        let slot = free.swap_remove(best.1);
+        slots.take(slot, walker.index);
+    }
+}
+
+/// `a⁻¹ mod m` for `0 < a < m`, `m` prime (extended Euclid).
+fn inverse_mod(a: u32, m: u32) -> u32 {
+    let (mut r, mut next_r) = (i64::from(m), i64::from(a));
+    let (mut t, mut next_t) = (0i64, 1i64);
+    while next_r != 0 {
+        let q = r / next_r;
+        (r, next_r) = (next_r, r - q * next_r);
+        (t, next_t) = (next_t, t - q * next_t);
+    }
+    debug_assert_eq!(r, 1, "{a} is not invertible mod {m}");
+    t.rem_euclid(i64::from(m)) as u32
+}
+
+/// `x mod m` for `x < m²` without a division (Barrett reduction).
+struct ModReducer {
+    m: u64,
+    /// `⌊(2^64 − 1) / m⌋`.
+    magic: u64,
+}
+
+impl ModReducer {
+    fn new(m: u32) -> Self {
+        Self {
+            m: u64::from(m),
+            magic: u64::MAX / u64::from(m),
+        }
+    }
+
+    /// The quotient estimate `⌊x·magic / 2^64⌋` is at most `⌊x/m⌋` and, for `x < m² < 2^64`,
+    /// more than `x/m − 2`: at most two corrections.
+    #[inline(always)]
+    fn reduce(&self, x: u64) -> u64 {
+        let quotient = ((u128::from(x) * u128::from(self.magic)) >> 64) as u64;
+        let mut r = x - quotient * self.m;
+        if r >= self.m {
+            r -= self.m;
+        }
+        if r >= self.m {
+            r -= self.m;
+        }
+        r
     }
 }
 

@@ -134,7 +134,6 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
     }
 
     let weights: Vec<u32> = order.iter().map(|&i| backends[i as usize].weight).collect();
-    let schedule = claim_schedule(&weights, m);
     let mut walkers: Vec<Walker> = order
         .iter()
         .map(|&i| {
@@ -143,84 +142,157 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
         })
         .collect();
     let mut slots = Slots::new(m);
-    populate(&schedule, &mut walkers, &mut slots);
+    populate(&mut ClaimSchedule::new(&weights), &mut walkers, &mut slots);
     Ok(slots.table)
 }
 
-/// The first `m` claims of the credit rounds (module docs), as ranks in key order: round by
-/// round, and within a round in key order. Backends are only visited when they claim.
+/// Makes the claims of `schedule` until the table is full: by walks, then (few slots left)
+/// by the [`EndPhase`] search.
+fn populate(schedule: &mut ClaimSchedule, walkers: &mut [Walker], slots: &mut Slots) {
+    let end_phase_at = end_phase_free(slots.m);
+    let mut end_phase: Option<EndPhase> = None;
+    loop {
+        for &rank in schedule.next_window() {
+            let walker = &mut walkers[rank as usize];
+            match &mut end_phase {
+                None => {
+                    slots.claim(walker);
+                    if slots.free <= end_phase_at {
+                        end_phase = Some(EndPhase::new(slots, walkers.len()));
+                    }
+                }
+                Some(end) => end.claim(rank, walker, slots),
+            }
+            if slots.free == 0 {
+                return;
+            }
+        }
+    }
+}
+
+/// The claims of the credit rounds (module docs) in order, as ranks (key order): round by
+/// round, and within a round in key order. Produced a window of rounds at a time, visiting
+/// only the backends that claim (plus one check per backend and window).
 ///
 /// Backend `i` makes its `k`-th claim in round `r_k = ⌈(k·W − ⌊W/2⌋) / w_i⌉` (the first round
 /// whose credit reaches `k·W`). Consecutive claims are `⌊W/w⌋` or `⌈W/w⌉` rounds apart, so
-/// `r_k` is stepped Bresenham-style without a division per claim. A counting sort by round
-/// (stable, ranks visited in key order) then gives the exact claim order.
-fn claim_schedule(weights: &[u32], m: u32) -> Vec<u32> {
-    let max_weight = u64::from(weights.iter().copied().max().unwrap_or(1));
-    let first_due = max_weight - max_weight / 2; // credit still missing before the 1st claim
-    // After r rounds the claims number Σ⌊(r·w + ⌊W/2⌋)/W⌋ > r·Σw/W − N, so ⌈(m + N)·W/Σw⌉
-    // rounds make at least m claims; so do m rounds (the heaviest claim every round).
-    let total_weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
-    let needed = (u128::from(m) + weights.len() as u128) * u128::from(max_weight);
-    let rounds = needed.div_ceil(total_weight).min(u128::from(m)) as u64;
-
-    // Claim rounds of one backend, up to `rounds`.
-    let claim_rounds = |w: u32| {
-        let w = u64::from(w);
-        let (step, step_rem) = (max_weight / w, max_weight % w);
-        let mut round = first_due.div_ceil(w);
-        // round·w − (k·W − ⌊W/2⌋), in [0, w): the credit left over at the claim.
-        let mut excess = round * w - first_due;
-        std::iter::from_fn(move || {
-            let this = round;
-            round += step;
-            if excess >= step_rem {
-                excess -= step_rem;
-            } else {
-                excess = excess + w - step_rem;
-                round += 1;
-            }
-            Some(this)
-        })
-        .take_while(move |&r| r <= rounds)
-    };
-
-    // Counting sort by round: `starts[r]` = claims in earlier rounds.
-    let mut starts = vec![0usize; rounds as usize + 2];
-    for &w in weights {
-        for r in claim_rounds(w) {
-            starts[r as usize + 1] += 1;
-        }
-    }
-    let mut total = 0usize;
-    for s in starts.iter_mut() {
-        total += *s;
-        *s = total;
-    }
-    debug_assert!(total >= m as usize, "{rounds} rounds make only {total} < {m} claims");
-    let mut schedule = vec![0u32; total];
-    for (rank, &w) in weights.iter().enumerate() {
-        for r in claim_rounds(w) {
-            let at = &mut starts[r as usize];
-            schedule[*at] = rank as u32;
-            *at += 1;
-        }
-    }
-    schedule.truncate(m as usize);
-    schedule
+/// `r_k` is stepped Bresenham-style, without a division per claim. A window spans about
+/// `N·W/Σw` rounds (one when most backends claim every round), i.e. ~`N` claims; within it a
+/// stable counting sort by round puts the claims (generated in key order) in round order.
+struct ClaimSchedule {
+    backends: Vec<ClaimClock>,
+    /// First round of the next window (rounds count from 1).
+    window_start: u64,
+    window_rounds: u64,
+    /// The current window's claims: in key order, then (sorted) in claim order.
+    by_rank: Vec<u32>,
+    by_round: Vec<u32>,
+    /// Per claim in `by_rank`: its round minus `window_start`.
+    round_in_window: Vec<u32>,
+    /// Counting-sort cursors, one per round of the window.
+    cursors: Vec<u32>,
 }
 
-/// Makes the claims of `schedule` (ranks into `walkers`) until the table is full.
-fn populate(schedule: &[u32], walkers: &mut [Walker], slots: &mut Slots) {
-    let end_phase_at = end_phase_free(slots.m);
-    let mut claims = schedule.iter();
-    for &rank in claims.by_ref() {
-        slots.claim(&mut walkers[rank as usize]);
-        if slots.free <= end_phase_at {
-            break;
+/// One backend's next claim round.
+struct ClaimClock {
+    weight: u64,
+    /// `⌊W/w⌋`, `W mod w`: the gap between claims is `step` or `step + 1` rounds.
+    step: u64,
+    step_rem: u64,
+    next_round: u64,
+    /// `next_round·w − (k·W − ⌊W/2⌋)` in `[0, w)`: the credit left over at that claim.
+    excess: u64,
+}
+
+impl ClaimClock {
+    /// Moves on to the following claim.
+    #[inline(always)]
+    fn advance(&mut self) {
+        self.next_round += self.step;
+        if self.excess >= self.step_rem {
+            self.excess -= self.step_rem;
+        } else {
+            self.excess = self.excess + self.weight - self.step_rem;
+            self.next_round += 1;
         }
     }
-    if slots.free > 0 {
-        end_phase(claims.as_slice(), walkers, slots);
+}
+
+impl ClaimSchedule {
+    /// `weights` in key order, all non-zero.
+    fn new(weights: &[u32]) -> Self {
+        let max_weight = u64::from(weights.iter().copied().max().unwrap_or(1));
+        // Credit still missing before the first claim.
+        let first_due = max_weight - max_weight / 2;
+        let backends = weights
+            .iter()
+            .map(|&w| {
+                let weight = u64::from(w);
+                let next_round = first_due.div_ceil(weight);
+                ClaimClock {
+                    weight,
+                    step: max_weight / weight,
+                    step_rem: max_weight % weight,
+                    next_round,
+                    excess: next_round * weight - first_due,
+                }
+            })
+            .collect();
+        let total_weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+        // ~N claims per window; the heaviest claim every round, so never an empty one.
+        // At most N rounds, as Σw >= W.
+        let window_rounds = (weights.len() as u128 * u128::from(max_weight) / total_weight)
+            .max(1) as u64;
+        Self {
+            backends,
+            window_start: 1,
+            window_rounds,
+            by_rank: Vec::new(),
+            by_round: Vec::new(),
+            round_in_window: Vec::new(),
+            cursors: vec![0; window_rounds as usize + 1],
+        }
+    }
+
+    /// The claims of the next window of rounds, in order (never empty).
+    fn next_window(&mut self) -> &[u32] {
+        let end = self.window_start + self.window_rounds;
+        self.by_rank.clear();
+        if self.window_rounds == 1 {
+            for (rank, clock) in self.backends.iter_mut().enumerate() {
+                if clock.next_round < end {
+                    self.by_rank.push(rank as u32);
+                    clock.advance();
+                }
+            }
+            self.window_start = end;
+            return &self.by_rank;
+        }
+        self.round_in_window.clear();
+        self.cursors.fill(0);
+        for (rank, clock) in self.backends.iter_mut().enumerate() {
+            while clock.next_round < end {
+                let offset = (clock.next_round - self.window_start) as u32;
+                self.by_rank.push(rank as u32);
+                self.round_in_window.push(offset);
+                self.cursors[offset as usize + 1] += 1;
+                clock.advance();
+            }
+        }
+        let mut before = 0;
+        for cursor in self.cursors.iter_mut() {
+            before += *cursor;
+            *cursor = before;
+        }
+        self.by_round.clear();
+        self.by_round.resize(self.by_rank.len(), 0);
+        for (&rank, &offset) in self.by_rank.iter().zip(&self.round_in_window) {
+            let at = &mut self.cursors[offset as usize];
+            self.by_round[*at as usize] = rank;
+            *at += 1;
+        }
+        self.window_start = end;
+        &self.by_round
     }
 }
 
@@ -338,41 +410,53 @@ fn end_phase_free(m: u32) -> u32 {
     m.isqrt()
 }
 
-/// Makes the last claims (as many as there are free slots) by search instead of walks.
+/// The last claims (from `end_phase_free(m)` free slots on), by search instead of walks.
 ///
 /// Invariant: every slot of a backend's walk before its `next` is taken (slots are never
 /// released), so the slot its walk would reach first is the free slot `s` with the smallest
 /// position `(s − next)·skip⁻¹ mod m` in the walk from `next`; `m` is prime, so `skip` is
 /// invertible. With few free slots, computing that for each is much cheaper than walking.
-fn end_phase(claims: &[u32], walkers: &[Walker], slots: &mut Slots) {
-    let m = slots.m;
-    let reduce = ModReducer::new(m);
-    let mut free = slots.free_slots();
-    // Per rank: skip⁻¹ mod m, computed on a backend's first end-phase claim (0 = not yet).
-    let mut inverses = vec![0u32; walkers.len()];
-    for &rank in claims {
-        if free.is_empty() {
-            break;
+struct EndPhase {
+    reduce: ModReducer,
+    free: Vec<u32>,
+    /// Per rank: skip⁻¹ mod m, computed on a backend's first end-phase claim (0 = not yet).
+    inverses: Vec<u32>,
+}
+
+impl EndPhase {
+    fn new(slots: &Slots, backends: usize) -> Self {
+        Self {
+            reduce: ModReducer::new(slots.m),
+            free: slots.free_slots(),
+            inverses: vec![0; backends],
         }
-        let walker = &walkers[rank as usize];
-        let inverse = &mut inverses[rank as usize];
+    }
+
+    /// Gives `walker` (rank `rank`) the slot its walk would reach first.
+    fn claim(&mut self, rank: u32, walker: &Walker, slots: &mut Slots) {
+        let m = slots.m;
+        let inverse = &mut self.inverses[rank as usize];
         if *inverse == 0 {
             *inverse = inverse_mod(walker.strides[0], m);
         }
         let inverse = u64::from(*inverse);
         let next = walker.next;
         let position = |slot: u32| {
-            let distance = if slot >= next { slot - next } else { slot.wrapping_sub(next).wrapping_add(m) };
-            reduce.reduce(u64::from(distance) * inverse)
+            let distance = if slot >= next {
+                slot - next
+            } else {
+                slot.wrapping_sub(next).wrapping_add(m)
+            };
+            self.reduce.reduce(u64::from(distance) * inverse)
         };
         let mut best = (u64::MAX, 0);
-        for (k, &slot) in free.iter().enumerate() {
+        for (k, &slot) in self.free.iter().enumerate() {
             let p = position(slot);
             if p < best.0 {
                 best = (p, k);
             }
         }
-        let slot = free.swap_remove(best.1);
+        let slot = self.free.swap_remove(best.1);
         slots.take(slot, walker.index);
     }
 }

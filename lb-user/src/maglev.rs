@@ -150,24 +150,61 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
 /// by the [`EndPhase`] search.
 fn populate(schedule: &mut ClaimSchedule, walkers: &mut [Walker], slots: &mut Slots) {
     let end_phase_at = end_phase_free(slots.m);
-    let mut end_phase: Option<EndPhase> = None;
     loop {
-        for &rank in schedule.next_window() {
-            let walker = &mut walkers[rank as usize];
-            match &mut end_phase {
-                None => {
-                    slots.claim(walker);
-                    if slots.free <= end_phase_at {
-                        end_phase = Some(EndPhase::new(slots, walkers.len()));
+        let window = schedule.next_window();
+        let walked = walk_claims(window, walkers, slots, end_phase_at);
+        if slots.free <= end_phase_at {
+            let mut end_phase = EndPhase::new(slots, walkers.len());
+            let mut window = &window[walked..];
+            loop {
+                for &rank in window {
+                    if slots.free == 0 {
+                        return;
                     }
+                    end_phase.claim(rank, &walkers[rank as usize], slots);
                 }
-                Some(end) => end.claim(rank, walker, slots),
-            }
-            if slots.free == 0 {
-                return;
+                if slots.free == 0 {
+                    return;
+                }
+                window = schedule.next_window();
             }
         }
     }
+}
+
+/// Makes the claims of `ranks` by walks while more than `stop_at` slots are free; returns how
+/// many it made. The hot loop: `Slots`' fields are held in locals.
+fn walk_claims(ranks: &[u32], walkers: &mut [Walker], slots: &mut Slots, stop_at: u32) -> usize {
+    let m = slots.m;
+    let mut free = slots.free;
+    let (taken, table) = (&mut slots.taken[..], &mut slots.table[..]);
+    let is_taken = |taken: &[u64], slot: u32| taken[(slot / 64) as usize] & (1 << (slot % 64)) != 0;
+    let mut made = 0;
+    for &rank in ranks {
+        if free <= stop_at {
+            break;
+        }
+        let walker = &mut walkers[rank as usize];
+        let mut slot = walker.next;
+        if is_taken(taken, slot) {
+            slot = loop {
+                let free_mask = walker.strides.iter().enumerate().fold(0u32, |mask, (k, &stride)| {
+                    mask | (u32::from(!is_taken(taken, add_mod(slot, stride, m))) << k)
+                });
+                if free_mask != 0 {
+                    break add_mod(slot, walker.strides[free_mask.trailing_zeros() as usize], m);
+                }
+                slot = add_mod(slot, walker.strides[PROBE_BLOCK - 1], m);
+            };
+        }
+        taken[(slot / 64) as usize] |= 1 << (slot % 64);
+        table[slot as usize] = walker.index;
+        walker.next = add_mod(slot, walker.strides[0], m);
+        free -= 1;
+        made += 1;
+    }
+    slots.free = free;
+    made
 }
 
 /// The claims of the credit rounds (module docs) in order, as ranks (key order): round by
@@ -352,31 +389,6 @@ impl Slots {
             taken: vec![0; (m as usize).div_ceil(64)],
             free: m,
         }
-    }
-
-    #[inline(always)]
-    fn is_taken(&self, slot: u32) -> bool {
-        self.taken[(slot / 64) as usize] & (1 << (slot % 64)) != 0
-    }
-
-    /// Gives `walker` the first untaken slot of its walk.
-    #[inline(always)]
-    fn claim(&mut self, walker: &mut Walker) {
-        let mut slot = walker.next;
-        if self.is_taken(slot) {
-            slot = loop {
-                let candidates = walker.strides.map(|stride| add_mod(slot, stride, self.m));
-                let free_mask = candidates.iter().enumerate().fold(0u32, |mask, (k, &c)| {
-                    mask | (u32::from(!self.is_taken(c)) << k)
-                });
-                if free_mask != 0 {
-                    break candidates[free_mask.trailing_zeros() as usize];
-                }
-                slot = candidates[PROBE_BLOCK - 1];
-            };
-        }
-        self.take(slot, walker.index);
-        walker.next = add_mod(slot, walker.strides[0], self.m);
     }
 
     #[inline(always)]

@@ -221,6 +221,8 @@ struct ClaimSchedule {
     /// First round of the next window (rounds count from 1).
     window_start: u64,
     window_rounds: u64,
+    /// Equal weights: every backend claims every round, and `by_rank` is always `0..N`.
+    all_every_round: bool,
     /// The current window's claims: in key order, then (sorted) in claim order.
     by_rank: Vec<u32>,
     by_round: Vec<u32>,
@@ -280,11 +282,18 @@ impl ClaimSchedule {
         // At most N rounds, as Σw >= W.
         let window_rounds = (weights.len() as u128 * u128::from(max_weight) / total_weight)
             .max(1) as u64;
+        // Equal weights: step 1, no remainder, first claim in round 1 (W − ⌊W/2⌋ <= W).
+        let all_every_round = weights.iter().all(|&w| u64::from(w) == max_weight);
         Self {
             backends,
             window_start: 1,
             window_rounds,
-            by_rank: Vec::new(),
+            all_every_round,
+            by_rank: if all_every_round {
+                (0..weights.len() as u32).collect()
+            } else {
+                Vec::new()
+            },
             by_round: Vec::new(),
             round_in_window: Vec::new(),
             cursors: vec![0; window_rounds as usize + 1],
@@ -293,6 +302,9 @@ impl ClaimSchedule {
 
     /// The claims of the next window of rounds, in order (never empty).
     fn next_window(&mut self) -> &[u32] {
+        if self.all_every_round {
+            return &self.by_rank;
+        }
         let end = self.window_start + self.window_rounds;
         self.by_rank.clear();
         if self.window_rounds == 1 {

@@ -429,9 +429,10 @@ impl Slots {
 }
 
 /// Free slots at which [`end_phase`] takes over from walking: a walk then needs ~`m/free`
-/// probes per claim, the end phase `free` position computations (each a few times a probe).
+/// probes per claim, the end phase `free` position computations (each several times a probe;
+/// measured best around `√m/2`).
 fn end_phase_free(m: u32) -> u32 {
-    m.isqrt()
+    m.isqrt() / 2
 }
 
 /// The last claims (from `end_phase_free(m)` free slots on), by search instead of walks.

@@ -179,11 +179,9 @@ fn walk_claims(ranks: &[u32], walkers: &mut [Walker], slots: &mut Slots, stop_at
     let mut free = slots.free;
     let (taken, table) = (&mut slots.taken[..], &mut slots.table[..]);
     let is_taken = |taken: &[u64], slot: u32| taken[(slot / 64) as usize] & (1 << (slot % 64)) != 0;
-    let mut made = 0;
-    for &rank in ranks {
-        if free <= stop_at {
-            break;
-        }
+    // Free slots only decrease, by one per claim: no check inside the loop.
+    let made = ranks.len().min(free.saturating_sub(stop_at) as usize);
+    for &rank in &ranks[..made] {
         let walker = &mut walkers[rank as usize];
         let mut slot = walker.next;
         if is_taken(taken, slot) {
@@ -200,9 +198,8 @@ fn walk_claims(ranks: &[u32], walkers: &mut [Walker], slots: &mut Slots, stop_at
         taken[(slot / 64) as usize] |= 1 << (slot % 64);
         table[slot as usize] = walker.index;
         walker.next = add_mod(slot, walker.strides[0], m);
-        free -= 1;
-        made += 1;
     }
+    free -= made as u32;
     slots.free = free;
     made
 }

@@ -32,10 +32,18 @@
 //! (measured <= 0.65% of m for N <= 100, m = 65537). Changing the maximum weight rescales every
 //! schedule and moves somewhat more (measured <= 0.94%).
 //!
-//! Cost: ~`m·ln m` probes (bit tests in an `m/8`-byte bitmap that stays in L1, several at a
-//! time near the end) plus `N` credit updates per round, i.e. ~`m·W/mean weight` credit updates
-//! in all: negligible unless weights are very skewed (one 1000 among 999 of weight 1 at
-//! m = 65537: ~33M updates, tens of ms).
+//! Cost (the tables do not depend on how they are computed; tests/maglev.rs cross-checks the
+//! builder against the textbook algorithm and against the previous, plain implementation):
+//! - the claim order comes from a `ClaimSchedule` that visits only the backends claiming in
+//!   a window of rounds (their claim rounds are stepped without division), so skewed weights
+//!   cost no more than equal ones (one weight 1000 among 999 of weight 1 at m = 65537: ~33M
+//!   credit updates before, ~m now);
+//! - a claim walks its permutation, probing a bitmap that stays in L1 several slots at a time:
+//!   ~`m·ln m` probes in all, most of them near the end;
+//! - so the last ~`√m/2` claims use the `EndPhase` search instead: each computes the walk
+//!   position of every free slot (`(s − next)·skip⁻¹ mod m`) and takes the smallest.
+//!
+//! About 1 ms for N = 1000 at m = 65537 on a shared 2-core VM (BENCHMARKS.md).
 
 use lb_common::{maglev_permutation, BACKEND_DROP};
 use std::fmt;
@@ -437,7 +445,7 @@ impl Slots {
     }
 }
 
-/// Free slots at which [`end_phase`] takes over from walking: a walk then needs ~`m/free`
+/// Free slots at which [`EndPhase`] takes over from walking: a walk then needs ~`m/free`
 /// probes per claim, the end phase `free` position computations (each several times a probe;
 /// measured best around `√m/2`).
 fn end_phase_free(m: u32) -> u32 {

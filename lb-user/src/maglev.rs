@@ -601,6 +601,57 @@ mod tests {
     }
 
     #[test]
+    fn inverse_and_barrett_reduction_near_u32_max() {
+        for m in [2u32, 13, 65537, 4_294_967_291] {
+            let reduce = ModReducer::new(m);
+            for a in [1, 2, 3, m / 2, m - 2, m - 1] {
+                if a == 0 || a >= m {
+                    continue;
+                }
+                let inv = inverse_mod(a, m);
+                assert_eq!(u64::from(a) * u64::from(inv) % u64::from(m), 1, "{a} mod {m}");
+                for b in [0, 1, a, m - 1] {
+                    let x = u64::from(a) * u64::from(b);
+                    assert_eq!(reduce.reduce(x), x % u64::from(m), "{a}·{b} mod {m}");
+                }
+            }
+        }
+    }
+
+    /// The windowed schedule against the closed form: after `r` rounds backend `i` has made
+    /// `⌊(r·w_i + ⌊W/2⌋)/W⌋` claims, and within a round claims go in rank order.
+    #[test]
+    fn claim_schedule_matches_closed_form() {
+        for weights in [
+            vec![1, 1, 1],
+            vec![3, 1, 2],
+            vec![1000, 1, 1, 1, 1, 1, 1],
+            vec![u32::MAX, 1, u32::MAX - 1, 7],
+            vec![4, 4, 3],
+        ] {
+            let max_weight = u128::from(*weights.iter().max().expect("non-empty"));
+            let claims_after =
+                |r: u128, w: u32| (r * u128::from(w) + max_weight / 2) / max_weight;
+            let mut expected = Vec::new();
+            let mut round = 1;
+            while expected.len() < 5000 {
+                for (rank, &w) in weights.iter().enumerate() {
+                    if claims_after(round, w) > claims_after(round - 1, w) {
+                        expected.push(rank as u32);
+                    }
+                }
+                round += 1;
+            }
+            let mut schedule = ClaimSchedule::new(&weights);
+            let mut got = Vec::new();
+            while got.len() < expected.len() {
+                got.extend_from_slice(schedule.next_window());
+            }
+            assert_eq!(got[..expected.len()], expected[..], "{weights:?}");
+        }
+    }
+
+    #[test]
     fn credit_handles_extreme_weights() {
         let keys: [&[u8]; 3] = [b"x", b"y", b"z"];
         let weights = [u32::MAX, u32::MAX - 1, 1];

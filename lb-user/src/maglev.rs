@@ -202,9 +202,14 @@ fn walk_claims(ranks: &[u32], walkers: &mut [Walker], slots: &mut Slots, stop_at
         let mut slot = walker.next;
         if is_taken(taken, slot) {
             slot = loop {
-                let free_mask = walker.strides.iter().enumerate().fold(0u32, |mask, (k, &stride)| {
-                    mask | (u32::from(!is_taken(taken, add_mod(slot, stride, m))) << k)
-                });
+                let free_mask =
+                    walker
+                        .strides
+                        .iter()
+                        .enumerate()
+                        .fold(0u32, |mask, (k, &stride)| {
+                            mask | (u32::from(!is_taken(taken, add_mod(slot, stride, m))) << k)
+                        });
                 if free_mask != 0 {
                     break add_mod(slot, walker.strides[free_mask.trailing_zeros() as usize], m);
                 }
@@ -297,8 +302,8 @@ impl ClaimSchedule {
         let total_weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
         // ~N claims per window; the heaviest claim every round, so never an empty one.
         // At most N rounds, as Σw >= W.
-        let window_rounds = (weights.len() as u128 * u128::from(max_weight) / total_weight)
-            .max(1) as u64;
+        let window_rounds =
+            (weights.len() as u128 * u128::from(max_weight) / total_weight).max(1) as u64;
         // Equal weights: step 1, no remainder, first claim in round 1 (W − ⌊W/2⌋ <= W).
         let all_every_round = weights.iter().all(|&w| u64::from(w) == max_weight);
         Self {
@@ -609,7 +614,11 @@ mod tests {
                     continue;
                 }
                 let inv = inverse_mod(a, m);
-                assert_eq!(u64::from(a) * u64::from(inv) % u64::from(m), 1, "{a} mod {m}");
+                assert_eq!(
+                    u64::from(a) * u64::from(inv) % u64::from(m),
+                    1,
+                    "{a} mod {m}"
+                );
                 for b in [0, 1, a, m - 1] {
                     let x = u64::from(a) * u64::from(b);
                     assert_eq!(reduce.reduce(x), x % u64::from(m), "{a}·{b} mod {m}");
@@ -630,8 +639,7 @@ mod tests {
             vec![4, 4, 3],
         ] {
             let max_weight = u128::from(*weights.iter().max().expect("non-empty"));
-            let claims_after =
-                |r: u128, w: u32| (r * u128::from(w) + max_weight / 2) / max_weight;
+            let claims_after = |r: u128, w: u32| (r * u128::from(w) + max_weight / 2) / max_weight;
             let mut expected = Vec::new();
             let mut round = 1;
             while expected.len() < 5000 {

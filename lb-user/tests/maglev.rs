@@ -554,7 +554,11 @@ fn previous_build_table(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
     };
     let add_mod = |a: u32, b: u32| {
         let sum = u64::from(a) + u64::from(b);
-        (if sum >= u64::from(m) { sum - u64::from(m) } else { sum }) as u32
+        (if sum >= u64::from(m) {
+            sum - u64::from(m)
+        } else {
+            sum
+        }) as u32
     };
     // (next slot to try, skip) per backend in key order.
     let mut walks: Vec<(u32, u32)> = order
@@ -612,7 +616,13 @@ fn matches_previous_builder_on_large_and_skewed_sets() {
                 "equal" => 1,
                 "1..=4" => 1 + rng.below(4) as u32,
                 "1..=1000" => 1 + rng.below(1000) as u32,
-                "one heavy" => if i == n / 2 { 1000 } else { 1 },
+                "one heavy" => {
+                    if i == n / 2 {
+                        1000
+                    } else {
+                        1
+                    }
+                }
                 "u32 extremes" => [u32::MAX, 1, u32::MAX - 1][i % 3],
                 _ => {
                     let bound = 1 + rng.below(100_000);
@@ -635,7 +645,9 @@ fn matches_previous_builder_on_large_and_skewed_sets() {
         let weights: Vec<u32> = (0..n)
             .map(|_| (rng.below(max_weight + 1) as u32).max(u32::from(rng.below(4) == 0)))
             .collect();
-        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("k{case}.{i}").into_bytes()).collect();
+        let keys: Vec<Vec<u8>> = (0..n)
+            .map(|i| format!("k{case}.{i}").into_bytes())
+            .collect();
         let backends = set(&keys, &weights);
         assert_eq!(
             build(&backends, m),

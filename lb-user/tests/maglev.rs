@@ -538,3 +538,121 @@ fn predicted_backend_of_random_flows_is_valid() {
         );
     }
 }
+
+/// The builder as it was before the claim schedule and the end phase (credit rounds over every
+/// backend, every claim a walk of the permutation), kept verbatim apart from its names: the
+/// optimised builder must produce byte-identical tables (they are an ABI). Unlike
+/// `reference_table` it is fast enough for N = 1000 at m = 65537.
+fn previous_build_table(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..backends.len() as u32)
+        .filter(|&i| backends[i as usize].weight > 0)
+        .collect();
+    order.sort_unstable_by(|&a, &b| backends[a as usize].key.cmp(backends[b as usize].key));
+    let mut table = vec![BACKEND_DROP; m as usize];
+    let Some(max_weight) = order.iter().map(|&i| backends[i as usize].weight).max() else {
+        return table;
+    };
+    let add_mod = |a: u32, b: u32| {
+        let sum = u64::from(a) + u64::from(b);
+        (if sum >= u64::from(m) {
+            sum - u64::from(m)
+        } else {
+            sum
+        }) as u32
+    };
+    // (next slot to try, skip) per backend in key order.
+    let mut walks: Vec<(u32, u32)> = order
+        .iter()
+        .map(|&i| maglev_permutation(backends[i as usize].key, m))
+        .collect();
+    let mut credits = vec![max_weight / 2; order.len()];
+    let mut free = m;
+    loop {
+        for (k, &i) in order.iter().enumerate() {
+            let earned = u64::from(credits[k]) + u64::from(backends[i as usize].weight);
+            if earned < u64::from(max_weight) {
+                credits[k] = earned as u32;
+                continue;
+            }
+            credits[k] = (earned - u64::from(max_weight)) as u32;
+            let (mut slot, skip) = walks[k];
+            while table[slot as usize] != BACKEND_DROP {
+                slot = add_mod(slot, skip);
+            }
+            table[slot as usize] = i;
+            walks[k].0 = add_mod(slot, skip);
+            free -= 1;
+            if free == 0 {
+                return table;
+            }
+        }
+    }
+}
+
+/// Large sets (up to N = 1000 at m = 65537, where the builder's end phase and claim schedule
+/// matter most) and extreme weight patterns, against the previous builder.
+#[test]
+fn matches_previous_builder_on_large_and_skewed_sets() {
+    let mut rng = Rng(2024);
+    let cases: Vec<(u32, usize, &str)> = vec![
+        (65537, 1000, "equal"),
+        (65537, 1000, "1..=4"),
+        (65537, 1000, "1..=1000"),
+        (65537, 1000, "one heavy"),
+        (65537, 100, "random"),
+        (65537, 3, "u32 extremes"),
+        (16381, 500, "random"),
+        (16381, 16381, "equal"),
+        (4099, 4000, "1..=4"),
+        (1021, 1, "equal"),
+        (251, 250, "one heavy"),
+        (13, 13, "1..=1000"),
+        (2, 2, "random"),
+        (2, 1, "random"),
+    ];
+    for (m, n, pattern) in cases {
+        let weights: Vec<u32> = (0..n)
+            .map(|i| match pattern {
+                "equal" => 1,
+                "1..=4" => 1 + rng.below(4) as u32,
+                "1..=1000" => 1 + rng.below(1000) as u32,
+                "one heavy" => {
+                    if i == n / 2 {
+                        1000
+                    } else {
+                        1
+                    }
+                }
+                "u32 extremes" => [u32::MAX, 1, u32::MAX - 1][i % 3],
+                _ => {
+                    let bound = 1 + rng.below(100_000);
+                    rng.below(bound) as u32
+                }
+            })
+            .collect();
+        let keys = addr_keys(n, n % 2 == 0);
+        let backends = set(&keys, &weights);
+        assert!(
+            build(&backends, m) == previous_build_table(&backends, m),
+            "m={m} n={n} {pattern}"
+        );
+    }
+    // Many small random sets, with a random share of zero weights.
+    for case in 0..200 {
+        let m = [13u32, 251, 1021, 4099][case % 4];
+        let n = 1 + rng.below(u64::from(m.min(300))) as usize;
+        let max_weight = [1u64, 3, 1000, 1 << 32][rng.below(4) as usize];
+        let weights: Vec<u32> = (0..n)
+            .map(|_| (rng.below(max_weight + 1) as u32).max(u32::from(rng.below(4) == 0)))
+            .collect();
+        let keys: Vec<Vec<u8>> = (0..n)
+            .map(|i| format!("k{case}.{i}").into_bytes())
+            .collect();
+        let backends = set(&keys, &weights);
+        assert_eq!(
+            build(&backends, m),
+            previous_build_table(&backends, m),
+            "case {case}: m={m} weights={weights:?}"
+        );
+    }
+}

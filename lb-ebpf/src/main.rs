@@ -16,7 +16,7 @@ mod parse;
 mod select;
 mod stats;
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
 use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
@@ -87,7 +87,11 @@ fn balance(ctx: &XdpContext) -> u32 {
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
     let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
     let key: &CtKey = as_key(&key_words);
-    let now = unsafe { bpf_ktime_get_ns() };
+    // CLOCK_MONOTONIC_COARSE (the last timer tick): no clock-source read, unlike
+    // `bpf_ktime_get_ns`. Idle timeouts, drain deadlines and the next-hop TTL are seconds or
+    // more, so a tick of granularity does not matter; userspace writes drain deadlines on the
+    // same clock (`lb_user::dataplane::ktime_now_ns`).
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {

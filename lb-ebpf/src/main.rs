@@ -61,7 +61,7 @@ fn balance(ctx: &XdpContext) -> u32 {
     let counters = Counters::get();
     counters.inc(stat::RX_PACKETS);
     // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
-    // copy has no IPv6 address words and no family tests (fewer instructions and spills).
+    // copy has no IPv6 address words and no family tests (fewer instructions).
     let verdict = match parse::parse_eth(ctx) {
         Ok((l3_off, ETH_P_IP)) => match parse::parse_v4(ctx, l3_off) {
             Ok(pkt) => return forward(ctx, &pkt, counters),

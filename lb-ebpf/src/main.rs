@@ -16,14 +16,14 @@ mod parse;
 mod select;
 mod stats;
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
 use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::{as_key, Packet, Verdict};
+use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
 use crate::stats::Counters;
 
 #[xdp]
@@ -60,21 +60,40 @@ fn balance(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
     let counters = Counters::get();
     counters.inc(stat::RX_PACKETS);
-    let pkt = match parse::parse(ctx) {
-        Ok(p) => p,
-        Err(Verdict::Pass) => {
+    // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
+    // copy has no IPv6 address words and no family tests (fewer instructions).
+    let verdict = match parse::parse_eth(ctx) {
+        Ok((l3_off, ETH_P_IP)) => match parse::parse_v4(ctx, l3_off) {
+            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Err(v) => v,
+        },
+        Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
+            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Err(v) => v,
+        },
+        Ok(_) => Verdict::Pass,
+        Err(v) => v,
+    };
+    match verdict {
+        Verdict::Pass => {
             counters.inc(stat::PASS_NOT_VIP);
-            return xdp_action::XDP_PASS;
+            xdp_action::XDP_PASS
         }
-        Err(Verdict::Drop(reason)) => return drop(reason, counters),
-        Err(Verdict::DropIfVip(reason, addr, family)) => {
+        Verdict::Drop(reason) => drop(reason, counters),
+        Verdict::DropIfVip(reason, addr, family) => {
             if parse::is_vip(addr, family) {
                 return drop(reason, counters);
             }
             counters.inc(stat::PASS_NOT_VIP);
-            return xdp_action::XDP_PASS;
+            xdp_action::XDP_PASS
         }
-    };
+    }
+}
+
+/// The balancer's work on a parsed packet: service, connection table or backend choice,
+/// counters, encapsulation and transmit.
+#[inline(always)]
+fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -87,7 +106,11 @@ fn balance(ctx: &XdpContext) -> u32 {
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
     let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
     let key: &CtKey = as_key(&key_words);
-    let now = unsafe { bpf_ktime_get_ns() };
+    // CLOCK_MONOTONIC_COARSE (the last timer tick): no clock-source read, unlike
+    // `bpf_ktime_get_ns`. Idle timeouts, drain deadlines and the next-hop TTL are seconds or
+    // more, so a tick of granularity does not matter; userspace writes drain deadlines on the
+    // same clock (`lb_user::dataplane::ktime_now_ns`).
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
@@ -95,16 +118,13 @@ fn balance(ctx: &XdpContext) -> u32 {
     } else {
         conntrack::lookup(key, svc, proto, now, counters)
     };
-    // (backend id, class, backend, new flows, spills) of this packet.
+    // (backend id, class, backend, new flows, spills, flow hash) of this packet.
     let (id, class, backend, new_flows, spills, hash) = match tracked {
-        Some((id, class)) => {
+        Some((id, class, b)) => {
             counters.inc(stat::CT_HIT);
             // A tracked flow needs the hash only for a hashed outer source or the IPv6 flow label.
             let hash = if svc.encap_src_hash_mask != 0 || pkt.family != FAMILY_V4 { packet_hash(svc, &pkt) } else { 0 };
-            match BACKENDS.get(id) {
-                Some(b) => (id, class, b, 0, 0, hash),
-                None => return drop(stat::DROP_NO_BACKEND, counters),
-            }
+            (id, class, b, 0, 0, hash)
         }
         None => {
             counters.inc(stat::CT_MISS);

@@ -115,18 +115,10 @@ pub fn parse_eth(ctx: &XdpContext) -> Result<(usize, u16), Verdict> {
     Ok((ETH_LEN + 4, inner))
 }
 
+/// An IPv4 packet whose IP header starts at `l3_off` (the caller dispatches on the ethertype,
+/// so that each family's path is compiled on its own).
 #[inline(always)]
-pub fn parse(ctx: &XdpContext) -> Result<Packet, Verdict> {
-    let (l3_off, ethertype) = parse_eth(ctx)?;
-    match ethertype {
-        ETH_P_IP => parse_v4(ctx, l3_off),
-        ETH_P_IPV6 => parse_v6(ctx, l3_off),
-        _ => Err(Verdict::Pass),
-    }
-}
-
-#[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
+pub fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
     let hdr = ptr_at::<[u32; 5]>(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))? as *const u32;
     // Little-endian words: byte i of the header is bits 8*(i%4).. of word i/4.
     let (w0, w1, w2, src, dst) = (word(hdr, 0), word(hdr, 1), word(hdr, 2), word(hdr, 3), word(hdr, 4));
@@ -162,8 +154,9 @@ fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
     Ok(pkt)
 }
 
+/// An IPv6 packet whose IP header starts at `l3_off`.
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
+pub fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
     let p = ptr_at::<[u32; 10]>(ctx, l3_off).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_IP))? as *const u32;
     let dst = [word(p, 6), word(p, 7), word(p, 8), word(p, 9)];
     let vip_err = |reason| Verdict::DropIfVip(reason, dst, FAMILY_V6);

@@ -27,7 +27,7 @@ pub trait Tables {
     fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()>;
     /// Release a removed service's table slots.
     fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
-    /// Monotonic clock of `bpf_ktime_get_ns()`, for drain deadlines.
+    /// The data plane's clock (`bpf_ktime_get_coarse_ns`, CLOCK_MONOTONIC_COARSE), for drain deadlines.
     fn now_ns(&self) -> u64;
 }
 

@@ -347,7 +347,7 @@ impl Dataplane {
     }
 
     /// Updates only the state of a backend: `backend_flags` and the drain deadline
-    /// (`bpf_ktime_get_ns` clock) that applies with REMOVED.
+    /// (`bpf_ktime_get_coarse_ns` clock, see [`ktime_now_ns`]) that applies with REMOVED.
     pub fn set_backend_state(&mut self, id: u32, flags: u8, drain_deadline_ns: u64) -> Result<()> {
         let mut b = self.backend(id).with_context(|| format!("reading backend {id}"))?;
         b.flags = flags;
@@ -668,11 +668,13 @@ fn update_batch(map: &aya::maps::Map, keys: &[u32], values: &[u32]) -> Result<()
     Ok(())
 }
 
-/// The clock of `bpf_ktime_get_ns()` (CLOCK_MONOTONIC), for drain deadlines.
+/// The data plane's clock, for drain deadlines: the XDP program stamps with
+/// `bpf_ktime_get_coarse_ns()`, which is CLOCK_MONOTONIC_COARSE (CLOCK_MONOTONIC as of the
+/// last timer tick, so it never runs ahead of CLOCK_MONOTONIC and trails it by at most a tick).
 pub fn ktime_now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

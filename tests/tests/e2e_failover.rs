@@ -41,13 +41,13 @@ fn failover_below_ratio_and_failback_real_health_checks() {
     let idx = |name: &str| topo.backends.iter().position(|b| b.name == name).unwrap();
 
     // E-6: all primaries healthy -> primaries only.
-    let got = reached(client, target, 24).unwrap_or_else(|| panic!("{}", d.diagnostics()));
+    let got = reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics()));
     assert_eq!(got, set(&PRIMARIES), "all healthy: only primaries");
 
     // One primary down: 2/3 ≥ 0.5 -> still primaries (E-6), without b1-1.
     servers[idx("b1-1")].stop();
     let got = wait_for("b1-1 to leave the primary pool", Duration::from_secs(30), || {
-        reached(client, target, 24).filter(|s| !s.contains("b1-1"))
+        reached(client, target, 40).filter(|s| !s.contains("b1-1"))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert_eq!(got, set(&["b1-2", "b1-3"]), "ratio 2/3 ≥ 0.5 keeps primaries");
@@ -56,7 +56,7 @@ fn failover_below_ratio_and_failback_real_health_checks() {
     // Second primary down: 1/3 < 0.5 -> failover mode (E-7): failover backends only.
     servers[idx("b1-2")].stop();
     let got = wait_for("failover to b1-4/b1-5", Duration::from_secs(30), || {
-        reached(client, target, 24).filter(|s| s.iter().all(|n| FAILOVERS.contains(&n.as_str())))
+        reached(client, target, 40).filter(|s| s.iter().all(|n| FAILOVERS.contains(&n.as_str())))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert_eq!(got, set(&FAILOVERS), "ratio 1/3 < 0.5: failover mode");
@@ -66,7 +66,7 @@ fn failover_below_ratio_and_failback_real_health_checks() {
     // b1-1 recovers: 2/3 ≥ 0.5 -> failback to the healthy primaries.
     servers[idx("b1-1")] = start_server(topo.backend("b1-1").unwrap(), 80).unwrap();
     let got = wait_for("failback to primaries", Duration::from_secs(30), || {
-        reached(client, target, 24).filter(|s| s.iter().all(|n| PRIMARIES.contains(&n.as_str())))
+        reached(client, target, 40).filter(|s| s.iter().all(|n| PRIMARIES.contains(&n.as_str())))
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert_eq!(got, set(&["b1-1", "b1-3"]), "failback to the healthy primaries");
@@ -87,7 +87,7 @@ fn drop_traffic_if_unhealthy_all_down() {
     let d = Daemon::start(&topo, "fo2", &cfg(true)).unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
     let target = vip(false, 80);
-    assert_eq!(reached(client, target, 12).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES));
+    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES));
 
     // Overrides keep the servers answering, so a failed connection can only be the balancer's drop.
     for b in &topo.backends {
@@ -101,14 +101,14 @@ fn drop_traffic_if_unhealthy_all_down() {
 
     // One failover backend back: E-3 -> it alone.
     d.set_health("web", &topo.backend("b1-5").unwrap().v4.to_string(), "auto").unwrap();
-    assert_eq!(reached(client, target, 12).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&["b1-5"]), "E-3: only healthy failover");
+    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&["b1-5"]), "E-3: only healthy failover");
     d.set_health("web", &topo.backend("b1-5").unwrap().v4.to_string(), "unhealthy").unwrap();
     assert!(tcp_hello(client, target).is_err(), "E-8 again");
 
     // drop = false: all primaries, no failover backend (E-9), overrides survive the reload.
     d.rewrite_config(&cfg(false)).unwrap();
     d.cli(&["reload"]).unwrap();
-    let got = reached(client, target, 24).unwrap_or_else(|| panic!("{}", d.diagnostics()));
+    let got = reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics()));
     assert_eq!(got, set(&PRIMARIES), "E-9: all primaries as last resort");
 }
 
@@ -135,7 +135,7 @@ fn session_across_failover(prefix: &str, flush: bool) {
         d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "unhealthy").unwrap();
     }
     assert_eq!(d.status().unwrap()["services"][0]["active_pool"], "FAILOVER");
-    assert_eq!(reached(client, target, 16).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&FAILOVERS));
+    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&FAILOVERS));
     let answer = s.ask("after failover");
     if flush {
         // The failover backend answers the unknown connection with a reset.
@@ -149,7 +149,7 @@ fn session_across_failover(prefix: &str, flush: bool) {
     for p in PRIMARIES.iter().filter(|p| **p != home) {
         d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "auto").unwrap();
     }
-    assert_eq!(reached(client, target, 24).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES), "failback");
+    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES), "failback");
     if !flush {
         assert_eq!(s.ask("after failback").unwrap(), home);
     }

@@ -9,24 +9,9 @@ use std::path::Path;
 
 // ---------------------------------------------------------------- helpers
 
-fn ep(name: &str, address: &str, extra: &str) -> String {
-    let addr = if address.is_empty() {
-        String::new()
-    } else {
-        format!("address = \"{address}\"\n")
-    };
-    format!("\n[[service.backend]]\nname = \"{name}\"\n{addr}{extra}\n")
-}
-
-/// A service "tm" (or `name`) with the given method, top-level keys, tables and endpoints.
-fn svc(name: &str, method: &str, keys: &str, endpoints: &[String]) -> String {
-    let n = name.bytes().map(u32::from).sum::<u32>() % 250 + 1;
-    format!(
-        "\n[[service]]\nname = \"{name}\"\nvip = \"198.51.100.{n}\"\nprotocol = \"TCP\"\n\
-         ports = [80]\nrouting_method = \"{method}\"\n{keys}\n{}",
-        endpoints.concat()
-    )
-}
+mod common;
+use common::ep;
+use common::service as svc;
 
 fn two(method: &str, e1: &str, e2: &str) -> String {
     svc(

@@ -335,6 +335,21 @@ impl Daemon {
                     "active_pool": compiled.map(|c| c.plan.active_pool.as_str()),
                     "backends": backends,
                     "zones": zones,
+                    "routing_method": svc.routing_method.as_str(),
+                    // Traffic Manager services: the routing method's client classes.
+                    "classes": compiled.and_then(|c| c.tm.as_ref()).map(|tm| {
+                        tm.classes
+                            .iter()
+                            .map(|cl| {
+                                json!({
+                                    "class": cl.id,
+                                    "client_prefixes": tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| n.to_string()).collect::<Vec<_>>(),
+                                    "eligible": cl.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>(),
+                                    "reason": cl.reason,
+                                })
+                            })
+                            .collect::<Vec<_>>()
+                    }),
                 })
             })
             .collect();

@@ -50,11 +50,10 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> (u32,
 
 /// The full explanation as JSON (the CLI renders it).
 pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) -> anyhow::Result<Value> {
-    let (si, svc_cfg) = cfg
+    let svc_cfg = cfg
         .services
         .iter()
-        .enumerate()
-        .find(|(_, s)| s.name == service)
+        .find(|s| s.name == service)
         .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
     let svc = compiled
         .services
@@ -65,10 +64,33 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
         anyhow::bail!("client {} and VIP {} are of different address families", flow.client, svc_cfg.vip);
     }
     let (class, hash, slot, backend) = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
+    // Backend ids are unique across services (a Traffic Manager class may hold a nested
+    // child's backends).
+    let addr_of = |id: u32| {
+        compiled.services.iter().find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i].to_string()))
+    };
+    if let Some(tm) = &svc.tm {
+        // Traffic Manager: classes are source-prefix groups of the routing method, not zones.
+        let c = tm.classes.iter().find(|c| c.id as u32 == class);
+        return Ok(json!({
+            "service": service,
+            "vip": svc_cfg.vip.to_string(),
+            "client": flow.client.to_string(),
+            "client_class": class,
+            "client_zone": null,
+            "routing_method": svc_cfg.routing_method.as_str(),
+            "reason": c.map(|c| c.reason.clone()),
+            "eligible": c.map(|c| c.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+            "session_affinity": svc_cfg.session_affinity.as_str(),
+            "hash": hash,
+            "maglev_slot": slot,
+            "table_size": cfg.dataplane.maglev_table_size,
+            "backend": if backend == BACKEND_DROP { None } else { addr_of(backend) },
+            "dropped": backend == BACKEND_DROP,
+        }));
+    }
     let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
     let class_plan = svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
-    let addr_of = |id: u32| svc.backend_ids.iter().position(|b| *b == id).map(|i| svc.backend_addrs[i].to_string());
-    let _ = si;
     Ok(json!({
         "service": service,
         "vip": svc_cfg.vip.to_string(),

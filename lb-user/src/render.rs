@@ -34,6 +34,15 @@ pub fn status(v: &Value) -> String {
                 s(&b["address"]), s(&b["zone"]), s(&b["role"]), s(&b["health"]), s(&b["health_source"]), s(&b["weight"]), b["draining"]
             );
         }
+        if let Some(classes) = svc["classes"].as_array() {
+            let _ = writeln!(out, "  routing method {}", s(&svc["routing_method"]));
+            for c in classes {
+                let prefixes = c["client_prefixes"].as_array().map(|p| p.iter().map(s).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+                let from = if prefixes.is_empty() { "(no prefix)".to_string() } else { prefixes };
+                let _ = writeln!(out, "  class {} {}: {}\n    why: {}", s(&c["class"]), from, list(&c["eligible"]), s(&c["reason"]));
+            }
+            continue;
+        }
         let _ = writeln!(out, "  {:<18} {:<15} ELIGIBLE", "CLIENT ZONE", "AFFINITY");
         for z in svc["zones"].as_array().into_iter().flatten() {
             let zone = if z["client_zone"].is_null() { "(non-compatible)".into() } else { s(&z["client_zone"]) };
@@ -65,10 +74,15 @@ pub fn stats(v: &Value) -> String {
 
 pub fn explain(v: &Value) -> String {
     let mut out = String::new();
-    let zone = if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
     let _ = writeln!(out, "service {} ({}), client {}", s(&v["service"]), s(&v["vip"]), s(&v["client"]));
-    let _ = writeln!(out, "  client class   {} (zone {})", s(&v["client_class"]), zone);
-    let _ = writeln!(out, "  eligible set   {} by rule {} ({}); zonal affinity {}", s(&v["eligible_kind"]), s(&v["rule"]), s(&v["reason"]), s(&v["affinity"]));
+    if v["routing_method"].is_string() {
+        let _ = writeln!(out, "  client class   {} ({})", s(&v["client_class"]), s(&v["routing_method"]));
+        let _ = writeln!(out, "  why            {}", s(&v["reason"]));
+    } else {
+        let zone = if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
+        let _ = writeln!(out, "  client class   {} (zone {})", s(&v["client_class"]), zone);
+        let _ = writeln!(out, "  eligible set   {} by rule {} ({}); zonal affinity {}", s(&v["eligible_kind"]), s(&v["rule"]), s(&v["reason"]), s(&v["affinity"]));
+    }
     let _ = writeln!(out, "  eligible       {}", list(&v["eligible"]));
     let _ = writeln!(out, "  hash           {} ({}), Maglev slot {} of {}", s(&v["hash"]), s(&v["session_affinity"]), s(&v["maglev_slot"]), s(&v["table_size"]));
     let _ = writeln!(out, "  new flow goes  {}", if v["dropped"] == Value::Bool(true) { "DROP".into() } else { s(&v["backend"]) });
@@ -77,4 +91,30 @@ pub fn explain(v: &Value) -> String {
 
 pub fn done(v: &Value) -> String {
     format!("ok {}\n", v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_shows_zones_for_zonal_and_classes_for_traffic_manager_services() {
+        let v = json!({"services": [
+            {"name": "web", "vip": "198.18.0.100", "protocol": "TCP", "ports": [80], "eligible_kind": "ALL_HEALTHY",
+             "rule": "E-1", "active_pool": "ALL", "backends": [], "routing_method": "ZONAL", "classes": null,
+             "zones": [{"client_zone": "zone-a", "affinity": "REFINED", "eligible": ["198.18.11.1"]},
+                       {"client_zone": null, "affinity": "NOT_COMPATIBLE", "eligible": []}]},
+            {"name": "app", "vip": "198.18.0.21", "protocol": "TCP", "ports": [80], "eligible_kind": null, "rule": null,
+             "active_pool": null, "backends": [], "routing_method": "SUBNET", "zones": [],
+             "classes": [{"class": 1, "client_prefixes": ["198.18.1.0/24"], "eligible": ["198.18.21.1"], "reason": "SUBNET: mapped"},
+                         {"class": 0, "client_prefixes": [], "eligible": [], "reason": "SUBNET: no range (NODATA)"}]}
+        ]});
+        let out = status(&v);
+        assert!(out.contains("zone-a             REFINED         198.18.11.1"), "{out}");
+        assert!(out.contains("(non-compatible)   NOT_COMPATIBLE  DROP"), "{out}");
+        assert!(out.contains("routing method SUBNET"), "{out}");
+        assert!(out.contains("class 1 198.18.1.0/24: 198.18.21.1\n    why: SUBNET: mapped"), "{out}");
+        assert!(out.contains("class 0 (no prefix): DROP"), "{out}");
+    }
 }

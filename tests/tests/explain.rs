@@ -114,3 +114,76 @@ fn explain_names_the_backend_the_kernel_picks() {
     assert!(checked > 2500, "most flows are forwarded ({checked})");
     assert!(distinct.len() >= 12, "flows reached many backends: {distinct:?}");
 }
+
+/// The same agreement for Traffic Manager services (classes are routing-method prefix groups).
+#[test]
+fn explain_names_the_backend_the_kernel_picks_for_traffic_manager_services() {
+    let text = r#"
+[dataplane]
+maglev_table_size = 1021
+
+[[service]]
+name = "weighted"
+vip = "198.18.0.20"
+protocol = "TCP"
+ports = [80]
+forwarding = "L2_DSR"
+routing_method = "WEIGHTED"
+[[service.backend]]
+name = "w1"
+address = "198.18.20.1"
+weight = 1
+mac = "02:be:00:00:00:21"
+[[service.backend]]
+name = "w2"
+address = "198.18.20.2"
+weight = 3
+mac = "02:be:00:00:00:22"
+
+[[service]]
+name = "subnet"
+vip = "198.18.0.21"
+protocol = "TCP"
+ports = [80]
+forwarding = "L2_DSR"
+routing_method = "SUBNET"
+[[service.backend]]
+name = "s1"
+address = "198.18.21.1"
+subnets = ["198.18.1.0/24"]
+mac = "02:be:00:00:00:31"
+[[service.backend]]
+name = "s2"
+address = "198.18.21.2"
+subnets = ["198.18.2.10-198.18.2.200"]
+mac = "02:be:00:00:00:32"
+"#;
+    let cfg = Config::parse(text).unwrap();
+    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut ctl = Controller::new(cfg.clone());
+    ctl.reconcile(&mut dp).unwrap();
+    let applied = ctl.applied().unwrap().clone();
+    let mut rng = Rng(0x7e57_0000_0000_0042);
+    let (mut forwarded, mut dropped) = (0, 0);
+    for _ in 0..1000 {
+        let svc = &cfg.services[(rng.next() % 2) as usize];
+        let IpAddr::V4(vip) = svc.vip else { unreachable!() };
+        let c = Ipv4Addr::new(198, 18, 1 + (rng.next() % 3) as u8, 1 + (rng.next() % 250) as u8);
+        let sport = 1024 + (rng.next() % 60000) as u16;
+        let frame = ethernet(LB_MAC, CLIENT_MAC, 0x0800, &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")));
+        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP }).unwrap();
+        assert_eq!(predicted["routing_method"], svc.routing_method.as_str());
+        let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
+        if predicted["dropped"] == true {
+            assert_eq!(out.action, XDP_DROP, "{predicted}");
+            dropped += 1;
+            continue;
+        }
+        assert_eq!(out.action, XDP_TX, "{predicted}");
+        let want = predicted["backend"].as_str().unwrap();
+        let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
+        forwarded += 1;
+    }
+    assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");
+}

@@ -305,15 +305,17 @@ fn report(p: &Params, v4: &Family, v6: &Family) {
     row("lb, conntrack hit (TCP ACK), incl. wrapper", v4.ct_hit, v4.floor, v6.ct_hit, v6.floor);
     row("lb, new flow (TCP SYN), incl. wrapper", v4.new_flow, v4.floor, v6.new_flow, v6.floor);
     println!();
-    println!(
-        "  cross-check, production `lb` without wrapper: mean of {} single-iteration runs each",
-        p.single_calls
-    );
-    println!("  (includes the kernel's per-call timer overhead, which the floor measured the same way cancels)");
-    row("empty XDP_PASS program (single-run floor)", v4.single_floor, v4.single_floor, v6.single_floor, v6.single_floor);
-    row("lb, conntrack hit (TCP ACK)", v4.single_ct_hit, v4.single_floor, v6.single_ct_hit, v6.single_floor);
-    row("lb, new flow (TCP SYN)", v4.single_new_flow, v4.single_floor, v6.single_new_flow, v6.single_floor);
-    println!();
+    if p.single_calls > 0 {
+        println!(
+            "  cross-check, production `lb` without wrapper: mean of {} single-iteration runs each",
+            p.single_calls
+        );
+        println!("  (includes the kernel's per-call timer overhead, which the floor measured the same way cancels)");
+        row("empty XDP_PASS program (single-run floor)", v4.single_floor, v4.single_floor, v6.single_floor, v6.single_floor);
+        row("lb, conntrack hit (TCP ACK)", v4.single_ct_hit, v4.single_floor, v6.single_ct_hit, v6.single_floor);
+        row("lb, new flow (TCP SYN)", v4.single_new_flow, v4.single_floor, v6.single_new_flow, v6.single_floor);
+        println!();
+    }
     let verdict = |above: f64, target: f64| if above <= target { "met" } else { "MISSED" };
     let hit = v4.ct_hit - v4.floor;
     let new = v4.new_flow - v4.floor;

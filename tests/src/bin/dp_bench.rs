@@ -13,8 +13,10 @@
 //! `SINGLE_CALLS` calls with `repeat = 1` each, averaged, against the empty program measured
 //! the same way.
 //!
-//! Usage: dp_bench [--quick] [--no-single]   (--quick: fewer iterations, for a smoke run;
-//! --no-single: skip the single-call cross-check, for quick A/B comparisons)
+//! Usage: dp_bench [--quick] [--no-single] [--profile CASE SECONDS]
+//! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check,
+//! for quick A/B comparisons; --profile: run one case, `v4-hit`, `v4-syn`, `v6-hit` or
+//! `v6-syn`, for SECONDS without reporting, so that `perf record -a` sees only that path)
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -329,6 +331,12 @@ fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--no-single") {
         p.single_calls = 0;
     }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--profile") {
+        let case = args.get(i + 1).cloned().unwrap_or_default();
+        let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
+        return profile(&case, secs);
+    }
     if unsafe { libc::geteuid() } != 0 {
         bail!("dp_bench needs root (BPF_PROG_TEST_RUN with maps, and a network namespace for bpf_fib_lookup)");
     }
@@ -340,4 +348,29 @@ fn main() -> Result<()> {
     })?;
     report(&p, &v4, &v6);
     Ok(())
+}
+
+/// Runs one case for `secs` seconds (each run still checked), for `perf record`.
+fn profile(case: &str, secs: u64) -> Result<()> {
+    let (family, syn) = match case {
+        "v4-hit" => (4, false),
+        "v4-syn" => (4, true),
+        "v6-hit" => (6, false),
+        "v6-syn" => (6, true),
+        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, not {case:?}"),
+    };
+    in_netns(move |topo| -> Result<()> {
+        let b = Bench::load(topo.lbv0)?;
+        let frame = |flags| if family == 4 { frame4(flags) } else { frame6(flags) };
+        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
+        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
+        // One SYN run leaves the entry the ACK runs hit.
+        b.run("bench_lb", &frame(TCP_SYN), 1000, new)?;
+        let (f, e) = if syn { (frame(TCP_SYN), new) } else { (frame(TCP_ACK), hit) };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while std::time::Instant::now() < end {
+            b.run("bench_lb", &f, 1_000_000, e)?;
+        }
+        Ok(())
+    })
 }

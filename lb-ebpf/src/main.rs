@@ -18,10 +18,11 @@ mod stats;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
 use lb_common::{
-    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
+    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 
+use crate::conntrack::FlowKey;
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
 use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
 use crate::stats::Counters;
@@ -103,9 +104,12 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
         }
     };
     let proto = pkt.tuple.proto;
-    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
-    let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
-    let key: &CtKey = as_key(&key_words);
+    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
+    // Both keys are built only in the copy of their family (the other one folds away).
+    let key4 = CtKey4::new(&t, svc.id);
+    let w = t.words();
+    let key_words = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], svc.id];
+    let key = if pkt.family == FAMILY_V4 { FlowKey::V4(&key4) } else { FlowKey::V6(as_key::<CtKey, 11>(&key_words)) };
     // CLOCK_MONOTONIC_COARSE (the last timer tick): no clock-source read, unlike
     // `bpf_ktime_get_ns`. Idle timeouts, drain deadlines and the next-hop TTL are seconds or
     // more, so a tick of granularity does not matter; userspace writes drain deadlines on the

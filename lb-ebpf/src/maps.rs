@@ -7,7 +7,7 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceInfo, ServiceKey, TableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo, ServiceKey, TableRef,
 };
 
 use crate::nexthop::NextHop;
@@ -18,9 +18,12 @@ pub static SERVICES: HashMap<ServiceKey, ServiceInfo> = HashMap::with_max_entrie
 /// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
-/// Tracking tuple -> backend.
+/// Tracking tuple -> backend, IPv6 flows.
 #[map]
 pub static CONNTRACK: LruHashMap<CtKey, CtEntry> = LruHashMap::with_max_entries(1, 0);
+/// Tracking tuple -> backend, IPv4 flows (a 16-byte key: cheaper to hash and compare).
+#[map]
+pub static CONNTRACK4: LruHashMap<CtKey4, CtEntry> = LruHashMap::with_max_entries(1, 0);
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);

@@ -19,14 +19,14 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 pub use lb_common::addr_words;
 use lb_common::{
-    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceInfo,
-    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
+    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
+    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 10] = [
-    "SERVICES", "VIPS", "CONNTRACK", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
+pub const MAP_NAMES: [&str; 11] = [
+    "SERVICES", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
     "DECAP_ADDRS",
 ];
 
@@ -38,7 +38,7 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
 pub struct DataplaneSizes {
     /// Maglev table size M (prime).
     pub table_size_m: u32,
-    /// Capacity of the connection-tracking LRU map.
+    /// Capacity of each connection-tracking LRU map (one per address family).
     pub conntrack_entries: u32,
     /// Service ids are `0..max_services`.
     pub max_services: u32,
@@ -52,13 +52,14 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 11] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 12] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Several keys (ports, protocols) per service.
             ("SERVICES", self.max_services.saturating_mul(16)),
             ("VIPS", self.max_services.saturating_mul(4)),
             ("CONNTRACK", self.conntrack_entries),
+            ("CONNTRACK4", self.conntrack_entries),
             ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
             ("TABLE_INDEX", pairs),
             ("TABLES", self.table_slots * self.table_size_m),
@@ -81,6 +82,9 @@ impl DataplaneSizes {
         let cells = s.table_slots as u64 * s.table_size_m as u64;
         if cells > u32::MAX as u64 / 4 {
             bail!("TABLES would hold {cells} entries, too many");
+        }
+        if s.max_services > MAX_SERVICE_ID {
+            bail!("max_services {} is above the limit {MAX_SERVICE_ID}", s.max_services);
         }
         if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
             bail!("too many (service, class) pairs");
@@ -177,6 +181,7 @@ pub struct Dataplane {
     services: HashMap<MapData, ServiceKey, ServiceInfo>,
     vips: HashMap<MapData, AddrKey, u32>,
     conntrack: HashMap<MapData, CtKey, CtEntry>,
+    conntrack4: HashMap<MapData, CtKey4, CtEntry>,
     client_class: LpmTrie<MapData, ClassKey, u32>,
     table_index: Array<MapData, TableRef>,
     /// Kept as the raw map: tables are written through `tables_mmap`, or with one
@@ -251,6 +256,7 @@ impl Dataplane {
             services: take(&mut ebpf, "SERVICES")?,
             vips: take(&mut ebpf, "VIPS")?,
             conntrack: take(&mut ebpf, "CONNTRACK")?,
+            conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: ebpf.take_map("TABLES").ok_or_else(|| anyhow!("map TABLES missing from the XDP object"))?,
@@ -461,18 +467,29 @@ impl Dataplane {
         Ok(())
     }
 
-    pub fn conntrack_get(&self, key: &CtKey) -> Option<CtEntry> {
-        self.conntrack.get(key, 0).ok()
+    /// The connection-table entry of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`; IPv4 flows
+    /// live in `CONNTRACK4`, keyed by the packed form of `key`).
+    pub fn conntrack_get(&self, family: u8, key: &CtKey) -> Option<CtEntry> {
+        match family {
+            FAMILY_V4 => self.conntrack4.get(&CtKey4::new(&key.tuple, key.service), 0).ok(),
+            _ => self.conntrack.get(key, 0).ok(),
+        }
     }
 
-    pub fn conntrack_set(&mut self, key: &CtKey, entry: CtEntry) -> Result<()> {
-        self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?;
+    pub fn conntrack_set(&mut self, family: u8, key: &CtKey, entry: CtEntry) -> Result<()> {
+        match family {
+            FAMILY_V4 => self.conntrack4.insert(CtKey4::new(&key.tuple, key.service), entry, 0).context("writing CONNTRACK4")?,
+            FAMILY_V6 => self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?,
+            _ => bail!("conntrack_set: family {family} is neither FAMILY_V4 nor FAMILY_V6"),
+        }
         Ok(())
     }
 
-    /// Every connection-table entry.
-    pub fn conntrack_entries(&self) -> Vec<(CtKey, CtEntry)> {
-        self.conntrack.iter().filter_map(|r| r.ok()).collect()
+    /// Every connection-table entry of both families: (family, key, entry).
+    pub fn conntrack_entries(&self) -> Vec<(u8, CtKey, CtEntry)> {
+        let v4 = self.conntrack4.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V4, k.to_key(), e));
+        let v6 = self.conntrack.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V6, k, e));
+        v4.chain(v6).collect()
     }
 
     /// All counters, summed over CPUs.

@@ -221,7 +221,7 @@ pub struct CtEntry {
     pub backend: u32,
     /// `ServiceInfo::pool_gen` when the entry was made.
     pub pool_gen: u32,
-    /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE) of the last packet.
+    /// The data-plane clock (jiffies times the tick length, see lb-ebpf `clock`) at the last packet.
     pub last_seen_ns: u64,
     /// Client class the flow was classified in when the entry was made (for per-class
     /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
@@ -252,8 +252,8 @@ pub struct Backend {
     /// Destination MAC for L2 DSR.
     pub mac: [u8; 6],
     pub _pad: [u8; 6],
-    /// With REMOVED: tracked flows may use the backend until this `bpf_ktime_get_coarse_ns()`
-    /// (CLOCK_MONOTONIC_COARSE) value.
+    /// With REMOVED: tracked flows may use the backend until this data-plane clock value
+    /// (`lb_user::dataplane::Dataplane::now_ns`).
     pub drain_deadline_ns: u64,
 }
 

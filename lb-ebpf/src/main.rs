@@ -7,6 +7,7 @@
 #![no_main]
 
 mod bench;
+mod clock;
 mod conntrack;
 mod decap;
 mod encap;
@@ -16,7 +17,7 @@ mod parse;
 mod select;
 mod stats;
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
@@ -110,11 +111,8 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
     let w = t.words();
     let key_words = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], svc.id];
     let key = if pkt.family == FAMILY_V4 { FlowKey::V4(&key4) } else { FlowKey::V6(as_key::<CtKey, 11>(&key_words)) };
-    // CLOCK_MONOTONIC_COARSE (the last timer tick): no clock-source read, unlike
-    // `bpf_ktime_get_ns`. Idle timeouts, drain deadlines and the next-hop TTL are seconds or
-    // more, so a tick of granularity does not matter; userspace writes drain deadlines on the
-    // same clock (`lb_user::dataplane::ktime_now_ns`).
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // Tick granularity (see `clock`); one load instead of a clock read.
+    let now = clock::now_ns();
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {

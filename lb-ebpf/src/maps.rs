@@ -50,6 +50,13 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 
+/// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
+#[map]
+pub static CLOCK_PROBE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Length of a kernel tick in ns (the data-plane clock is jiffies times this), set at load time.
+#[no_mangle]
+pub static NS_PER_JIFFY: Global<u64> = Global::new(0);
 /// Maglev table size M (prime), set at load time so the verifier sees a constant.
 #[no_mangle]
 pub static TABLE_M: Global<u32> = Global::new(1);

@@ -35,7 +35,7 @@ const IPPROTO_IPV6: u32 = 41;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NextHop {
-    /// Used while the data-plane clock (`bpf_ktime_get_coarse_ns()`) is below this; 0 = never filled.
+    /// Used while the data-plane clock (`clock::now_ns()`) is below this; 0 = never filled.
     pub expires_ns: u64,
     /// What it was resolved for: backend address, outer source with the hashed bits cleared.
     pub dst: [u32; 4],

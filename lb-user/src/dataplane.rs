@@ -100,6 +100,8 @@ pub enum Program {
     Lb,
     /// The backend-side decapsulator.
     Decap,
+    /// Writes the data-plane clock for [`Dataplane::now_ns`]; never attached.
+    ClockProbe,
 }
 
 impl Program {
@@ -107,6 +109,7 @@ impl Program {
         match self {
             Program::Lb => "lb",
             Program::Decap => "lb_decap",
+            Program::ClockProbe => "clock_probe",
         }
     }
 }
@@ -192,6 +195,7 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
     decap_addrs: HashMap<MapData, AddrKey, u32>,
+    clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with `SERVICES`.
     vip_refs: StdHashMap<AddrKey, usize>,
     /// Active slot per (service, class).
@@ -241,11 +245,12 @@ impl Dataplane {
             loader.map_max_entries(name, max);
         }
         let mut ebpf = loader
+            .override_global("NS_PER_JIFFY", &ns_per_jiffy()?, true)
             .override_global("TABLE_M", &sizes.table_size_m, true)
             .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
-        for p in [Program::Lb, Program::Decap] {
+        for p in [Program::Lb, Program::Decap, Program::ClockProbe] {
             let prog: &mut Xdp = ebpf
                 .program_mut(p.name())
                 .ok_or_else(|| anyhow!("program {} missing", p.name()))?
@@ -265,6 +270,7 @@ impl Dataplane {
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
             decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
+            clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
             vip_refs: StdHashMap::new(),
@@ -353,7 +359,7 @@ impl Dataplane {
     }
 
     /// Updates only the state of a backend: `backend_flags` and the drain deadline
-    /// (`bpf_ktime_get_coarse_ns` clock, see [`ktime_now_ns`]) that applies with REMOVED.
+    /// (data-plane clock, see [`Dataplane::now_ns`]) that applies with REMOVED.
     pub fn set_backend_state(&mut self, id: u32, flags: u8, drain_deadline_ns: u64) -> Result<()> {
         let mut b = self.backend(id).with_context(|| format!("reading backend {id}"))?;
         b.flags = flags;
@@ -565,6 +571,14 @@ impl Dataplane {
         Ok(mode)
     }
 
+    /// The data-plane clock now (ns; jiffies times the tick length, the kernel's jiffies epoch),
+    /// read by running `clock_probe`, so it is exactly the clock the balancer stamps entries
+    /// and compares drain deadlines with.
+    pub fn now_ns(&self) -> Result<u64> {
+        self.run_test(Program::ClockProbe, &[0u8; 64], 0).context("running clock_probe")?;
+        self.clock_probe.get(&0, 0).context("reading CLOCK_PROBE")
+    }
+
     /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
     /// the loopback device of the calling thread's network namespace.
     pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
@@ -685,14 +699,20 @@ fn update_batch(map: &aya::maps::Map, keys: &[u32], values: &[u32]) -> Result<()
     Ok(())
 }
 
-/// The data plane's clock, for drain deadlines: the XDP program stamps with
-/// `bpf_ktime_get_coarse_ns()`, which is CLOCK_MONOTONIC_COARSE (CLOCK_MONOTONIC as of the
-/// last timer tick, so it never runs ahead of CLOCK_MONOTONIC and trails it by at most a tick).
-pub fn ktime_now_ns() -> u64 {
+/// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of
+/// CLOCK_MONOTONIC_COARSE is exactly one tick (TICK_NSEC: 4,000,000 at HZ = 250).
+pub fn ns_per_jiffy() -> Result<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: clock_getres writes into the timespec we own.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        bail!("clock_getres(CLOCK_MONOTONIC_COARSE): {}", std::io::Error::last_os_error());
+    }
+    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    // HZ is between 24 and 10,000 on any Linux build.
+    if !(100_000..=50_000_000).contains(&ns) {
+        bail!("CLOCK_MONOTONIC_COARSE resolution {ns} ns is not a kernel tick length");
+    }
+    Ok(ns)
 }
 
 /// The controller writes through this; each call maps to one of the writer's operations.
@@ -729,8 +749,8 @@ impl crate::controller::Tables for Dataplane {
         }
         Ok(())
     }
-    fn now_ns(&self) -> u64 {
-        ktime_now_ns()
+    fn now_ns(&self) -> Result<u64> {
+        Dataplane::now_ns(self)
     }
 }
 

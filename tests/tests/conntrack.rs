@@ -309,3 +309,19 @@ fn each_family_tracks_its_flows_in_its_own_table() {
     assert!(dp.conntrack_get(FAMILY_V4, &key6).is_none(), "an IPv6 key is not in the IPv4 table");
     assert!(dp.conntrack_get(FAMILY_V6, &ct_key(&info, PROTO_TCP, 40000, 80)).is_none(), "nor the reverse");
 }
+
+/// Entries are stamped with the data-plane clock that `Dataplane::now_ns` reads (jiffies times
+/// the tick length), so userspace deadlines and the kernel's stamps compare.
+#[test]
+fn entries_are_stamped_with_the_clock_userspace_reads() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = setup(info);
+    let before = dp.now_ns().unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    let after = dp.now_ns().unwrap();
+    let stamp = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
+    assert!(before <= stamp && stamp <= after, "stamp {stamp} outside [{before}, {after}]");
+    let tick = lb_user::dataplane::ns_per_jiffy().unwrap();
+    assert_eq!(stamp % tick, 0, "the clock counts whole ticks of {tick} ns");
+    assert!(before > 0);
+}

@@ -119,6 +119,7 @@ impl Bench {
             loader.map_max_entries(name, max);
         }
         let mut ebpf = loader
+            .override_global("NS_PER_JIFFY", &lb_user::dataplane::ns_per_jiffy()?, true)
             .override_global("TABLE_M", &TABLE_M, true)
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
             .load(&object)

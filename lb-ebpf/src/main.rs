@@ -59,6 +59,14 @@ fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
+    balance_until::<{ u32::MAX }>(ctx)
+}
+
+/// The balancer, stopping with XDP_PASS before stage `STOP` (1 service lookup, 2 connection
+/// table / backend choice, 3 class counters, 4 forwarding) for `dp_bench --stages`; `lb` runs
+/// it with `u32::MAX`, where every stop test folds away at compile time.
+#[inline(always)]
+pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
     let counters = Counters::get();
     counters.inc(stat::RX_PACKETS);
@@ -66,11 +74,11 @@ fn balance(ctx: &XdpContext) -> u32 {
     // copy has no IPv6 address words and no family tests (fewer instructions).
     let verdict = match parse::parse_eth(ctx) {
         Ok((l3_off, ETH_P_IP)) => match parse::parse_v4(ctx, l3_off) {
-            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
             Err(v) => v,
         },
         Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
-            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
             Err(v) => v,
         },
         Ok(_) => Verdict::Pass,
@@ -95,7 +103,10 @@ fn balance(ctx: &XdpContext) -> u32 {
 /// The balancer's work on a parsed packet: service, connection table or backend choice,
 /// counters, encapsulation and transmit.
 #[inline(always)]
-fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
+fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
+    if STOP == 1 {
+        return xdp_action::XDP_PASS;
+    }
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -104,6 +115,9 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
             return xdp_action::XDP_PASS;
         }
     };
+    if STOP == 2 {
+        return xdp_action::XDP_PASS;
+    }
     let proto = pkt.tuple.proto;
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
     // Both keys are built only in the copy of their family (the other one folds away).
@@ -150,6 +164,9 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
             (id, class, b, 1, spill as u64, hash)
         }
     };
+    if STOP == 3 {
+        return xdp_action::XDP_PASS;
+    }
     if let Some(c) = stats::class_counters(svc.id, class, cps) {
         unsafe {
             (*c).packets += 1;
@@ -159,6 +176,9 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
         }
     }
 
+    if STOP == 4 {
+        return xdp_action::XDP_PASS;
+    }
     match svc.forwarding {
         forwarding::L2_DSR => encap::l2_dsr(ctx, backend, counters),
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),

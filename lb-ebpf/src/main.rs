@@ -72,16 +72,22 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     counters.inc(stat::RX_PACKETS);
     // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
     // copy has no IPv6 address words and no family tests (fewer instructions).
-    let verdict = match parse::parse_eth(ctx) {
-        Ok((l3_off, ETH_P_IP)) => match parse::parse_v4(ctx, l3_off) {
-            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
-            Err(v) => v,
+    // The common IPv4 packet is parsed with one bounds check; the full parser handles the rest.
+    // Both IPv4 parsers feed the one IPv4 copy of `forward`.
+    let v4 = match parse::parse_v4_fast(ctx) {
+        Some(pkt) => Ok(pkt),
+        None => match parse::parse_eth(ctx) {
+            Ok((l3_off, ETH_P_IP)) => parse::parse_v4(ctx, l3_off),
+            Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
+                Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
+                Err(v) => Err(v),
+            },
+            Ok(_) => Err(Verdict::Pass),
+            Err(v) => Err(v),
         },
-        Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
-            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
-            Err(v) => v,
-        },
-        Ok(_) => Verdict::Pass,
+    };
+    let verdict = match v4 {
+        Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
         Err(v) => v,
     };
     match verdict {

@@ -35,7 +35,7 @@ fn sizes() -> DataplaneSizes {
 
 /// VIP `v`: even ones IPv4, odd ones IPv6.
 fn vip(v: u32) -> IpAddr {
-    if v % 2 == 0 {
+    if v.is_multiple_of(2) {
         IpAddr::V4(Ipv4Addr::new(198, 18, 100 + (v / 256) as u8, v as u8))
     } else {
         IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0x100, 0, 0, 0, v as u16))

@@ -198,7 +198,8 @@ impl FlowTuple {
     }
 }
 
-/// Key of the `CONNTRACK` LRU map: the tracking tuple, scoped to one service.
+/// Key of the `CONNTRACK` LRU map (IPv6 flows; IPv4 flows use [`CtKey4`]): the tracking tuple,
+/// scoped to one service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtKey {
@@ -206,14 +207,60 @@ pub struct CtKey {
     pub service: u32,
 }
 
-/// Value of the `CONNTRACK` LRU map.
+/// Key of the `CONNTRACK4` LRU map (IPv4 flows): the same fields as [`CtKey`] packed into four
+/// words. The kernel hashes and compares the whole key on every lookup and update, and on the
+/// build machine that work grows with the key length (a 16-byte key costs about half of the
+/// 44-byte one, see BENCHMARKS.md), so IPv4 flows get a table of their own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey4 {
+    pub src: u32,
+    pub dst: u32,
+    /// Source port in the low half, destination port in the high half (network order each).
+    pub ports: u32,
+    /// Service id in the low 24 bits, protocol in the high 8 (ids are below [`MAX_SERVICE_ID`]).
+    pub service_proto: u32,
+}
+
+/// Service ids are below this (they share a word with the protocol in [`CtKey4`]).
+pub const MAX_SERVICE_ID: u32 = 1 << 24;
+
+impl CtKey4 {
+    /// The IPv4 key of a tracking tuple (addresses in the first word of each address field).
+    #[inline(always)]
+    pub fn new(t: &FlowTuple, service: u32) -> Self {
+        Self {
+            src: t.src[0],
+            dst: t.dst[0],
+            ports: (t.sport as u32) | ((t.dport as u32) << 16),
+            service_proto: (service & (MAX_SERVICE_ID - 1)) | ((t.proto as u32) << 24),
+        }
+    }
+
+    /// The [`CtKey`] form of this key (userspace reads both tables as one).
+    pub fn to_key(&self) -> CtKey {
+        CtKey {
+            tuple: FlowTuple {
+                src: [self.src, 0, 0, 0],
+                dst: [self.dst, 0, 0, 0],
+                sport: self.ports as u16,
+                dport: (self.ports >> 16) as u16,
+                proto: (self.service_proto >> 24) as u8,
+                _pad: [0; 3],
+            },
+            service: self.service_proto & (MAX_SERVICE_ID - 1),
+        }
+    }
+}
+
+/// Value of the `CONNTRACK` and `CONNTRACK4` LRU maps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
     pub backend: u32,
     /// `ServiceInfo::pool_gen` when the entry was made.
     pub pool_gen: u32,
-    /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE) of the last packet.
+    /// The data-plane clock (jiffies times the tick length, see lb-ebpf `clock`) at the last packet.
     pub last_seen_ns: u64,
     /// Client class the flow was classified in when the entry was made (for per-class
     /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
@@ -244,8 +291,8 @@ pub struct Backend {
     /// Destination MAC for L2 DSR.
     pub mac: [u8; 6],
     pub _pad: [u8; 6],
-    /// With REMOVED: tracked flows may use the backend until this `bpf_ktime_get_coarse_ns()`
-    /// (CLOCK_MONOTONIC_COARSE) value.
+    /// With REMOVED: tracked flows may use the backend until this data-plane clock value
+    /// (`lb_user::dataplane::Dataplane::now_ns`).
     pub drain_deadline_ns: u64,
 }
 
@@ -350,7 +397,7 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -362,6 +409,7 @@ const _: () = assert!(core::mem::offset_of!(ServiceSlot, info) == 24);
 const _: () = assert!(core::mem::size_of::<ServiceTableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
+const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
@@ -369,3 +417,26 @@ const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ct_key4_packs_and_unpacks_every_field() {
+        let t = FlowTuple {
+            src: [0x0501_12c6, 0, 0, 0],
+            dst: [0x6400_12c6, 0, 0, 0],
+            sport: 40000u16.to_be(),
+            dport: 80u16.to_be(),
+            proto: PROTO_TCP,
+            _pad: [0; 3],
+        };
+        let k = CtKey4::new(&t, MAX_SERVICE_ID - 1);
+        assert_eq!(k.to_key(), CtKey { tuple: t, service: MAX_SERVICE_ID - 1 });
+        // Fields left out by the tracking mode stay zero in both forms.
+        let t2 = FlowTuple { sport: 0, dport: 0, proto: 0, ..t };
+        assert_eq!(CtKey4::new(&t2, 7).to_key(), CtKey { tuple: t2, service: 7 });
+        assert_ne!(CtKey4::new(&t, 1), CtKey4::new(&t, 2));
+    }
+}

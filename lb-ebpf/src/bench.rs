@@ -42,9 +42,11 @@ fn save(ctx: &XdpContext) -> bool {
     unsafe {
         let s = core::ptr::addr_of_mut!(BENCH_SAVED);
         (*s).len = ctx.data_end() - ctx.data();
-        (*s).head[0] = core::ptr::read_unaligned(p as *const u64);
-        (*s).head[1] = core::ptr::read_unaligned(p.add(8) as *const u64);
-        (*s).tail = core::ptr::read_unaligned(p.add(16) as *const u16);
+        // Plain loads, not `read_unaligned` (which the BPF target lowers to byte loads): BPF
+        // allows misaligned packet access, see `parse::word`.
+        (*s).head[0] = core::ptr::read(p as *const u64);
+        (*s).head[1] = core::ptr::read(p.add(8) as *const u64);
+        (*s).tail = core::ptr::read(p.add(16) as *const u16);
     }
     true
 }
@@ -122,9 +124,28 @@ fn restore(ctx: &XdpContext) -> bool {
         return false;
     }
     unsafe {
-        core::ptr::write_unaligned(p as *mut u64, (*s).head[0]);
-        core::ptr::write_unaligned(p.add(8) as *mut u64, (*s).head[1]);
-        core::ptr::write_unaligned(p.add(16) as *mut u16, (*s).tail);
+        core::ptr::write(p as *mut u64, (*s).head[0]);
+        core::ptr::write(p.add(8) as *mut u64, (*s).head[1]);
+        core::ptr::write(p.add(16) as *mut u16, (*s).tail);
     }
     true
 }
+
+/// `bench_stageN`: the balancer up to (not including) stage N, see `balance_until`; their
+/// differences split the per-packet cost by stage (`dp_bench --stages`).
+macro_rules! stage_bench {
+    ($($name:ident = $stop:literal),*) => {$(
+        #[xdp]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            if !save(&ctx) {
+                return xdp_action::XDP_ABORTED;
+            }
+            let action = crate::balance_until::<$stop>(&ctx);
+            match restore(&ctx) {
+                true => action,
+                false => xdp_action::XDP_ABORTED,
+            }
+        }
+    )*};
+}
+stage_bench!(bench_stage1 = 1, bench_stage2 = 2, bench_stage3 = 3, bench_stage4 = 4);

@@ -1,9 +1,35 @@
 //! Connection tracking: look up the flow's entry, check it against the backend's state and the
 //! service's persistence flags (`lb_common::ct_verdict`), refresh or delete it.
 
-use lb_common::{stat, table_flags, ct_verdict, Backend, CtEntry, CtKey, CtVerdict, ServiceInfo};
+use lb_common::{stat, table_flags, ct_verdict, Backend, CtEntry, CtKey, CtKey4, CtVerdict, ServiceInfo};
 
-use crate::maps::{BACKENDS, CONNTRACK};
+use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4};
+
+/// A flow's key in its family's table. The balancer's body is inlined once per family, so
+/// each copy keeps only its own arm.
+#[derive(Clone, Copy)]
+pub enum FlowKey<'a> {
+    V4(&'a CtKey4),
+    V6(&'a CtKey),
+}
+
+impl FlowKey<'_> {
+    #[inline(always)]
+    fn get(self) -> Option<*mut CtEntry> {
+        match self {
+            FlowKey::V4(k) => CONNTRACK4.get_ptr_mut(k),
+            FlowKey::V6(k) => CONNTRACK.get_ptr_mut(k),
+        }
+    }
+
+    #[inline(always)]
+    fn remove(self) {
+        let _ = match self {
+            FlowKey::V4(k) => CONNTRACK4.remove(k),
+            FlowKey::V6(k) => CONNTRACK.remove(k),
+        };
+    }
+}
 use crate::select;
 use crate::stats::Counters;
 
@@ -12,13 +38,13 @@ use crate::stats::Counters;
 /// so the caller needs no second `BACKENDS` lookup.
 #[inline(always)]
 pub fn lookup(
-    key: &CtKey,
+    key: FlowKey,
     service: &ServiceInfo,
     proto: u8,
     now: u64,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend)> {
-    let entry = CONNTRACK.get_ptr_mut(key)?;
+    let entry = key.get()?;
     // Only the fields read, not a copy of the whole entry.
     let (backend_id, class) = unsafe { ((*entry).backend, (*entry).class) };
     let e = unsafe { &*entry };
@@ -44,12 +70,15 @@ pub fn lookup(
         CtVerdict::Unhealthy => stat::CT_REROUTED_UNHEALTHY,
     };
     counters.inc(reason);
-    let _ = CONNTRACK.remove(key);
+    key.remove();
     None
 }
 
 #[inline(always)]
-pub fn insert(key: &CtKey, entry: &CtEntry) {
+pub fn insert(key: FlowKey, entry: &CtEntry) {
     // Overwrites an existing entry (a SYN that starts a new flow on a known tuple).
-    let _ = CONNTRACK.insert(key, entry, 0);
+    let _ = match key {
+        FlowKey::V4(k) => CONNTRACK4.insert(k, entry, 0),
+        FlowKey::V6(k) => CONNTRACK.insert(k, entry, 0),
+    };
 }

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod bench;
+mod clock;
 mod conntrack;
 mod decap;
 mod encap;
@@ -16,12 +17,13 @@ mod parse;
 mod select;
 mod stats;
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey,
+    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 
+use crate::conntrack::FlowKey;
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
 use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
 use crate::stats::Counters;
@@ -57,6 +59,14 @@ fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
+    balance_until::<{ u32::MAX }>(ctx)
+}
+
+/// The balancer, stopping with XDP_PASS before stage `STOP` (1 service lookup, 2 connection
+/// table / backend choice, 3 class counters, 4 forwarding) for `dp_bench --stages`; `lb` runs
+/// it with `u32::MAX`, where every stop test folds away at compile time.
+#[inline(always)]
+pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
     let counters = Counters::get();
     counters.inc(stat::RX_PACKETS);
@@ -64,11 +74,11 @@ fn balance(ctx: &XdpContext) -> u32 {
     // copy has no IPv6 address words and no family tests (fewer instructions).
     let verdict = match parse::parse_eth(ctx) {
         Ok((l3_off, ETH_P_IP)) => match parse::parse_v4(ctx, l3_off) {
-            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
             Err(v) => v,
         },
         Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
-            Ok(pkt) => return forward(ctx, &pkt, counters),
+            Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
             Err(v) => v,
         },
         Ok(_) => Verdict::Pass,
@@ -93,7 +103,10 @@ fn balance(ctx: &XdpContext) -> u32 {
 /// The balancer's work on a parsed packet: service, connection table or backend choice,
 /// counters, encapsulation and transmit.
 #[inline(always)]
-fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
+fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
+    if STOP == 1 {
+        return xdp_action::XDP_PASS;
+    }
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -102,15 +115,18 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
             return xdp_action::XDP_PASS;
         }
     };
+    if STOP == 2 {
+        return xdp_action::XDP_PASS;
+    }
     let proto = pkt.tuple.proto;
-    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid).words();
-    let key_words = [t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], svc.id];
-    let key: &CtKey = as_key(&key_words);
-    // CLOCK_MONOTONIC_COARSE (the last timer tick): no clock-source read, unlike
-    // `bpf_ktime_get_ns`. Idle timeouts, drain deadlines and the next-hop TTL are seconds or
-    // more, so a tick of granularity does not matter; userspace writes drain deadlines on the
-    // same clock (`lb_user::dataplane::ktime_now_ns`).
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
+    // Both keys are built only in the copy of their family (the other one folds away).
+    let key4 = CtKey4::new(&t, svc.id);
+    let w = t.words();
+    let key_words = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], svc.id];
+    let key = if pkt.family == FAMILY_V4 { FlowKey::V4(&key4) } else { FlowKey::V6(as_key::<CtKey, 11>(&key_words)) };
+    // Tick granularity (see `clock`); one load instead of a clock read.
+    let now = clock::now_ns();
     let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
@@ -148,6 +164,9 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
             (id, class, b, 1, spill as u64, hash)
         }
     };
+    if STOP == 3 {
+        return xdp_action::XDP_PASS;
+    }
     if let Some(c) = stats::class_counters(svc.id, class, cps) {
         unsafe {
             (*c).packets += 1;
@@ -157,6 +176,9 @@ fn forward(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
         }
     }
 
+    if STOP == 4 {
+        return xdp_action::XDP_PASS;
+    }
     match svc.forwarding {
         forwarding::L2_DSR => encap::l2_dsr(ctx, backend, counters),
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),

@@ -7,7 +7,8 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceSlot, ServiceTableRef, TableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceSlot, ServiceTableRef,
+    TableRef,
 };
 
 use crate::nexthop::NextHop;
@@ -25,9 +26,12 @@ pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0)
 /// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
-/// Tracking tuple -> backend.
+/// Tracking tuple -> backend, IPv6 flows.
 #[map]
 pub static CONNTRACK: LruHashMap<CtKey, CtEntry> = LruHashMap::with_max_entries(1, 0);
+/// Tracking tuple -> backend, IPv4 flows (a 16-byte key: cheaper to hash and compare).
+#[map]
+pub static CONNTRACK4: LruHashMap<CtKey4, CtEntry> = LruHashMap::with_max_entries(1, 0);
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
@@ -54,6 +58,13 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 
+/// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
+#[map]
+pub static CLOCK_PROBE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Length of a kernel tick in ns (the data-plane clock is jiffies times this), set at load time.
+#[no_mangle]
+pub static NS_PER_JIFFY: Global<u64> = Global::new(0);
 /// Maglev table size M (prime), set at load time so the verifier sees a constant.
 #[no_mangle]
 pub static TABLE_M: Global<u32> = Global::new(1);

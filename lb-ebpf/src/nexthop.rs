@@ -35,7 +35,7 @@ const IPPROTO_IPV6: u32 = 41;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NextHop {
-    /// Used while the data-plane clock (`bpf_ktime_get_coarse_ns()`) is below this; 0 = never filled.
+    /// Used while the data-plane clock (`clock::now_ns()`) is below this; 0 = never filled.
     pub expires_ns: u64,
     /// What it was resolved for: backend address, outer source with the hashed bits cleared.
     pub dst: [u32; 4],
@@ -93,10 +93,12 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
     let h = unsafe { &*hop };
     let family = if o.ipv6 { AF_INET6 } else { AF_INET };
     let src = src_fixed(o);
+    // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
+    // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
+    let same_addrs = if o.ipv6 { h.dst == *o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
     if now < h.expires_ns
         && o.len <= h.max_len
-        && h.dst == *o.dst
-        && h.src == src
+        && same_addrs
         && h.src_mask == o.src_mask
         && h.family == family
         && h.ingress_ifindex == ctx.ingress_ifindex() as u32

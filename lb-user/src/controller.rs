@@ -27,8 +27,8 @@ pub trait Tables {
     fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()>;
     /// Release a removed service's table slots.
     fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
-    /// The data plane's clock (`bpf_ktime_get_coarse_ns`, CLOCK_MONOTONIC_COARSE), for drain deadlines.
-    fn now_ns(&self) -> u64;
+    /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
+    fn now_ns(&self) -> anyhow::Result<u64>;
 }
 
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
@@ -220,7 +220,7 @@ impl Controller {
             .map(|s| s.backends.iter().map(|b| self.healthy(&s.name, b.address)).collect())
             .collect();
         // Ids of departed backends stay reserved until their deadline.
-        let now = sink.now_ns();
+        let now = sink.now_ns()?;
         self.departed.retain(|_, d| d.deadline_ns > now);
         let mut ids = self.ids.clone();
         let applied = self.applied.as_ref();
@@ -409,8 +409,8 @@ mod tests {
             self.tables.retain(|(s, _), _| *s != service);
             Ok(())
         }
-        fn now_ns(&self) -> u64 {
-            self.now
+        fn now_ns(&self) -> anyhow::Result<u64> {
+            Ok(self.now)
         }
     }
 

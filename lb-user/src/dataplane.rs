@@ -20,17 +20,17 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 pub use lb_common::addr_words;
 use lb_common::{
-    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, GlobalStats, ServiceInfo,
-    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS,
+    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
+    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
 use crate::service_table::{self, ServiceTable};
 
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 11] = [
-    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
-    "DECAP_ADDRS",
+pub const MAP_NAMES: [&str; 12] = [
+    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS",
+    "STATS", "CLASS_STATS", "DECAP_ADDRS",
 ];
 
 /// The compiled XDP object (built by `build.rs`).
@@ -41,7 +41,7 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
 pub struct DataplaneSizes {
     /// Maglev table size M (prime).
     pub table_size_m: u32,
-    /// Capacity of the connection-tracking LRU map.
+    /// Capacity of each connection-tracking LRU map (one per address family).
     pub conntrack_entries: u32,
     /// Service ids are `0..max_services`.
     pub max_services: u32,
@@ -55,7 +55,7 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 12] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 13] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Two halves of S slots, S >= twice the key capacity (16 keys per service).
@@ -63,6 +63,7 @@ impl DataplaneSizes {
             ("SERVICE_INDEX", 1),
             ("VIPS", self.max_services.saturating_mul(4)),
             ("CONNTRACK", self.conntrack_entries),
+            ("CONNTRACK4", self.conntrack_entries),
             ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
             ("TABLE_INDEX", pairs),
             ("TABLES", self.table_slots * self.table_size_m),
@@ -91,6 +92,9 @@ impl DataplaneSizes {
         if cells > u32::MAX as u64 / 4 {
             bail!("TABLES would hold {cells} entries, too many");
         }
+        if s.max_services > MAX_SERVICE_ID {
+            bail!("max_services {} is above the limit {MAX_SERVICE_ID}", s.max_services);
+        }
         if s.max_services > 1 << 20 {
             bail!("max_services {} is too large for the service table", s.max_services);
         }
@@ -108,6 +112,8 @@ pub enum Program {
     Lb,
     /// The backend-side decapsulator.
     Decap,
+    /// Writes the data-plane clock for [`Dataplane::now_ns`]; never attached.
+    ClockProbe,
 }
 
 impl Program {
@@ -115,6 +121,7 @@ impl Program {
         match self {
             Program::Lb => "lb",
             Program::Decap => "lb_decap",
+            Program::ClockProbe => "clock_probe",
         }
     }
 }
@@ -189,6 +196,7 @@ pub struct Dataplane {
     services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
     conntrack: HashMap<MapData, CtKey, CtEntry>,
+    conntrack4: HashMap<MapData, CtKey4, CtEntry>,
     client_class: LpmTrie<MapData, ClassKey, u32>,
     table_index: Array<MapData, TableRef>,
     /// Kept as the raw map: tables are written through `tables_mmap`, or with one
@@ -199,6 +207,7 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
     decap_addrs: HashMap<MapData, AddrKey, u32>,
+    clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
     /// Active slot per (service, class).
@@ -252,12 +261,13 @@ impl Dataplane {
             loader.map_max_entries(name, max);
         }
         let mut ebpf = loader
+            .override_global("NS_PER_JIFFY", &ns_per_jiffy()?, true)
             .override_global("TABLE_M", &sizes.table_size_m, true)
             .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
             .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
-        for p in [Program::Lb, Program::Decap] {
+        for p in [Program::Lb, Program::Decap, Program::ClockProbe] {
             let prog: &mut Xdp = ebpf
                 .program_mut(p.name())
                 .ok_or_else(|| anyhow!("program {} missing", p.name()))?
@@ -268,6 +278,7 @@ impl Dataplane {
             services: ServiceTable::new(take_raw(&mut ebpf, "SERVICE_TABLE")?, take_raw(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?,
             vips: take(&mut ebpf, "VIPS")?,
             conntrack: take(&mut ebpf, "CONNTRACK")?,
+            conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: take_raw(&mut ebpf, "TABLES")?,
@@ -276,6 +287,7 @@ impl Dataplane {
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
             decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
+            clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
             vip_refs: StdHashMap::new(),
@@ -371,7 +383,7 @@ impl Dataplane {
     }
 
     /// Updates only the state of a backend: `backend_flags` and the drain deadline
-    /// (`bpf_ktime_get_coarse_ns` clock, see [`ktime_now_ns`]) that applies with REMOVED.
+    /// (data-plane clock, see [`Dataplane::now_ns`]) that applies with REMOVED.
     pub fn set_backend_state(&mut self, id: u32, flags: u8, drain_deadline_ns: u64) -> Result<()> {
         let mut b = self.backend(id).with_context(|| format!("reading backend {id}"))?;
         b.flags = flags;
@@ -485,18 +497,29 @@ impl Dataplane {
         Ok(())
     }
 
-    pub fn conntrack_get(&self, key: &CtKey) -> Option<CtEntry> {
-        self.conntrack.get(key, 0).ok()
+    /// The connection-table entry of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`; IPv4 flows
+    /// live in `CONNTRACK4`, keyed by the packed form of `key`).
+    pub fn conntrack_get(&self, family: u8, key: &CtKey) -> Option<CtEntry> {
+        match family {
+            FAMILY_V4 => self.conntrack4.get(&CtKey4::new(&key.tuple, key.service), 0).ok(),
+            _ => self.conntrack.get(key, 0).ok(),
+        }
     }
 
-    pub fn conntrack_set(&mut self, key: &CtKey, entry: CtEntry) -> Result<()> {
-        self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?;
+    pub fn conntrack_set(&mut self, family: u8, key: &CtKey, entry: CtEntry) -> Result<()> {
+        match family {
+            FAMILY_V4 => self.conntrack4.insert(CtKey4::new(&key.tuple, key.service), entry, 0).context("writing CONNTRACK4")?,
+            FAMILY_V6 => self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?,
+            _ => bail!("conntrack_set: family {family} is neither FAMILY_V4 nor FAMILY_V6"),
+        }
         Ok(())
     }
 
-    /// Every connection-table entry.
-    pub fn conntrack_entries(&self) -> Vec<(CtKey, CtEntry)> {
-        self.conntrack.iter().filter_map(|r| r.ok()).collect()
+    /// Every connection-table entry of both families: (family, key, entry).
+    pub fn conntrack_entries(&self) -> Vec<(u8, CtKey, CtEntry)> {
+        let v4 = self.conntrack4.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V4, k.to_key(), e));
+        let v6 = self.conntrack.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V6, k, e));
+        v4.chain(v6).collect()
     }
 
     /// All counters, summed over CPUs.
@@ -570,6 +593,14 @@ impl Dataplane {
         let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
         link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
         Ok(mode)
+    }
+
+    /// The data-plane clock now (ns; jiffies times the tick length, the kernel's jiffies epoch),
+    /// read by running `clock_probe`, so it is exactly the clock the balancer stamps entries
+    /// and compares drain deadlines with.
+    pub fn now_ns(&self) -> Result<u64> {
+        self.run_test(Program::ClockProbe, &[0u8; 64], 0).context("running clock_probe")?;
+        self.clock_probe.get(&0, 0).context("reading CLOCK_PROBE")
     }
 
     /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
@@ -723,14 +754,20 @@ pub(crate) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
     Ok(())
 }
 
-/// The data plane's clock, for drain deadlines: the XDP program stamps with
-/// `bpf_ktime_get_coarse_ns()`, which is CLOCK_MONOTONIC_COARSE (CLOCK_MONOTONIC as of the
-/// last timer tick, so it never runs ahead of CLOCK_MONOTONIC and trails it by at most a tick).
-pub fn ktime_now_ns() -> u64 {
+/// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of
+/// CLOCK_MONOTONIC_COARSE is exactly one tick (TICK_NSEC: 4,000,000 at HZ = 250).
+pub fn ns_per_jiffy() -> Result<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // SAFETY: clock_getres writes into the timespec we own.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        bail!("clock_getres(CLOCK_MONOTONIC_COARSE): {}", std::io::Error::last_os_error());
+    }
+    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    // HZ is between 24 and 10,000 on any Linux build.
+    if !(100_000..=50_000_000).contains(&ns) {
+        bail!("CLOCK_MONOTONIC_COARSE resolution {ns} ns is not a kernel tick length");
+    }
+    Ok(ns)
 }
 
 /// The controller writes through this; each call maps to one of the writer's operations.
@@ -767,8 +804,8 @@ impl crate::controller::Tables for Dataplane {
         }
         Ok(())
     }
-    fn now_ns(&self) -> u64 {
-        ktime_now_ns()
+    fn now_ns(&self) -> Result<u64> {
+        Dataplane::now_ns(self)
     }
 }
 

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use lb_common::{
     affinity, backend_flags, forwarding, persistence, persistence_flags, service_flags, stat, table_flags,
-    track_tuple, tracking, CtKey, FlowTuple, ServiceInfo, BACKEND_DROP, PROTO_TCP, PROTO_UDP,
+    track_tuple, tracking, CtKey, FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP,
 };
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
@@ -105,8 +105,8 @@ fn s7_client_ip_per_connection_second_syn_rehashes() {
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "second SYN re-hashed");
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "first connection keeps its entry");
-    assert!(dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40000, 80)).is_some());
-    assert!(dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40001, 80)).is_some(), "a new 5-tuple entry");
+    assert!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).is_some());
+    assert!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40001, 80)).is_some(), "a new 5-tuple entry");
 }
 
 #[test]
@@ -192,18 +192,18 @@ fn idle_entry_expires_and_flow_is_rehashed() {
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     move_table_to_b2(&mut dp);
     let key = ct_key(&info, PROTO_UDP, 5000, 53);
-    let e = dp.conntrack_get(&key).expect("entry made by the first packet");
+    let e = dp.conntrack_get(FAMILY_V4, &key).expect("entry made by the first packet");
     assert_eq!(e.backend, B1);
     // Aged by one second less than the timeout: still valid, and refreshed by the packet.
-    dp.conntrack_set(&key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 1_000_000_000), ..e }).unwrap();
+    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 1_000_000_000), ..e }).unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
-    let refreshed = dp.conntrack_get(&key).unwrap();
+    let refreshed = dp.conntrack_get(FAMILY_V4, &key).unwrap();
     assert!(refreshed.last_seen_ns >= e.last_seen_ns, "a hit refreshes last_seen");
     // Aged past the timeout: expired, re-hashed to b2.
-    dp.conntrack_set(&key, lb_common::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
+    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B2);
     assert_eq!(dp.stats().unwrap().get(stat::CT_EXPIRED), 1);
-    assert_eq!(dp.conntrack_get(&key).unwrap().backend, B2);
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &key).unwrap().backend, B2);
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn p9_removed_backend_drains_until_deadline() {
     let mut dp = setup(info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     move_table_to_b2(&mut dp);
-    let seen = dp.conntrack_get(&ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
+    let seen = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
     // Removed with 300 s of draining left: tracked packets still reach b1.
     dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, seen + 300_000_000_000).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1);
@@ -267,4 +267,61 @@ fn client_class_selects_its_table_and_counts_spills() {
     assert_eq!(s.class(SVC, 0).new_flows, 1);
     let total = s.service(SVC);
     assert_eq!((total.packets, total.new_flows, total.spills), (2, 2, 1), "per-service sums over classes");
+}
+
+/// IPv4 flows are tracked in `CONNTRACK4` (16-byte key), IPv6 flows in `CONNTRACK`; each
+/// family's established flow keeps its backend across a table swap, and the entries read back
+/// under the keys userspace computes for them.
+#[test]
+fn each_family_tracks_its_flows_in_its_own_table() {
+    use std::net::Ipv6Addr;
+    const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
+    const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP6.into(), 80, PROTO_TCP)], info).unwrap();
+    let tcp6_frame = |flags| {
+        let ip = ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, 40000, 80, flags, b"data"));
+        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ip)
+    };
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    assert_eq!(backend_of(&dp, &tcp6_frame(TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "IPv4 flow stays");
+    assert_eq!(backend_of(&dp, &tcp6_frame(TCP_ACK)), B1, "IPv6 flow stays");
+
+    let mut entries = dp.conntrack_entries();
+    entries.sort_by_key(|(family, _, _)| *family);
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!((entries[0].0, entries[1].0), (FAMILY_V4, FAMILY_V6));
+    assert_eq!(entries[0].1, ct_key(&info, PROTO_TCP, 40000, 80));
+    let full6 = FlowTuple {
+        src: addr_words(CLIENT6.into()).0,
+        dst: addr_words(VIP6.into()).0,
+        sport: 40000u16.to_be(),
+        dport: 80u16.to_be(),
+        proto: PROTO_TCP,
+        _pad: [0; 3],
+    };
+    let key6 = CtKey { tuple: track_tuple(info.affinity, info.tracking, &full6, true), service: info.id };
+    assert_eq!(entries[1].1, key6);
+    assert_eq!(dp.conntrack_get(FAMILY_V6, &key6).map(|e| e.backend), Some(B1));
+    assert!(dp.conntrack_get(FAMILY_V4, &key6).is_none(), "an IPv6 key is not in the IPv4 table");
+    assert!(dp.conntrack_get(FAMILY_V6, &ct_key(&info, PROTO_TCP, 40000, 80)).is_none(), "nor the reverse");
+}
+
+/// Entries are stamped with the data-plane clock that `Dataplane::now_ns` reads (jiffies times
+/// the tick length), so userspace deadlines and the kernel's stamps compare.
+#[test]
+fn entries_are_stamped_with_the_clock_userspace_reads() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = setup(info);
+    let before = dp.now_ns().unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    let after = dp.now_ns().unwrap();
+    let stamp = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
+    assert!(before <= stamp && stamp <= after, "stamp {stamp} outside [{before}, {after}]");
+    let tick = lb_user::dataplane::ns_per_jiffy().unwrap();
+    assert_eq!(stamp % tick, 0, "the clock counts whole ticks of {tick} ns");
+    assert!(before > 0);
 }

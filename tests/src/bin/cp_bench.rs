@@ -11,7 +11,7 @@
 //!    entries from here, then the daemon's VmRSS and the map's kernel memory are read.
 
 use anyhow::{bail, Context, Result};
-use lb_common::{CtEntry, CtKey, FlowTuple};
+use lb_common::{CtEntry, CtKey, CtKey4, FlowTuple};
 use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::dataplane::Dataplane;
@@ -107,16 +107,17 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
         lb_tests::e2e::wait_for("the daemon's socket", Duration::from_secs(60), || dir.join("lb.sock").exists().then_some(()))?;
         std::thread::sleep(Duration::from_millis(500));
         let before = status_kib(child.id(), "VmRSS:")?;
-        let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK"))?;
+        // IPv4 flows: the CONNTRACK4 table.
+        let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK4"))?;
         let map = aya::maps::Map::LruHashMap(data);
-        let mut ct: aya::maps::HashMap<_, CtKey, CtEntry> = aya::maps::HashMap::try_from(map)?;
+        let mut ct: aya::maps::HashMap<_, CtKey4, CtEntry> = aya::maps::HashMap::try_from(map)?;
         for i in 0..CONNECTIONS {
             let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
             let key = CtKey {
                 tuple: FlowTuple { src: [src, 0, 0, 0], dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0], sport: ((i & 0xff) as u16 + 1024).to_be(), dport: 80u16.to_be(), proto: 6, _pad: [0; 3] },
                 service: 0,
             };
-            ct.insert(key, CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() }, 0)?;
+            ct.insert(CtKey4::new(&key.tuple, key.service), CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() }, 0)?;
         }
         let after = status_kib(child.id(), "VmRSS:")?;
         let anon = status_kib(child.id(), "RssAnon:")?;
@@ -125,7 +126,7 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
         println!(
             "  daemon resident memory with {} tracked connections: VmRSS {:.1} MiB (before filling: {:.1} MiB) = own heap (RssAnon) {:.1} MiB \
              + file-backed pages (RssFile+RssShmem: the binary and the mmapped TABLES map, kernel memory shared with the XDP program) {:.1} MiB; the connection table itself \
-             is kernel memory: CONNTRACK holds {:.1} MiB",
+             is kernel memory: CONNTRACK4 (the IPv4 table) holds {:.1} MiB",
             CONNECTIONS,
             after as f64 / 1024.0,
             before as f64 / 1024.0,
@@ -146,7 +147,7 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
 /// Kernel memory charged to the pinned CONNTRACK map (`memlock` of its fdinfo).
 fn conntrack_memlock(pins: &std::path::Path) -> Result<u64> {
     use std::os::fd::{AsFd, AsRawFd};
-    let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK"))?;
+    let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK4"))?;
     let fd = data.fd().as_fd().as_raw_fd();
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
     let line = text.lines().find(|l| l.starts_with("memlock:")).context("no memlock in fdinfo")?;

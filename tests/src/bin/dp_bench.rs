@@ -13,10 +13,11 @@
 //! `SINGLE_CALLS` calls with `repeat = 1` each, averaged, against the empty program measured
 //! the same way.
 //!
-//! Usage: dp_bench [--quick] [--no-single] [--profile CASE SECONDS]
+//! Usage: dp_bench [--quick] [--no-single] [--stages] [--profile CASE SECONDS]
 //! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check,
-//! for quick A/B comparisons; --profile: run one case, `v4-hit`, `v4-syn`, `v6-hit` or
-//! `v6-syn`, for SECONDS without reporting, so that `perf record -a` sees only that path)
+//! for quick A/B comparisons; --stages: the cost split by stage of the balancer; --profile:
+//! run one case, `v4-hit`, `v4-syn`, `v6-hit` or `v6-syn`, for SECONDS without reporting, so
+//! that `perf record -a` sees only that path)
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -122,12 +123,13 @@ impl Bench {
             loader.map_max_entries(name, max);
         }
         let mut ebpf = loader
+            .override_global("NS_PER_JIFFY", &lb_user::dataplane::ns_per_jiffy()?, true)
             .override_global("TABLE_M", &TABLE_M, true)
             .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
             .load(&object)
             .context("loading the XDP object (needs root)")?;
-        for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only"] {
+        for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4"] {
             let prog: &mut Xdp = ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
             prog.load().with_context(|| format!("verifying {name}"))?;
         }
@@ -223,6 +225,17 @@ impl Bench {
             bail!("{prog}: the frame after {repeat} iterations differs from the input");
         }
         Ok(r.duration.as_nanos() as u64)
+    }
+
+    /// One run without checks: the average ns per iteration.
+    fn run_unchecked(&self, prog: &str, frame: &[u8], repeat: u32) -> Result<f64> {
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let p: &Xdp = self.ebpf.program(prog).ok_or_else(|| anyhow!("program {prog} missing"))?.try_into()?;
+        let r = p.test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })?;
+        Ok(r.duration.as_nanos() as f64)
     }
 
     /// Median of `runs` timed runs after one warm-up run.
@@ -338,6 +351,9 @@ fn main() -> Result<()> {
         p.single_calls = 0;
     }
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--stages") {
+        return stages();
+    }
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let case = args.get(i + 1).cloned().unwrap_or_default();
         let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
@@ -376,6 +392,43 @@ fn profile(case: &str, secs: u64) -> Result<()> {
         let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         while std::time::Instant::now() < end {
             b.run("bench_lb", &f, 1_000_000, e)?;
+        }
+        Ok(())
+    })
+}
+
+/// Cost by stage: `bench_stageN` runs the balancer up to stage N (lb-ebpf `balance_until`),
+/// so the differences between consecutive columns are the stages' costs. Not checked by
+/// counters (the stages stop before counting); noisy, for finding where the time goes.
+fn stages() -> Result<()> {
+    in_netns(move |topo| -> Result<()> {
+        let b = Bench::load(topo.lbv0)?;
+        let median = |prog: &str, frame: &[u8]| -> Result<f64> {
+            let mut v = (0..7).map(|_| b.run_unchecked(prog, frame, 1_000_000)).collect::<Result<Vec<_>>>()?;
+            v.sort_unstable_by(f64::total_cmp);
+            Ok(v[v.len() / 2])
+        };
+        const PROGS: [(&str, &str); 6] = [
+            ("bench_restore_only", "wrapper"),
+            ("bench_stage1", "parse"),
+            ("bench_stage2", "+service"),
+            ("bench_stage3", "+conntrack/choice"),
+            ("bench_stage4", "+class counters"),
+            ("bench_lb", "+forwarding"),
+        ];
+        println!("ns above the floor, cumulative (each column includes the wrapper's save/restore)");
+        println!("{:<10}{}", "case", PROGS.iter().map(|(_, h)| format!("{h:>19}")).collect::<String>());
+        for (family, syn, ack) in [("IPv4", frame4(TCP_SYN), frame4(TCP_ACK)), ("IPv6", frame6(TCP_SYN), frame6(TCP_ACK))] {
+            // The SYN leaves the entry the ACK runs hit.
+            b.run_unchecked("bench_lb", &syn, 10)?;
+            let floor = median("bench_empty", &ack)?;
+            for (case, frame) in [("ACK", &ack), ("SYN", &syn)] {
+                let mut line = format!("{family} {case}");
+                for (prog, _) in PROGS {
+                    line += &format!("{:>+19.0}", median(prog, frame)? - floor);
+                }
+                println!("{line}");
+            }
         }
         Ok(())
     })

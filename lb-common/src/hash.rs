@@ -1,10 +1,11 @@
-//! Flow hashing (kernel and userspace) and Maglev permutation hashing (userspace).
+//! Flow hashing (kernel and userspace), the service table's slot hash and probe (kernel and
+//! userspace) and Maglev permutation hashing (userspace).
 //!
 //! The flow hash is a MurmurHash3 (x86_32) body over the ten 32-bit words of a [`FlowTuple`],
 //! with a fixed seed: cheap in eBPF (no loops the verifier dislikes, no tables), well mixed, and
 //! identical on every host, so two balancers behind ECMP choose the same backend for a flow.
 
-use crate::maps::FlowTuple;
+use crate::maps::{FlowTuple, ServiceInfo, ServiceSlot, SERVICE_PROBES};
 
 /// Seed of the per-packet flow hash. Changing it moves every flow: treat as part of the ABI.
 pub const FLOW_HASH_SEED: u32 = 0x4c42_0001;
@@ -57,6 +58,60 @@ pub fn maglev_slot(hash: u32, m: u32) -> u32 {
     hash % m
 }
 
+/// Home slot hash of a service key ([`crate::ServiceKey::words`]) in a service table half built
+/// with `seed`; the slot is `hash & (S - 1)`. Five multiply/xor-shift rounds and a final mix:
+/// a few instructions in eBPF, no loop. Only needs to spread keys well (the writer retries
+/// with another seed if some key lands too far from home), not to resist chosen keys, since
+/// only the operator's configuration chooses them.
+#[inline(always)]
+pub const fn service_slot_hash(key_words: &[u32; 5], seed: u32) -> u32 {
+    let mut h = seed ^ 0x9e37_79b9;
+    h = (h ^ key_words[0]).wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 15;
+    h = (h ^ key_words[1]).wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 15;
+    h = (h ^ key_words[2]).wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 15;
+    h = (h ^ key_words[3]).wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 15;
+    h = (h ^ key_words[4]).wrapping_mul(0x85eb_ca6b);
+    fmix32(h)
+}
+
+/// Looks `key_words` up in one half of the service table: the half's slots are
+/// `slot(base) ..= slot(base + mask)` (S = mask + 1 slots, a power of two), built with `seed`.
+/// Probes at most [`SERVICE_PROBES`] consecutive slots from the home slot, wrapping within the
+/// half; stops at the key or at an empty slot. `slot` is the data plane's array lookup (inlined
+/// by the verifier) or a slice access in userspace: both run this very routine.
+#[inline(always)]
+pub fn find_service<'a>(
+    slot: impl Fn(u32) -> Option<&'a ServiceSlot>,
+    key_words: &[u32; 5],
+    seed: u32,
+    mask: u32,
+    base: u32,
+) -> Option<&'a ServiceInfo> {
+    let home = service_slot_hash(key_words, seed);
+    let mut p = 0;
+    while p < SERVICE_PROBES {
+        let s = slot(base + (home.wrapping_add(p) & mask))?;
+        let w = s.key.words();
+        // Word-wise, branch-free: no memcmp in eBPF.
+        let diff = (w[0] ^ key_words[0]) | (w[1] ^ key_words[1]) | (w[2] ^ key_words[2]) | (w[3] ^ key_words[3])
+            | (w[4] ^ key_words[4]);
+        if diff == 0 {
+            return Some(&s.info);
+        }
+        // Empty (family 0): the writer zeroes empty slots, and a used slot's last word holds
+        // its nonzero family, so testing the word is the same as testing the family.
+        if w[4] == 0 {
+            return None;
+        }
+        p += 1;
+    }
+    None
+}
+
 /// MurmurHash3 (x86_32) of a byte string: Maglev's permutation input (userspace only).
 pub fn murmur3_bytes(data: &[u8], seed: u32) -> u32 {
     let mut h = seed;
@@ -95,6 +150,95 @@ mod tests {
         assert_eq!(murmur3_bytes(b"", 1), 0x514e_28b7);
         assert_eq!(murmur3_bytes(b"hello", 0), 0x248b_fa47);
         assert_eq!(murmur3_bytes(b"Hello, world!", 1234), 0xfaf6_cdb3);
+    }
+
+    fn key(i: u32) -> [u32; 5] {
+        // IPv4 VIPs 10.0.x.y, ports 1.., TCP: the shape of real keys (three zero words).
+        let addr = u32::from_ne_bytes([10, 0, (i >> 8) as u8, i as u8]);
+        [addr, 0, 0, 0, ((i % 7 + 1) as u16).to_be() as u32 | 6 << 16 | 4 << 24]
+    }
+
+    #[test]
+    fn service_slot_hash_is_deterministic_and_seeded() {
+        let k = key(3);
+        assert_eq!(service_slot_hash(&k, 1), service_slot_hash(&k, 1));
+        assert_ne!(service_slot_hash(&k, 1), service_slot_hash(&k, 2));
+        // A fixed value: kernel and userspace must agree, and so must two builds over time
+        // (a restarted daemon reads the half its predecessor built, with the stored seed).
+        // Reference values from an independent (Python) implementation of the same rounds.
+        assert_eq!(service_slot_hash(&[0, 0, 0, 0, 0], 0), 0xd591_e2c7);
+        assert_eq!(service_slot_hash(&[0x0a00_0001, 0, 0, 0, 0x0406_0050], 7), 0x7f7f_6736);
+    }
+
+    #[test]
+    fn service_slot_hash_spreads_similar_keys() {
+        // 4096 keys that differ in few bits, into 8192 buckets: no bucket much fuller than
+        // a uniform hash would make it, and about the expected number of buckets used
+        // (8192 * (1 - e^-0.5) ~ 3223).
+        for seed in [0u32, 1, 0xdead_beef] {
+            let mut buckets = [0u16; 8192];
+            for i in 0..4096 {
+                buckets[(service_slot_hash(&key(i), seed) & 8191) as usize] += 1;
+            }
+            let used = buckets.iter().filter(|&&b| b > 0).count();
+            let max = *buckets.iter().max().unwrap();
+            assert!((3000..3450).contains(&used), "seed {seed}: {used} buckets used");
+            assert!(max <= 7, "seed {seed}: a bucket holds {max} keys");
+        }
+        // Every bit of the home slot depends on the port word and on the address.
+        let base = service_slot_hash(&key(0), 0);
+        let mut flipped = 0u32;
+        for bit in 0..32 {
+            let mut k = key(0);
+            k[4] ^= 1 << bit;
+            flipped |= service_slot_hash(&k, 0) ^ base;
+            let mut k = key(0);
+            k[0] ^= 1 << bit;
+            flipped |= service_slot_hash(&k, 0) ^ base;
+        }
+        assert_eq!(flipped, u32::MAX);
+    }
+
+    fn slot_of(k: [u32; 5], id: u32) -> ServiceSlot {
+        let key = crate::ServiceKey {
+            addr: [k[0], k[1], k[2], k[3]],
+            port: k[4] as u16,
+            proto: (k[4] >> 16) as u8,
+            family: (k[4] >> 24) as u8,
+        };
+        ServiceSlot { key, _pad: 0, info: ServiceInfo { id, ..Default::default() } }
+    }
+
+    #[test]
+    fn service_key_words_match_the_data_plane_layout() {
+        let k = key(9);
+        assert_eq!(slot_of(k, 0).key.words(), k);
+    }
+
+    #[test]
+    fn find_service_probes_wrapping_within_the_half_and_stops_at_empty() {
+        // A half of 8 slots at base 8 of a 16-slot table; place key(1) by hand at its home
+        // slot + 3 (wrapping), the slots between it and home occupied by other keys.
+        let (s, base, seed) = (8u32, 8u32, 5u32);
+        let mut table = [ServiceSlot::default(); 16];
+        let k = key(1);
+        let home = service_slot_hash(&k, seed) & (s - 1);
+        for d in 0..3 {
+            table[(base + ((home + d) & (s - 1))) as usize] = slot_of(key(100 + d), 100 + d);
+        }
+        table[(base + ((home + 3) & (s - 1))) as usize] = slot_of(k, 1);
+        let get = |i: u32| table.get(i as usize);
+        assert_eq!(find_service(get, &k, seed, s - 1, base).map(|i| i.id), Some(1));
+        // The other half (base 0) is empty: not found, and not found under another seed
+        // whose home slot is empty.
+        assert_eq!(find_service(get, &k, seed, s - 1, 0), None);
+        // An empty slot between home and the key ends the probe.
+        table[(base + ((home + 1) & (s - 1))) as usize] = ServiceSlot::default();
+        let get = |i: u32| table.get(i as usize);
+        assert_eq!(find_service(get, &k, seed, s - 1, base), None);
+        // Beyond SERVICE_PROBES: a full half never finds a key that is not there.
+        let full: [ServiceSlot; 8] = core::array::from_fn(|i| slot_of(key(200 + i as u32), 0));
+        assert_eq!(find_service(|i| full.get(i as usize), &k, seed, 7, 0), None);
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub fn addr_words(addr: core::net::IpAddr) -> ([u32; 4], u8) {
     }
 }
 
-/// Key of the `SERVICES` hash map. Port 0 = every port; proto [`PROTO_ANY`] = L3_DEFAULT.
+/// Key of a service in the `SERVICE_TABLE`. Port 0 = every port; proto [`PROTO_ANY`] = L3_DEFAULT.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServiceKey {
@@ -105,7 +105,18 @@ pub struct ServiceKey {
     pub family: u8,
 }
 
-/// Value of the `SERVICES` hash map. Every key of one service carries the same value.
+impl ServiceKey {
+    /// The key as five native-endian words, exactly as it sits in memory: what
+    /// [`crate::service_slot_hash`] hashes and the probe compares. The data plane builds the same
+    /// words from a packet as `addr[0..4], port | proto << 16 | family << 24` (little endian).
+    #[inline(always)]
+    pub fn words(&self) -> [u32; 5] {
+        // SAFETY: repr(C), 20 bytes without padding, 4-byte aligned (checked below).
+        unsafe { *(self as *const Self as *const [u32; 5]) }
+    }
+}
+
+/// Value of a service key. Every key of one service carries the same value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceInfo {
@@ -122,6 +133,34 @@ pub struct ServiceInfo {
     pub encap_src_hash_mask: u32,
     /// Outer source address of encapsulated packets (IPv4 in the first word).
     pub encap_src: [u32; 4],
+}
+
+/// One slot of the `SERVICE_TABLE` array: an open-addressing hash table of the service keys,
+/// probed inline by the data plane (an array lookup is inlined by the verifier; a hash-map
+/// lookup is a helper call). A slot whose `key.family` is 0 is empty; the writer zeroes empty
+/// slots entirely, so the last key word of an empty slot is 0 and of a used one is not.
+/// 64 bytes, so the verifier's inlined lookup indexes with a shift.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceSlot {
+    pub key: ServiceKey,
+    pub _pad: u32,
+    pub info: ServiceInfo,
+}
+
+/// A key sits at most this many slots from its home slot `service_slot_hash & (S - 1)`
+/// (wrapping within its half): the probe stops after that many slots. The writer picks a seed
+/// under which every key fits.
+pub const SERVICE_PROBES: u32 = 8;
+
+/// Value of the `SERVICE_INDEX` array (one entry): the active half of `SERVICE_TABLE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTableRef {
+    /// Index of the first slot of the active half (0 or S).
+    pub base: u32,
+    /// Seed of [`crate::service_slot_hash`] the active half was built with.
+    pub seed: u32,
 }
 
 /// Flow fields hashed for backend choice or used as conntrack key. Fields that the session
@@ -358,12 +397,16 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, FlowTuple, CtKey, CtKey4, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
+const _: () = assert!(core::mem::align_of::<ServiceKey>() == 4);
 const _: () = assert!(core::mem::size_of::<ServiceInfo>() == 40);
+const _: () = assert!(core::mem::size_of::<ServiceSlot>() == 64);
+const _: () = assert!(core::mem::offset_of!(ServiceSlot, info) == 24);
+const _: () = assert!(core::mem::size_of::<ServiceTableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);

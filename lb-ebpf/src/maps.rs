@@ -7,14 +7,22 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo, ServiceKey, TableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceSlot, ServiceTableRef,
+    TableRef,
 };
 
 use crate::nexthop::NextHop;
 
-/// (VIP, port, proto) -> service. Port 0 = all ports, proto 0 = L3_DEFAULT.
+/// (VIP, port, proto) -> service, as an open-addressing hash table in two halves of
+/// SERVICE_SLOTS slots each (see `select::service`). Port 0 = all ports, proto 0 = L3_DEFAULT.
+/// An array rather than a hash map: the verifier inlines array lookups, a hash-map lookup is a
+/// helper call. BPF_F_MMAPABLE: userspace writes a whole half with one copy.
 #[map]
-pub static SERVICES: HashMap<ServiceKey, ServiceInfo> = HashMap::with_max_entries(1, 0);
+pub static SERVICE_TABLE: Array<ServiceSlot> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
+/// One entry: the active half of SERVICE_TABLE and its hash seed; userspace rebuilds the
+/// standby half and flips this entry.
+#[map]
+pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0);
 /// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
@@ -60,6 +68,9 @@ pub static NS_PER_JIFFY: Global<u64> = Global::new(0);
 /// Maglev table size M (prime), set at load time so the verifier sees a constant.
 #[no_mangle]
 pub static TABLE_M: Global<u32> = Global::new(1);
+/// Slots per half of SERVICE_TABLE (a power of two), set at load time.
+#[no_mangle]
+pub static SERVICE_SLOTS: Global<u32> = Global::new(1);
 /// Number of client classes per service (row width of TABLE_INDEX and the class counters).
 #[no_mangle]
 pub static CLASSES_PER_SERVICE: Global<u32> = Global::new(1);

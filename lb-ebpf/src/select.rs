@@ -3,19 +3,36 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use lb_common::{
-    maglev_slot, table_flags, ClassKey, ServiceInfo, ServiceKey, TableRef, CLASS_KEY_SERVICE_BITS,
-    CLASS_NONE, FAMILY_V4, PROTO_ANY,
+    find_service, maglev_slot, table_flags, ClassKey, ServiceInfo, ServiceTableRef, TableRef,
+    CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_V4, PROTO_ANY,
 };
 
-use crate::maps::{CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICES, TABLES, TABLE_INDEX, TABLE_M};
+use crate::maps::{
+    CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
+};
 use crate::parse::{as_key, is_vip, Packet};
 
-/// The service under (addr, port, proto, family); a reference into the map (valid for the
-/// rest of the program run), not a copy.
+/// The active half of the service table (copied: 8 bytes), and its slot mask; None before
+/// the load-time size is set (never, once loaded by `lb_user::dataplane`).
 #[inline(always)]
-fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static ServiceInfo> {
+fn service_table() -> Option<(ServiceTableRef, u32)> {
+    let slots = SERVICE_SLOTS.load();
+    if slots == 0 {
+        return None;
+    }
+    SERVICE_INDEX.get(0).map(|r| (*r, slots - 1))
+}
+
+/// The service under (addr, port, proto, family); a reference into the map (valid for the
+/// rest of the program run), not a copy. Probes the active half of SERVICE_TABLE inline
+/// (`lb_common::find_service`, the routine userspace tests run): every array lookup is
+/// inlined by the verifier, with its own bounds check, so no helper call and no unbounded
+/// index.
+#[inline(always)]
+fn service(table: (ServiceTableRef, u32), addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static ServiceInfo> {
+    let (r, mask) = table;
     let key = [addr[0], addr[1], addr[2], addr[3], port as u32 | (proto as u32) << 16 | (family as u32) << 24];
-    unsafe { SERVICES.get(as_key::<ServiceKey, 5>(&key)) }
+    find_service(|i| SERVICE_TABLE.get(i), &key, r.seed, mask, r.base)
 }
 
 /// The service of a packet: exact port, then the all-ports service of the protocol, then
@@ -24,22 +41,23 @@ fn service(addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static 
 /// needs an all-ports or L3_DEFAULT rule).
 ///
 /// An exact hit needs no `VIPS` lookup: the writer adds a VIP before any service key on it and
-/// removes it after the last one, so every `SERVICES` key's address is in `VIPS`.
+/// removes it after the last one, so every service key's address is in `VIPS`.
 #[inline(always)]
 pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
     let t = &pkt.tuple;
+    let table = service_table()?;
     if pkt.ports_valid {
-        if let Some(s) = service(t.dst, t.dport, t.proto, pkt.family) {
+        if let Some(s) = service(table, t.dst, t.dport, t.proto, pkt.family) {
             return Some(s);
         }
     }
     if !is_vip(t.dst, pkt.family) {
         return None;
     }
-    if let Some(s) = service(t.dst, 0, t.proto, pkt.family) {
+    if let Some(s) = service(table, t.dst, 0, t.proto, pkt.family) {
         return Some(s);
     }
-    service(t.dst, 0, PROTO_ANY, pkt.family)
+    service(table, t.dst, 0, PROTO_ANY, pkt.family)
 }
 
 /// Client class of the source within the service; IPv4 sources as `::ffff:a.b.c.d`.

@@ -3,9 +3,10 @@
 //!
 //! It knows nothing of policy: callers hand it finished tables. Tables are written into a free
 //! slot of `TABLES` and then made active with a single `TABLE_INDEX` update, so the kernel never
-//! sees a half-written table; the previous slot becomes free again.
+//! sees a half-written table; the previous slot becomes free again. Service keys go the same way
+//! through the two halves of `SERVICE_TABLE` (see `service_table`).
 
-use std::collections::{HashMap as StdHashMap, VecDeque};
+use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -23,11 +24,13 @@ use lb_common::{
     ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
+use crate::service_table::{self, ServiceTable};
+
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 11] = [
-    "SERVICES", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
-    "DECAP_ADDRS",
+pub const MAP_NAMES: [&str; 12] = [
+    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS",
+    "STATS", "CLASS_STATS", "DECAP_ADDRS",
 ];
 
 /// The compiled XDP object (built by `build.rs`).
@@ -52,11 +55,12 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 12] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 13] {
         let pairs = self.max_services * self.classes_per_service;
         [
-            // Several keys (ports, protocols) per service.
-            ("SERVICES", self.max_services.saturating_mul(16)),
+            // Two halves of S slots, S >= twice the key capacity (16 keys per service).
+            ("SERVICE_TABLE", 2 * self.service_slots()),
+            ("SERVICE_INDEX", 1),
             ("VIPS", self.max_services.saturating_mul(4)),
             ("CONNTRACK", self.conntrack_entries),
             ("CONNTRACK4", self.conntrack_entries),
@@ -72,6 +76,11 @@ impl DataplaneSizes {
         ]
     }
 
+    /// Slots per half of `SERVICE_TABLE` (a power of two; the load-time `SERVICE_SLOTS`).
+    pub fn service_slots(&self) -> u32 {
+        service_table::slots_for(self.max_services)
+    }
+
     fn validate(&self) -> Result<()> {
         let s = self;
         if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
@@ -85,6 +94,9 @@ impl DataplaneSizes {
         }
         if s.max_services > MAX_SERVICE_ID {
             bail!("max_services {} is above the limit {MAX_SERVICE_ID}", s.max_services);
+        }
+        if s.max_services > 1 << 20 {
+            bail!("max_services {} is too large for the service table", s.max_services);
         }
         if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
             bail!("too many (service, class) pairs");
@@ -181,7 +193,7 @@ impl Stats {
 pub struct Dataplane {
     ebpf: Ebpf,
     sizes: DataplaneSizes,
-    services: HashMap<MapData, ServiceKey, ServiceInfo>,
+    services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
     conntrack: HashMap<MapData, CtKey, CtEntry>,
     conntrack4: HashMap<MapData, CtKey4, CtEntry>,
@@ -196,7 +208,7 @@ pub struct Dataplane {
     class_stats: PerCpuArray<MapData, ClassCounters>,
     decap_addrs: HashMap<MapData, AddrKey, u32>,
     clock_probe: Array<MapData, u64>,
-    /// Service keys per VIP address, to keep `VIPS` in step with `SERVICES`.
+    /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
     /// Active slot per (service, class).
     active_slots: StdHashMap<(u32, u32), u32>,
@@ -208,6 +220,10 @@ pub struct Dataplane {
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
+}
+
+fn take_raw(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))
 }
 
 fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
@@ -247,6 +263,7 @@ impl Dataplane {
         let mut ebpf = loader
             .override_global("NS_PER_JIFFY", &ns_per_jiffy()?, true)
             .override_global("TABLE_M", &sizes.table_size_m, true)
+            .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
             .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
@@ -258,13 +275,13 @@ impl Dataplane {
             prog.load().with_context(|| format!("verifying program {}", p.name()))?;
         }
         Ok(Self {
-            services: take(&mut ebpf, "SERVICES")?,
+            services: ServiceTable::new(take_raw(&mut ebpf, "SERVICE_TABLE")?, take_raw(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?,
             vips: take(&mut ebpf, "VIPS")?,
             conntrack: take(&mut ebpf, "CONNTRACK")?,
             conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
-            tables: ebpf.take_map("TABLES").ok_or_else(|| anyhow!("map TABLES missing from the XDP object"))?,
+            tables: take_raw(&mut ebpf, "TABLES")?,
             tables_mmap: None,
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
@@ -282,7 +299,7 @@ impl Dataplane {
 
     /// Rebuild the writer's bookkeeping from the maps (all empty on a fresh load).
     fn with_recovered_bookkeeping(mut self) -> Self {
-        self.tables_mmap = TableMmap::new(&self.tables, self.sizes.table_slots as usize * self.sizes.table_size_m as usize);
+        self.tables_mmap = ArrayMmap::new(&self.tables, self.sizes.table_slots as usize * self.sizes.table_size_m as usize);
         let cps = self.sizes.classes_per_service;
         for index in 0..self.sizes.max_services * cps {
             if let Ok(r) = self.table_index.get(&index, 0) {
@@ -291,57 +308,64 @@ impl Dataplane {
                 }
             }
         }
-        let used: std::collections::HashSet<u32> = self.active_slots.values().copied().collect();
+        let used: HashSet<u32> = self.active_slots.values().copied().collect();
         self.free_slots = (0..self.sizes.table_slots).filter(|s| !used.contains(s)).collect();
-        let keys: Vec<ServiceKey> = self.services.keys().filter_map(|k| k.ok()).collect();
-        for key in keys {
-            *self.vip_refs.entry(addr_key(key.addr, key.family)).or_default() += 1;
-        }
+        // `services` adopted the active half of SERVICE_TABLE when it was made.
+        self.vip_refs = vip_refs(&self.services);
         self
     }
 
-    /// Ids of the services whose keys are in `SERVICES`, with those keys (after a restart).
+    /// The service keys in the active half of `SERVICE_TABLE`, with their services, as the
+    /// kernel reads them (after a restart: what the previous daemon installed).
     pub fn installed_services(&self) -> Vec<(ServiceKey, ServiceInfo)> {
-        self.services.iter().filter_map(|r| r.ok()).collect()
+        self.services.read_active().unwrap_or_default()
+    }
+
+    /// Whether service table halves are written through a shared mapping.
+    pub fn service_table_mapped(&self) -> bool {
+        self.services.mapped()
     }
 
     pub fn sizes(&self) -> &DataplaneSizes {
         &self.sizes
     }
 
-    /// Installs (or updates) one service under each of its keys (VIP, port, protocol).
+    /// Installs (or updates) one service under each of its keys (VIP, port, protocol): the
+    /// service table is rebuilt into its standby half and flipped (see `service_table`).
     pub fn set_service(&mut self, keys: &[ServiceKey], info: ServiceInfo) -> Result<()> {
         if info.id >= self.sizes.max_services {
             bail!("service id {} out of range (max_services {})", info.id, self.sizes.max_services);
         }
+        // VIPS first: the data plane relies on every service key's address being a VIP.
+        let mut added = Vec::new();
         for key in keys {
             let vip = addr_key(key.addr, key.family);
-            let is_new = self.services.get(key, 0).is_err();
-            // VIPS first: the data plane relies on every SERVICES key's address being a VIP.
-            self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
-            self.services.insert(key, info, 0).context("writing SERVICES")?;
-            if is_new {
-                *self.vip_refs.entry(vip).or_default() += 1;
+            if !self.vip_refs.contains_key(&vip) && !added.contains(&vip) {
+                self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
+                added.push(vip);
             }
         }
+        let entries: Vec<(ServiceKey, ServiceInfo)> = keys.iter().map(|k| (*k, info)).collect();
+        if let Err(e) = self.services.update(&entries, &[]) {
+            // Nothing was published: take back the VIPs added for it.
+            for vip in &added {
+                let _ = self.vips.remove(vip);
+            }
+            return Err(e.context("writing the service table"));
+        }
+        self.vip_refs = vip_refs(&self.services);
         Ok(())
     }
 
-    /// Removes service keys; a VIP address stops being ours when its last key is gone.
+    /// Removes service keys; a VIP address stops being ours when its last key is gone (after
+    /// the table without the keys is active).
     pub fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> Result<()> {
-        for key in keys {
-            if self.services.remove(key).is_err() {
-                continue;
-            }
-            let vip = addr_key(key.addr, key.family);
-            if let Some(n) = self.vip_refs.get_mut(&vip) {
-                *n -= 1;
-                if *n == 0 {
-                    self.vip_refs.remove(&vip);
-                    self.vips.remove(&vip).context("writing VIPS")?;
-                }
-            }
+        self.services.update(&[], keys).context("writing the service table")?;
+        let now = vip_refs(&self.services);
+        for vip in self.vip_refs.keys().filter(|v| !now.contains_key(v)) {
+            self.vips.remove(vip).context("writing VIPS")?;
         }
+        self.vip_refs = now;
         Ok(())
     }
 
@@ -601,58 +625,89 @@ impl Dataplane {
     }
 }
 
-/// A shared mapping of the (BPF_F_MMAPABLE) `TABLES` array: writes land in the map directly.
-/// The flip of `TABLE_INDEX` that follows is a syscall, which orders these stores before it.
-/// An array map stores each element in a slot rounded up to 8 bytes, so entry `i` (a u32) is
-/// at byte `8 * i` of the mapping.
-struct TableMmap {
-    ptr: *mut u64,
+/// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in
+/// the map directly. The index flip that follows is a syscall, which orders these stores
+/// before it. An array map stores each element in a slot of its size rounded up to 8 bytes, so
+/// element `i` is at byte `stride * i` of the mapping (a u32 in the low-address half of its
+/// 8-byte slot, a 64-byte `ServiceSlot` exactly at `64 * i`).
+pub(crate) struct ArrayMmap<T> {
+    ptr: *mut u8,
     len: usize,
+    _elem: std::marker::PhantomData<T>,
 }
 
-const ARRAY_SLOT: usize = 8;
+type TableMmap = ArrayMmap<u32>;
 
-// SAFETY: the mapping is owned by one `Dataplane` and only written through `&mut self`.
-unsafe impl Send for TableMmap {}
+// SAFETY: the mapping is owned by one writer and only written through `&mut self`.
+unsafe impl<T> Send for ArrayMmap<T> {}
 
-impl TableMmap {
-    /// None if the map was not created mmapable (e.g. pinned by an older daemon).
-    fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
+impl<T: Copy> ArrayMmap<T> {
+    const STRIDE: usize = std::mem::size_of::<T>().div_ceil(8) * 8;
+
+    fn bytes(len: usize) -> usize {
+        (len * Self::STRIDE).div_ceil(4096) * 4096
+    }
+
+    /// A mapping of the first `entries` elements; None if the map was not created mmapable
+    /// (e.g. pinned by an older daemon).
+    pub(crate) fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
         use std::os::fd::{AsFd, AsRawFd};
+        const { assert!(std::mem::align_of::<T>() <= 8) };
         let aya::maps::Map::Array(data) = map else { return None };
-        let bytes = (entries * ARRAY_SLOT).div_ceil(4096) * 4096;
         // SAFETY: mapping a map fd we own; the kernel checks the size and the flag.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, data.fd().as_fd().as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::bytes(entries),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        Some(Self { ptr: ptr as *mut u64, len: entries })
+        Some(Self { ptr: ptr as *mut u8, len: entries, _elem: std::marker::PhantomData })
     }
 
-    fn write(&mut self, at: usize, values: &[u32]) {
-        assert!(at + values.len() <= self.len, "table write beyond the TABLES map");
-        // SAFETY: in bounds (checked), the mapping lives as long as self; a u32 element occupies
-        // the low-address half of its 8-byte slot (the upper half is padding).
-        let slots = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), values.len()) };
-        for (slot, &v) in slots.iter_mut().zip(values) {
-            // SAFETY: writing the element's first 4 bytes inside its own slot.
-            unsafe { (slot as *mut u64 as *mut u32).write(v) };
+    pub(crate) fn write(&mut self, at: usize, values: &[T]) {
+        assert!(at + values.len() <= self.len, "write beyond the mapped array");
+        for (i, v) in values.iter().enumerate() {
+            // SAFETY: in bounds (checked), the mapping lives as long as self; the element is
+            // written at the start of its own slot, which is 8-byte aligned (page-aligned base,
+            // stride a multiple of 8) and at least as large as T.
+            unsafe { (self.ptr.add((at + i) * Self::STRIDE) as *mut T).write(*v) };
         }
+    }
+
+    pub(crate) fn read(&self, at: usize, count: usize) -> Vec<T> {
+        assert!(at + count <= self.len, "read beyond the mapped array");
+        // SAFETY: as in `write`.
+        (at..at + count).map(|i| unsafe { (self.ptr.add(i * Self::STRIDE) as *const T).read() }).collect()
     }
 }
 
-impl Drop for TableMmap {
+impl<T> Drop for ArrayMmap<T> {
     fn drop(&mut self) {
+        let stride = std::mem::size_of::<T>().div_ceil(8) * 8;
         // SAFETY: unmapping exactly what `new` mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, (self.len * ARRAY_SLOT).div_ceil(4096) * 4096) };
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, (self.len * stride).div_ceil(4096) * 4096) };
     }
+}
+
+/// Service keys per VIP address of the installed keys.
+fn vip_refs(services: &ServiceTable) -> StdHashMap<AddrKey, usize> {
+    let mut refs = StdHashMap::new();
+    for (key, _) in services.installed() {
+        *refs.entry(addr_key(key.addr, key.family)).or_default() += 1;
+    }
+    refs
 }
 
 /// Writes `values[i]` at `keys[i]` of an array map with one `BPF_MAP_UPDATE_BATCH` (Linux 5.6+)
 /// instead of one syscall per entry: a 65537-entry table costs one syscall, not 65537.
-fn update_batch(map: &aya::maps::Map, keys: &[u32], values: &[u32]) -> Result<()> {
+pub(crate) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: &[V]) -> Result<()> {
     use std::os::fd::{AsFd, AsRawFd};
     const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
     /// `union bpf_attr`'s `batch` member.
@@ -667,7 +722,7 @@ fn update_batch(map: &aya::maps::Map, keys: &[u32], values: &[u32]) -> Result<()
         elem_flags: u64,
         flags: u64,
     }
-    let aya::maps::Map::Array(data) = map else { bail!("TABLES is not an array map") };
+    let aya::maps::Map::Array(data) = map else { bail!("batch update: not an array map") };
     if keys.len() != values.len() {
         bail!("batch update: {} keys, {} values", keys.len(), values.len());
     }
@@ -689,10 +744,10 @@ fn update_batch(map: &aya::maps::Map, keys: &[u32], values: &[u32]) -> Result<()
             libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
         };
         if rc != 0 {
-            bail!("BPF_MAP_UPDATE_BATCH on TABLES: {}", std::io::Error::last_os_error());
+            bail!("BPF_MAP_UPDATE_BATCH: {}", std::io::Error::last_os_error());
         }
         if attr.count == 0 {
-            bail!("BPF_MAP_UPDATE_BATCH on TABLES made no progress");
+            bail!("BPF_MAP_UPDATE_BATCH made no progress");
         }
         done += attr.count as usize;
     }

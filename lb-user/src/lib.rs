@@ -18,4 +18,5 @@ pub mod pinning;
 pub mod plan;
 pub mod policy;
 pub mod render;
+pub mod service_table;
 pub mod tm;

@@ -33,6 +33,7 @@ use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
 use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, V4, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN};
 use lb_user::dataplane::{addr_words, DataplaneSizes, XDP_PASS, XDP_TX};
+use lb_user::service_table::ServiceTable;
 use lb_user::maglev::{build_table, MaglevBackend};
 
 /// The object built by lb-user's build script (same path as there).
@@ -92,6 +93,8 @@ const NEW_FLOW_PATH: &[(u32, u64)] = &[(stat::RX_PACKETS, 1), (stat::CT_MISS, 1)
 
 struct Bench {
     ebpf: Ebpf,
+    /// The data plane's own service-table writer, so the bench probes the real layout.
+    services: ServiceTable,
     stats: PerCpuArray<MapData, GlobalStats>,
     ingress_ifindex: u32,
 }
@@ -122,6 +125,7 @@ impl Bench {
         let mut ebpf = loader
             .override_global("NS_PER_JIFFY", &lb_user::dataplane::ns_per_jiffy()?, true)
             .override_global("TABLE_M", &TABLE_M, true)
+            .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
             .load(&object)
             .context("loading the XDP object (needs root)")?;
@@ -130,7 +134,9 @@ impl Bench {
             prog.load().with_context(|| format!("verifying {name}"))?;
         }
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").ok_or_else(|| anyhow!("no STATS map"))?)?;
-        let mut bench = Self { ebpf, stats, ingress_ifindex };
+        let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| anyhow!("no {name} map"));
+        let services = ServiceTable::new(take(&mut ebpf, "SERVICE_TABLE")?, take(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?;
+        let mut bench = Self { ebpf, services, stats, ingress_ifindex };
         bench.install_service(SVC4, IpAddr::V4(VIP4), 0, |i| IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8)))?;
         bench.install_service(SVC6, IpAddr::V6(VIP6), 32, |i| {
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0x10 + i as u16))
@@ -149,10 +155,10 @@ impl Bench {
         .0;
         let key: ServiceKey = service_key(vip, 80, PROTO_TCP);
         let (words, family) = addr_words(vip);
-        let mut services: HashMap<_, ServiceKey, ServiceInfo> = HashMap::try_from(self.map("SERVICES")?)?;
-        services.insert(key, info, 0)?;
+        // VIPS before the key becomes visible, as `Dataplane::set_service` does.
         let mut vips: HashMap<_, AddrKey, u32> = HashMap::try_from(self.map("VIPS")?)?;
         vips.insert(AddrKey { addr: words, family, _pad: [0; 3] }, id, 0)?;
+        self.services.update(&[(key, info)], &[])?;
 
         let mut backends: Array<_, Backend> = Array::try_from(self.map("BACKENDS")?)?;
         let addrs: Vec<IpAddr> = (0..BACKENDS_PER_SERVICE).map(&addr).collect();

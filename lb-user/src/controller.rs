@@ -23,8 +23,9 @@ pub trait Tables {
     fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()>;
     /// Replace the service's client-class prefixes.
     fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()>;
-    fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> anyhow::Result<()>;
-    fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()>;
+    /// Removes `remove`, then installs services (each under its keys), as one change: the
+    /// data plane publishes its service table once per call.
+    fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> anyhow::Result<()>;
     /// Release a removed service's table slots.
     fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
     /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
@@ -283,9 +284,11 @@ impl Controller {
                 report.backends_written += 1;
             }
         }
-        // 2. Tables and class prefixes, then service keys.
+        // 2. Tables and class prefixes, then service keys (all services' keys in one change).
         let old_services: BTreeMap<&str, &CompiledService> =
             old.map(|o| o.services.iter().map(|s| (s.name.as_str(), s)).collect()).unwrap_or_default();
+        let mut set_keys: Vec<(&[ServiceKey], &ServiceInfo)> = Vec::new();
+        let mut remove_keys: Vec<ServiceKey> = Vec::new();
         for svc in &new.services {
             let prev = old_services.get(svc.name.as_str()).copied();
             for t in &svc.tables {
@@ -300,24 +303,27 @@ impl Controller {
                 sink.set_class_prefixes(svc.id, old_prefixes, &svc.class_prefixes)?;
             }
             if prev.map(|p| (&p.keys, &p.info)) != Some((&svc.keys, &svc.info)) {
-                sink.set_service(&svc.keys, &svc.info)?;
+                set_keys.push((&svc.keys, &svc.info));
                 report.services_written += 1;
                 if let Some(p) = prev {
-                    let stale: Vec<ServiceKey> = p.keys.iter().filter(|k| !svc.keys.contains(k)).copied().collect();
-                    if !stale.is_empty() {
-                        sink.remove_service_keys(&stale)?;
-                    }
+                    remove_keys.extend(p.keys.iter().filter(|k| !svc.keys.contains(k)));
                 }
             }
         }
-        // 3. Removed services.
-        for (name, p) in &old_services {
-            if !new.services.iter().any(|s| &s.name == name) {
-                sink.remove_service_keys(&p.keys)?;
-                sink.set_class_prefixes(p.id, &p.class_prefixes, &[])?;
-                sink.remove_tables(p.id, old.map(|o| o.classes_per_service).unwrap_or(1))?;
-                report.services_removed += 1;
-            }
+        // 3. Removed services: their keys go in the same change, their tables after it.
+        let removed: Vec<&CompiledService> =
+            old_services.iter().filter(|(name, _)| !new.services.iter().any(|s| &s.name == *name)).map(|(_, p)| *p).collect();
+        // (The sink removes before it installs, so a key that moved to another service stays.)
+        for p in &removed {
+            remove_keys.extend(&p.keys);
+        }
+        if !set_keys.is_empty() || !remove_keys.is_empty() {
+            sink.update_services(&set_keys, &remove_keys)?;
+        }
+        for p in removed {
+            sink.set_class_prefixes(p.id, &p.class_prefixes, &[])?;
+            sink.remove_tables(p.id, old.map(|o| o.classes_per_service).unwrap_or(1))?;
+            report.services_removed += 1;
         }
         // 4. Backends that left a service: flagged REMOVED with their drain deadline; tracked
         //    flows continue until then (spec §1.4), and the kernel voids them afterwards.
@@ -391,17 +397,15 @@ mod tests {
             self.prefixes.insert(service, new.to_vec());
             Ok(())
         }
-        fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> anyhow::Result<()> {
+        fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> anyhow::Result<()> {
             self.writes += 1;
-            for k in keys {
-                self.services.insert(*k, *info);
-            }
-            Ok(())
-        }
-        fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> anyhow::Result<()> {
-            self.writes += 1;
-            for k in keys {
+            for k in remove {
                 self.services.remove(k);
+            }
+            for (keys, info) in set {
+                for k in keys.iter() {
+                    self.services.insert(*k, **info);
+                }
             }
             Ok(())
         }

@@ -119,6 +119,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir))?;
+    // An older version's maps: the program that still uses them keeps them alive until it is
+    // replaced below; the pins themselves would only leak.
+    pinning::remove_legacy_pins(&args.pin_dir)?;
     // Tables first, then attach: the first packet already finds them.
     ctl.reconcile(&mut dp).context("writing the initial tables")?;
     for ifname in &args.interfaces {

@@ -330,43 +330,58 @@ impl Dataplane {
         &self.sizes
     }
 
-    /// Installs (or updates) one service under each of its keys (VIP, port, protocol): the
-    /// service table is rebuilt into its standby half and flipped (see `service_table`).
+    /// Installs (or updates) one service under each of its keys (VIP, port, protocol).
     pub fn set_service(&mut self, keys: &[ServiceKey], info: ServiceInfo) -> Result<()> {
-        if info.id >= self.sizes.max_services {
-            bail!("service id {} out of range (max_services {})", info.id, self.sizes.max_services);
-        }
-        // VIPS first: the data plane relies on every service key's address being a VIP.
-        let mut added = Vec::new();
-        for key in keys {
-            let vip = addr_key(key.addr, key.family);
-            if !self.vip_refs.contains_key(&vip) && !added.contains(&vip) {
-                self.vips.insert(vip, info.id, 0).context("writing VIPS")?;
-                added.push(vip);
-            }
-        }
-        let entries: Vec<(ServiceKey, ServiceInfo)> = keys.iter().map(|k| (*k, info)).collect();
-        if let Err(e) = self.services.update(&entries, &[]) {
-            // Nothing was published: take back the VIPs added for it.
-            for vip in &added {
-                let _ = self.vips.remove(vip);
-            }
-            return Err(e.context("writing the service table"));
-        }
-        self.vip_refs = vip_refs(&self.services);
-        Ok(())
+        self.update_services(&[(keys, &info)], &[])
     }
 
     /// Removes service keys; a VIP address stops being ours when its last key is gone (after
     /// the table without the keys is active).
     pub fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> Result<()> {
-        self.services.update(&[], keys).context("writing the service table")?;
+        self.update_services(&[], keys)
+    }
+
+    /// Installs services (each under its keys) and removes keys, with one rebuild and flip of
+    /// the service table for the whole batch (a reconcile that changes many services publishes
+    /// once). `VIPS` gains new addresses before the table that uses them is active and loses
+    /// addresses only after the table without them is; if the batch does not fit, nothing is
+    /// published and the VIPs it added are taken back.
+    pub fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()> {
+        if let Some((_, info)) = set.iter().find(|(_, info)| info.id >= self.sizes.max_services) {
+            bail!("service id {} out of range (max_services {})", info.id, self.sizes.max_services);
+        }
+        let mut added = Vec::new();
+        for (keys, info) in set {
+            for key in keys.iter() {
+                let vip = addr_key(key.addr, key.family);
+                if !self.vip_refs.contains_key(&vip) && !added.contains(&vip) {
+                    if let Err(e) = self.vips.insert(vip, info.id, 0) {
+                        self.take_back_vips(&added);
+                        return Err(anyhow::Error::from(e).context("writing VIPS"));
+                    }
+                    added.push(vip);
+                }
+            }
+        }
+        let entries: Vec<(ServiceKey, ServiceInfo)> =
+            set.iter().flat_map(|(keys, info)| keys.iter().map(move |k| (*k, **info))).collect();
+        if let Err(e) = self.services.update(&entries, remove) {
+            self.take_back_vips(&added);
+            return Err(e.context("writing the service table"));
+        }
         let now = vip_refs(&self.services);
         for vip in self.vip_refs.keys().filter(|v| !now.contains_key(v)) {
             self.vips.remove(vip).context("writing VIPS")?;
         }
         self.vip_refs = now;
         Ok(())
+    }
+
+    /// Removes VIPs added for a batch that was not published.
+    fn take_back_vips(&mut self, added: &[AddrKey]) {
+        for vip in added {
+            let _ = self.vips.remove(vip);
+        }
     }
 
     /// Writes a backend slot (address, MAC, zone, state flags, drain deadline).
@@ -792,11 +807,8 @@ impl crate::controller::Tables for Dataplane {
         }
         Ok(())
     }
-    fn set_service(&mut self, keys: &[ServiceKey], info: &ServiceInfo) -> Result<()> {
-        Dataplane::set_service(self, keys, *info)
-    }
-    fn remove_service_keys(&mut self, keys: &[ServiceKey]) -> Result<()> {
-        Dataplane::remove_service_keys(self, keys)
+    fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()> {
+        Dataplane::update_services(self, set, remove)
     }
     fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()> {
         for class in 0..classes.min(self.sizes.classes_per_service) {

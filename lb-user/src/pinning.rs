@@ -83,8 +83,13 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
     }
 }
 
+/// Maps earlier versions pinned that this one no longer has (`SERVICES`: the service hash
+/// map before `SERVICE_TABLE`); removed with the others, and when a daemon starts.
+pub const LEGACY_MAP_NAMES: [&str; 1] = ["SERVICES"];
+
 /// Remove every map pin (the maps themselves go when no program uses them any more).
 pub fn remove_map_pins(pin_dir: &Path) -> Result<()> {
+    remove_legacy_pins(pin_dir)?;
     for name in MAP_NAMES {
         let path = pin_dir.join(name);
         if path.exists() {
@@ -97,4 +102,16 @@ pub fn remove_map_pins(pin_dir: &Path) -> Result<()> {
 /// Where the daemon pins the link of the balancer on `ifname`.
 pub fn link_pin(pin_dir: &Path, ifname: &str) -> std::path::PathBuf {
     pin_dir.join(format!("link_{ifname}"))
+}
+
+/// Remove pins of maps this version no longer has (nothing reads them; the program that used
+/// them is replaced when the new one is attached).
+pub fn remove_legacy_pins(pin_dir: &Path) -> Result<()> {
+    for name in LEGACY_MAP_NAMES {
+        let path = pin_dir.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
 }

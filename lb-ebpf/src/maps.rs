@@ -35,6 +35,10 @@ pub static CONNTRACK4: LruHashMap<CtKey4, CtEntry> = LruHashMap::with_max_entrie
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
+/// Service id -> 1 if the service has client-class prefixes in `CLIENT_CLASS`. Without, every
+/// client is class 0 and the trie (a helper call) is not consulted.
+#[map]
+pub static CLASSED_SERVICES: Array<u32> = Array::with_max_entries(1, 0);
 /// service * CLASSES_PER_SERVICE + class -> active table slot.
 #[map]
 pub static TABLE_INDEX: Array<TableRef> = Array::with_max_entries(1, 0);

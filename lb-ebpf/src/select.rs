@@ -8,7 +8,7 @@ use lb_common::{
 };
 
 use crate::maps::{
-    CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
+    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
 };
 use crate::parse::{as_key, is_vip, Packet};
 
@@ -63,6 +63,10 @@ pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
 /// Client class of the source within the service; IPv4 sources as `::ffff:a.b.c.d`.
 #[inline(always)]
 pub fn client_class(service_id: u32, pkt: &Packet) -> u32 {
+    // Services without client prefixes (no zones, no Traffic Manager classes) skip the trie.
+    if !matches!(CLASSED_SERVICES.get(service_id), Some(&c) if c != 0) {
+        return CLASS_NONE;
+    }
     let src = pkt.tuple.src;
     let addr = if pkt.family == FAMILY_V4 { [0, 0, 0xffffu32.to_be(), src[0]] } else { src };
     // lpm_trie::Key<ClassKey>: prefix length, then the ClassKey.

@@ -7,7 +7,7 @@
 //! through the two halves of `SERVICE_TABLE` (see `service_table`).
 
 use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -28,9 +28,9 @@ use crate::service_table::{self, ServiceTable};
 
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 12] = [
-    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "TABLE_INDEX", "TABLES", "BACKENDS",
-    "STATS", "CLASS_STATS", "DECAP_ADDRS",
+pub const MAP_NAMES: [&str; 13] = [
+    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "CLASSED_SERVICES",
+    "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
 ];
 
 /// The compiled XDP object (built by `build.rs`).
@@ -55,7 +55,7 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 13] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 14] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Two halves of S slots, S >= twice the key capacity (16 keys per service).
@@ -65,6 +65,7 @@ impl DataplaneSizes {
             ("CONNTRACK", self.conntrack_entries),
             ("CONNTRACK4", self.conntrack_entries),
             ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
+            ("CLASSED_SERVICES", self.max_services),
             ("TABLE_INDEX", pairs),
             ("TABLES", self.table_slots * self.table_size_m),
             ("BACKENDS", self.max_backends),
@@ -198,6 +199,10 @@ pub struct Dataplane {
     conntrack: HashMap<MapData, CtKey, CtEntry>,
     conntrack4: HashMap<MapData, CtKey4, CtEntry>,
     client_class: LpmTrie<MapData, ClassKey, u32>,
+    /// Service id -> 1 if it has client-class prefixes (the kernel consults the trie only then).
+    classed_services: Array<MapData, u32>,
+    /// The (service, prefix) pairs in `CLIENT_CLASS`, to keep `classed_services` exact.
+    class_prefixes: HashSet<(u32, IpNet)>,
     table_index: Array<MapData, TableRef>,
     /// Kept as the raw map: tables are written through `tables_mmap`, or with one
     /// BPF_MAP_UPDATE_BATCH each where the map cannot be mapped (pinned by an older version).
@@ -235,6 +240,16 @@ fn class_prefix(net: IpNet) -> ([u32; 4], u32) {
     match net {
         IpNet::V4(n) => ([0, 0, 0xffffu32.to_be(), u32::from_ne_bytes(n.network().octets())], 96 + n.prefix_len() as u32),
         IpNet::V6(n) => (addr_words(IpAddr::V6(n.network())).0, n.prefix_len() as u32),
+    }
+}
+
+/// The client prefix of a trie key (inverse of [`class_prefix`]).
+fn trie_prefix(addr: [u32; 4], len: u32) -> IpNet {
+    let bytes: Vec<u8> = addr.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes.as_slice()).unwrap_or([0; 16]));
+    match v6.to_ipv4_mapped() {
+        Some(v4) if len >= 96 => IpNet::V4(ipnet::Ipv4Net::new(v4, (len - 96) as u8).unwrap_or_default()),
+        _ => IpNet::V6(ipnet::Ipv6Net::new(v6, len.min(128) as u8).unwrap_or_default()),
     }
 }
 
@@ -280,6 +295,8 @@ impl Dataplane {
             conntrack: take(&mut ebpf, "CONNTRACK")?,
             conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
+            classed_services: take(&mut ebpf, "CLASSED_SERVICES")?,
+            class_prefixes: HashSet::new(),
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: take_raw(&mut ebpf, "TABLES")?,
             tables_mmap: None,
@@ -312,6 +329,12 @@ impl Dataplane {
         self.free_slots = (0..self.sizes.table_slots).filter(|s| !used.contains(s)).collect();
         // `services` adopted the active half of SERVICE_TABLE when it was made.
         self.vip_refs = vip_refs(&self.services);
+        self.class_prefixes = self
+            .client_class
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(|k| (u32::from_be(k.data().service_be), trie_prefix(k.data().addr, k.prefix_len() - CLASS_KEY_SERVICE_BITS)))
+            .collect();
         self
     }
 
@@ -408,18 +431,31 @@ impl Dataplane {
 
     /// Maps clients of `service` in `prefix` to `class` (longest prefix wins).
     pub fn set_class_prefix(&mut self, service: u32, prefix: IpNet, class: u32) -> Result<()> {
-        if class >= self.sizes.classes_per_service {
-            bail!("class {class} out of range (classes_per_service {})", self.sizes.classes_per_service);
+        if class >= self.sizes.classes_per_service || service >= self.sizes.max_services {
+            bail!(
+                "(service {service}, class {class}) out of range (max_services {}, classes_per_service {})",
+                self.sizes.max_services,
+                self.sizes.classes_per_service
+            );
         }
         let (addr, len) = class_prefix(prefix.trunc());
         let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
         self.client_class.insert(&key, class, 0).context("writing CLIENT_CLASS")?;
+        // After the prefix: a packet that sees the flag finds it.
+        if self.class_prefixes.insert((service, prefix.trunc())) {
+            self.classed_services.set(service, 1, 0).context("writing CLASSED_SERVICES")?;
+        }
         Ok(())
     }
 
     pub fn remove_class_prefix(&mut self, service: u32, prefix: IpNet) -> Result<()> {
         let (addr, len) = class_prefix(prefix.trunc());
         let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
+        self.class_prefixes.remove(&(service, prefix.trunc()));
+        // The flag goes before the last prefix does.
+        if !self.class_prefixes.iter().any(|(s, _)| *s == service) {
+            self.classed_services.set(service, 0, 0).context("writing CLASSED_SERVICES")?;
+        }
         self.client_class.remove(&key).context("removing from CLIENT_CLASS")?;
         Ok(())
     }

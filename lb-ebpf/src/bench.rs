@@ -53,12 +53,14 @@ fn save(ctx: &XdpContext) -> bool {
 
 /// The floor: an XDP program that does nothing.
 #[xdp]
+#[inline(always)]
 pub fn bench_empty(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
 /// The trivial forwarder: swap the Ethernet addresses and send the frame back (XDP_TX).
 #[xdp]
+#[inline(always)]
 pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
     let eth = match ptr_at::<[u8; 12]>(&ctx, 0) {
         Some(p) => p,
@@ -74,6 +76,7 @@ pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
 
 /// The balancer, then the original frame back in place for the next iteration.
 #[xdp]
+#[inline(always)]
 pub fn bench_lb(ctx: XdpContext) -> u32 {
     if !save(&ctx) {
         return xdp_action::XDP_ABORTED;
@@ -89,6 +92,7 @@ pub fn bench_lb(ctx: XdpContext) -> u32 {
 /// IP6IP6 (40 bytes) does, then `restore`. Its cost above the floor bounds the wrapper's cost
 /// from above (it includes one head adjustment that the balancer's encapsulation does anyway).
 #[xdp]
+#[inline(always)]
 pub fn bench_restore_only(ctx: XdpContext) -> u32 {
     if !save(&ctx) {
         return xdp_action::XDP_ABORTED;
@@ -136,6 +140,7 @@ fn restore(ctx: &XdpContext) -> bool {
 macro_rules! stage_bench {
     ($($name:ident = $stop:literal),*) => {$(
         #[xdp]
+        #[inline(always)]
         pub fn $name(ctx: XdpContext) -> u32 {
             if !save(&ctx) {
                 return xdp_action::XDP_ABORTED;

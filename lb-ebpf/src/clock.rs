@@ -21,6 +21,7 @@ pub fn now_ns() -> u64 {
 /// Writes `now_ns()` into `CLOCK_PROBE[0]`: userspace runs it with `BPF_PROG_TEST_RUN` to read
 /// the data-plane clock exactly as the balancer computes it (drain deadlines, tests).
 #[xdp]
+#[inline(always)]
 pub fn clock_probe(_ctx: XdpContext) -> u32 {
     if let Some(slot) = CLOCK_PROBE.get_ptr_mut(0) {
         unsafe { *slot = now_ns() };

@@ -28,12 +28,17 @@ use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
 use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
 use crate::stats::Counters;
 
+// `#[xdp]` wraps the function in the program's entry point; `inline(always)` makes it part
+// of that entry instead of a BPF-to-BPF call (a call and a return per packet, and returns
+// are costly on CPUs with return-thunk mitigations).
 #[xdp]
+#[inline(always)]
 pub fn lb(ctx: XdpContext) -> u32 {
     balance(&ctx)
 }
 
 #[xdp]
+#[inline(always)]
 pub fn lb_decap(ctx: XdpContext) -> u32 {
     decap::run(&ctx)
 }

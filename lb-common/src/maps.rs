@@ -265,7 +265,10 @@ pub struct CtEntry {
     /// Client class the flow was classified in when the entry was made (for per-class
     /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
     pub class: u32,
-    pub _pad: u32,
+    /// The flow hash (spec table S tuple) of the packet that made the entry. It is a function
+    /// of the tracking key (table T keeps at least the fields S hashes), so later packets of
+    /// the flow reuse it for the outer source and the IPv6 flow label instead of rehashing.
+    pub hash: u32,
 }
 
 /// Key of the `VIPS` hash map: every address that some service listens on. Packets to these

@@ -33,9 +33,9 @@ impl FlowKey<'_> {
 use crate::select;
 use crate::stats::Counters;
 
-/// The tracked (backend id, class, backend record) of a flow if its entry is still valid; an
-/// invalid entry is deleted and counted by reason. The backend record is the one the check read,
-/// so the caller needs no second `BACKENDS` lookup.
+/// The tracked (backend id, class, backend record, flow hash) of a flow if its entry is still
+/// valid; an invalid entry is deleted and counted by reason. The backend record is the one the
+/// check read, so the caller needs no second `BACKENDS` lookup.
 #[inline(always)]
 pub fn lookup(
     key: FlowKey,
@@ -43,7 +43,7 @@ pub fn lookup(
     proto: u8,
     now: u64,
     counters: Counters,
-) -> Option<(u32, u32, &'static Backend)> {
+) -> Option<(u32, u32, &'static Backend, u32)> {
     let entry = key.get()?;
     // Only the fields read, not a copy of the whole entry.
     let (backend_id, class) = unsafe { ((*entry).backend, (*entry).class) };
@@ -59,7 +59,7 @@ pub fn lookup(
         CtVerdict::Valid => match backend {
             Some(b) => {
                 unsafe { (*entry).last_seen_ns = now };
-                return Some((backend_id, class, b));
+                return Some((backend_id, class, b, e.hash));
             }
             // Not reached: `ct_verdict` calls an unreadable backend gone.
             None => stat::CT_DRAIN_EXPIRED,

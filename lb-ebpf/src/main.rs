@@ -147,10 +147,8 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     };
     // (backend id, class, backend, new flows, spills, flow hash) of this packet.
     let (id, class, backend, new_flows, spills, hash) = match tracked {
-        Some((id, class, b)) => {
+        Some((id, class, b, hash)) => {
             counters.inc(stat::CT_HIT);
-            // A tracked flow needs the hash only for a hashed outer source or the IPv6 flow label.
-            let hash = if svc.encap_src_hash_mask != 0 || pkt.family != FAMILY_V4 { packet_hash(svc, &pkt) } else { 0 };
             (id, class, b, 0, 0, hash)
         }
         None => {
@@ -169,7 +167,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 Some(b) if b.family != 0 => b,
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            conntrack::insert(key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, _pad: 0 });
+            conntrack::insert(key, &CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, hash });
             counters.inc(stat::NEW_FLOW);
             let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
             (id, class, b, 1, spill as u64, hash)

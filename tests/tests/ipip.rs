@@ -131,6 +131,10 @@ fn ipv4_outer_source_varies_by_flow_hash_within_prefix() {
             let src = Ipv4Addr::new(198, 18, 0, (h & 0xff) as u8);
             assert_eq!(out.data, expected_ipip(GW_MAC, LB_MAC, src, NEAR4, &inner));
             seen.insert(src);
+            // The next packet hits the entry, which carries the flow hash: same outer source.
+            let ack = V4::new(CLIENT4, VIP4, PROTO_TCP).build(&tcp4(CLIENT4, VIP4, sport, 80, TCP_ACK, b"a"));
+            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ack), topo.lbv0).unwrap();
+            assert_eq!(out.data, expected_ipip(GW_MAC, LB_MAC, src, NEAR4, &ack));
         }
         assert!(seen.len() > 1, "outer sources should spread over the prefix");
     });
@@ -186,6 +190,11 @@ fn ipv6_tcp_to_vip_is_ip6ip6_encapsulated() {
         assert_eq!(out.data, expected_ip6ip6(GW_MAC, LB_MAC, NEAR6, &inner, h));
         assert_eq!(out.data[14 + 7], 64, "outer hop limit");
         assert_eq!(out.data[14 + 40 + 7], 1, "inner hop limit untouched");
+        // A conntrack hit takes the flow label from the entry's stored hash: the same label.
+        let ack = ipv6(CLIENT6, VIP6, PROTO_TCP, 1, 0x28, &tcp6(CLIENT6, VIP6, 40000, 80, TCP_ACK, b"more"));
+        let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ack), topo.lbv0).unwrap();
+        assert_eq!(out.data, expected_ip6ip6(GW_MAC, LB_MAC, NEAR6, &ack, h));
+        assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 1);
     });
 }
 

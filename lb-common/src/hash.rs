@@ -59,23 +59,26 @@ pub fn maglev_slot(hash: u32, m: u32) -> u32 {
 }
 
 /// Home slot hash of a service key ([`crate::ServiceKey::words`]) in a service table half built
-/// with `seed`; the slot is `hash & (S - 1)`. Five multiply/xor-shift rounds and a final mix:
-/// a few instructions in eBPF, no loop. Only needs to spread keys well (the writer retries
-/// with another seed if some key lands too far from home), not to resist chosen keys, since
-/// only the operator's configuration chooses them.
+/// with `seed`; the slot is `hash & (S - 1)`. Each word is multiplied by its own odd constant
+/// (the multiplications are independent, so the critical path is one multiply, not five:
+/// the hash runs on every packet), the products are combined and finished with a
+/// multiply/xor-shift mix. For an IPv4 key the three zero address words fold away at compile
+/// time. It only needs to spread keys well (the writer retries with another seed if some key
+/// lands too far from home), not to resist chosen keys: only the operator's configuration
+/// chooses them.
 #[inline(always)]
 pub const fn service_slot_hash(key_words: &[u32; 5], seed: u32) -> u32 {
-    let mut h = seed ^ 0x9e37_79b9;
-    h = (h ^ key_words[0]).wrapping_mul(0x85eb_ca6b);
+    let a = (key_words[0] ^ seed).wrapping_mul(0x9e37_79b1);
+    let b = key_words[1].wrapping_mul(0x85eb_ca77);
+    let c = key_words[2].wrapping_mul(0xc2b2_ae3d);
+    let d = key_words[3].wrapping_mul(0x27d4_eb2f);
+    let e = (key_words[4] ^ seed.rotate_left(16)).wrapping_mul(0x1656_67b1);
+    let mut h = a ^ b.rotate_left(8) ^ c.rotate_left(16) ^ d.rotate_left(24) ^ e.rotate_left(13);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
     h ^= h >> 15;
-    h = (h ^ key_words[1]).wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 15;
-    h = (h ^ key_words[2]).wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 15;
-    h = (h ^ key_words[3]).wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 15;
-    h = (h ^ key_words[4]).wrapping_mul(0x85eb_ca6b);
-    fmix32(h)
+    h = h.wrapping_mul(0x846c_a68b);
+    h ^ (h >> 16)
 }
 
 /// Looks `key_words` up in one half of the service table: the half's slots are
@@ -166,8 +169,9 @@ mod tests {
         // A fixed value: kernel and userspace must agree, and so must two builds over time
         // (a restarted daemon reads the half its predecessor built, with the stored seed).
         // Reference values from an independent (Python) implementation of the same rounds.
-        assert_eq!(service_slot_hash(&[0, 0, 0, 0, 0], 0), 0xd591_e2c7);
-        assert_eq!(service_slot_hash(&[0x0a00_0001, 0, 0, 0, 0x0406_0050], 7), 0x7f7f_6736);
+        assert_eq!(service_slot_hash(&[0, 0, 0, 0, 0], 1), 0xf4fe_28dd);
+        assert_eq!(service_slot_hash(&[0x0a00_0001, 0, 0, 0, 0x0406_0050], 7), 0x891c_70ba);
+        assert_eq!(service_slot_hash(&[0xb80d_0120, 0, 0, 0x0001_0000, 0x0606_0050], 3), 0xfe12_8473);
     }
 
     #[test]

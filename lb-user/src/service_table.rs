@@ -125,6 +125,11 @@ impl ServiceTable {
         // The predecessor may have flipped just now: wait the grace before the first rewrite.
         let mut me = Self { table, mmap, index, slots, keys: BTreeMap::new(), active, retired_at: Instant::now() };
         me.keys = me.read_active()?.into_iter().map(|(k, i)| (k.words(), (k, i))).collect();
+        // Rebuilt with this build's hash and layout: a predecessor built with another version
+        // would otherwise leave keys where this program's probe does not look.
+        if !me.keys.is_empty() {
+            me.publish(me.keys.clone()).context("republishing the adopted service table")?;
+        }
         Ok(me)
     }
 

@@ -1,0 +1,16 @@
+//! `cargo xtask bench` keeps working: `dp_bench --quick --no-single` loads every bench program
+//! of the object (the wrapper, the stage programs) and checks each run's verdict, counter
+//! deltas and restored frame itself, failing if any iteration took another path.
+
+#[test]
+fn dp_bench_quick_run_passes_its_own_checks() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dp_bench"))
+        .args(["--quick", "--no-single"])
+        .output()
+        .expect("running dp_bench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "dp_bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for row in ["lb, conntrack hit (TCP ACK), incl. wrapper", "lb, new flow (TCP SYN), incl. wrapper"] {
+        assert!(text.contains(row), "missing row {row:?} in:\n{text}");
+    }
+}

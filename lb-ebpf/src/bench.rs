@@ -74,20 +74,6 @@ pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
-/// The balancer, then the original frame back in place for the next iteration.
-#[xdp]
-#[inline(always)]
-pub fn bench_lb(ctx: XdpContext) -> u32 {
-    if !save(&ctx) {
-        return xdp_action::XDP_ABORTED;
-    }
-    let action = crate::balance(&ctx);
-    match restore(&ctx) {
-        true => action,
-        false => xdp_action::XDP_ABORTED,
-    }
-}
-
 /// Only the wrapper's work around an encapsulation: grow the head as IPIP (20 bytes) or
 /// IP6IP6 (40 bytes) does, then `restore`. Its cost above the floor bounds the wrapper's cost
 /// from above (it includes one head adjustment that the balancer's encapsulation does anyway).
@@ -135,8 +121,9 @@ fn restore(ctx: &XdpContext) -> bool {
     true
 }
 
-/// `bench_stageN`: the balancer up to (not including) stage N, see `balance_until`; their
-/// differences split the per-packet cost by stage (`dp_bench --stages`).
+/// The balancer, then the original frame back in place for the next iteration: `bench_lb` the
+/// whole balancer, `bench_stageN` the balancer up to (not including) stage N, see
+/// `balance_until`; their differences split the per-packet cost by stage (`dp_bench --stages`).
 macro_rules! stage_bench {
     ($($name:ident = $stop:literal),*) => {$(
         #[xdp]
@@ -153,4 +140,4 @@ macro_rules! stage_bench {
         }
     )*};
 }
-stage_bench!(bench_stage1 = 1, bench_stage2 = 2, bench_stage3 = 3, bench_stage4 = 4);
+stage_bench!(bench_lb = 4294967295, bench_stage1 = 1, bench_stage2 = 2, bench_stage3 = 3, bench_stage4 = 4);

@@ -4,6 +4,8 @@
 use lb_common::{stat, table_flags, ct_verdict, Backend, CtEntry, CtKey, CtKey4, CtVerdict, ServiceInfo};
 
 use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4};
+use crate::select;
+use crate::stats::Counters;
 
 /// A flow's key in its family's table. The balancer's body is inlined once per family, so
 /// each copy keeps only its own arm.
@@ -29,9 +31,16 @@ impl FlowKey<'_> {
             FlowKey::V6(k) => CONNTRACK.remove(k),
         };
     }
+
+    /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple).
+    #[inline(always)]
+    pub fn insert(self, entry: &CtEntry) {
+        let _ = match self {
+            FlowKey::V4(k) => CONNTRACK4.insert(k, entry, 0),
+            FlowKey::V6(k) => CONNTRACK.insert(k, entry, 0),
+        };
+    }
 }
-use crate::select;
-use crate::stats::Counters;
 
 /// The tracked (backend id, class, backend record, flow hash) of a flow if its entry is still
 /// valid; an invalid entry is deleted and counted by reason. The backend record is the one the
@@ -72,13 +81,4 @@ pub fn lookup(
     counters.inc(reason);
     key.remove();
     None
-}
-
-#[inline(always)]
-pub fn insert(key: FlowKey, entry: &CtEntry) {
-    // Overwrites an existing entry (a SYN that starts a new flow on a known tuple).
-    let _ = match key {
-        FlowKey::V4(k) => CONNTRACK4.insert(k, entry, 0),
-        FlowKey::V6(k) => CONNTRACK.insert(k, entry, 0),
-    };
 }

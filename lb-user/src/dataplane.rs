@@ -93,11 +93,11 @@ impl DataplaneSizes {
         if cells > u32::MAX as u64 / 4 {
             bail!("TABLES would hold {cells} entries, too many");
         }
-        if s.max_services > MAX_SERVICE_ID {
-            bail!("max_services {} is above the limit {MAX_SERVICE_ID}", s.max_services);
-        }
-        if s.max_services > 1 << 20 {
-            bail!("max_services {} is too large for the service table", s.max_services);
+        // The service table's bound; it also keeps ids below MAX_SERVICE_ID (CtKey4 packs them).
+        const SERVICE_LIMIT: u32 = 1 << 20;
+        const _: () = assert!(SERVICE_LIMIT <= MAX_SERVICE_ID);
+        if s.max_services > SERVICE_LIMIT {
+            bail!("max_services {} is above the limit {SERVICE_LIMIT}", s.max_services);
         }
         if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
             bail!("too many (service, class) pairs");

@@ -194,11 +194,37 @@ impl Bench {
     /// One `BPF_PROG_TEST_RUN` of `prog` with `repeat`; returns the kernel's average ns per
     /// iteration after checking verdict, counters and the frame left in the buffer.
     fn run(&self, prog: &str, frame: &[u8], repeat: u32, expect: Expect) -> Result<u64> {
+        let before = self.counters()?;
+        let (action, out, ns) = self.test_run(prog, frame, repeat)?;
+        let after = self.counters()?;
+        if action != expect.action {
+            bail!("{prog}: verdict {action} instead of {}", expect.action);
+        }
+        for (k, (index, name)) in CHECKED.iter().enumerate() {
+            let per = expect.per_iteration.iter().find(|(i, _)| i == index).map_or(0, |(_, n)| *n);
+            let delta = after[k] - before[k];
+            if delta != per * repeat as u64 {
+                bail!("{prog}: counter {name} moved by {delta} in {repeat} iterations, expected {}: not the intended path", per * repeat as u64);
+            }
+        }
+        if expect.frame_unchanged && out != frame {
+            bail!("{prog}: the frame after {repeat} iterations differs from the input");
+        }
+        Ok(ns)
+    }
+
+    /// One run without checks: the average ns per iteration.
+    fn run_unchecked(&self, prog: &str, frame: &[u8], repeat: u32) -> Result<f64> {
+        Ok(self.test_run(prog, frame, repeat)?.2 as f64)
+    }
+
+    /// One `BPF_PROG_TEST_RUN` on the ingress device: (verdict, frame left in the buffer,
+    /// kernel-reported average ns per iteration).
+    fn test_run(&self, prog: &str, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, u64)> {
         let mut ctx = [0u8; 24];
         ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
         let mut out = vec![0u8; frame.len() + 256];
-        let before = self.counters()?;
         let p: &Xdp = self.ebpf.program(prog).ok_or_else(|| anyhow!("program {prog} missing"))?.try_into()?;
         let r = p
             .test_run(TestRunOptions {
@@ -209,33 +235,8 @@ impl Bench {
                 ..Default::default()
             })
             .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
-        let after = self.counters()?;
-        if r.return_value != expect.action {
-            bail!("{prog}: verdict {} instead of {}", r.return_value, expect.action);
-        }
-        for (k, (index, name)) in CHECKED.iter().enumerate() {
-            let per = expect.per_iteration.iter().find(|(i, _)| i == index).map_or(0, |(_, n)| *n);
-            let delta = after[k] - before[k];
-            if delta != per * repeat as u64 {
-                bail!("{prog}: counter {name} moved by {delta} in {repeat} iterations, expected {}: not the intended path", per * repeat as u64);
-            }
-        }
         out.truncate(r.data_size_out as usize);
-        if expect.frame_unchanged && out != frame {
-            bail!("{prog}: the frame after {repeat} iterations differs from the input");
-        }
-        Ok(r.duration.as_nanos() as u64)
-    }
-
-    /// One run without checks: the average ns per iteration.
-    fn run_unchecked(&self, prog: &str, frame: &[u8], repeat: u32) -> Result<f64> {
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
-        let mut out = vec![0u8; frame.len() + 256];
-        let p: &Xdp = self.ebpf.program(prog).ok_or_else(|| anyhow!("program {prog} missing"))?.try_into()?;
-        let r = p.test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })?;
-        Ok(r.duration.as_nanos() as f64)
+        Ok((r.return_value, out, r.duration.as_nanos() as u64))
     }
 
     /// Median of `runs` timed runs after one warm-up run.

@@ -1,7 +1,8 @@
 //! Forwarding to the chosen backend: IPIP / IP6IP6 encapsulation with the next hop from
 //! `bpf_fib_lookup` (cached per backend for up to a second, see `nexthop`), or L2 DSR
-//! (destination MAC rewrite). The outer frame is untagged: the route decides the egress
-//! device, so an ingress VLAN tag is dropped with the old header.
+//! (destination MAC rewrite, out of the device the route to the backend uses). The outer frame
+//! of an encapsulation is untagged: the route decides the egress device, so an ingress VLAN tag
+//! is dropped with the old header.
 //!
 //! Headers are written as 32-bit words (see `parse::word` on alignment), not byte by byte.
 
@@ -13,7 +14,7 @@ use aya_ebpf::{
 use lb_common::{encap_source_word, stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
 
 use crate::nexthop::{self, Outer, Route};
-use crate::parse::{ptr_at, put_word, Packet, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
+use crate::parse::{put_word, Packet, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
 use crate::stats::Counters;
 
 const IPPROTO_IPIP: u32 = 4;
@@ -96,6 +97,7 @@ pub fn ipip_v4(
     let src = encap_source_word(svc.encap_src[0], svc.encap_src_hash_mask, hash);
     let outer = Outer {
         ipv6: false,
+        l2: false,
         len: tot_len as u32,
         src: &[src, 0, 0, 0],
         src_mask: svc.encap_src_hash_mask,
@@ -147,6 +149,7 @@ pub fn ip6ip6(
     let src = [s[0], s[1], s[2], encap_source_word(s[3], svc.encap_src_hash_mask, hash)];
     let outer = Outer {
         ipv6: true,
+        l2: false,
         len: (pkt.l3_len + IPV6_HDR_LEN) as u32,
         src: &src,
         src_mask: svc.encap_src_hash_mask,
@@ -179,20 +182,62 @@ pub fn ip6ip6(
     transmit(ctx, route.egress_ifindex, counters)
 }
 
-/// L2 DSR: the backend shares the segment and owns the VIP on a loopback; rewrite the
-/// destination MAC to the backend's (source = the MAC the frame was sent to) and send it back
-/// out of the ingress device.
+/// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
+/// frame goes to the backend's MAC, out of the device the route to the backend's address uses.
+/// On the ingress device (XDP_TX) only the destination MAC changes (source = the MAC the frame
+/// was sent to, a VLAN tag stays: same segment). On another device (redirect) the source is
+/// that device's MAC and a VLAN tag, which belonged to the ingress segment, is removed.
 #[inline(always)]
-pub fn l2_dsr(ctx: &XdpContext, backend: &Backend, counters: Counters) -> u32 {
-    let eth = match ptr_at::<[u8; 12]>(ctx, 0) {
-        Some(p) => p,
-        None => return drop(stat::DROP_ENCAP, counters),
+pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend, now: u64, counters: Counters) -> u32 {
+    let outer = Outer {
+        ipv6: backend.family == FAMILY_V6,
+        l2: true,
+        len: pkt.l3_len as u32,
+        src: &[0; 4],
+        src_mask: 0,
+        dst: &backend.addr,
     };
-    let old = unsafe { core::ptr::read_unaligned(eth) };
-    let mut h = [0u8; 12];
-    h[0..6].copy_from_slice(&backend.mac);
-    h[6..12].copy_from_slice(&old[0..6]);
-    unsafe { core::ptr::write_unaligned(eth, h) };
-    counters.inc(stat::TX);
-    xdp_action::XDP_TX
+    let route = match nexthop::route(ctx, backend_id, &outer, now) {
+        Ok(r) => r,
+        Err(reason) => return drop(reason, counters),
+    };
+    let m = backend.mac;
+    let dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
+    let dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
+    let p = ctx.data() as *mut u8;
+    if ctx.data() + ETH_LEN + 4 > ctx.data_end() {
+        return drop(stat::DROP_ENCAP, counters);
+    }
+    if route.egress_ifindex == ctx.ingress_ifindex() as u32 {
+        // Bytes 4..8: the destination's last two bytes, the source's first two (the old
+        // destination's first two); bytes 8..12 become the old destination's last four.
+        let old = [unsafe { core::ptr::read(p as *const u32) }, unsafe { core::ptr::read(p.add(4) as *const u32) }];
+        put_word(p, 0, dmac_lo);
+        put_word(p, 4, dmac_hi | old[0] << 16);
+        put_word(p, 8, old[0] >> 16 | old[1] << 16);
+        counters.inc(stat::TX);
+        return xdp_action::XDP_TX;
+    }
+    // The source MAC from the route: the high half of word 1 and word 2 (see `Route::macs`).
+    // Never zero after a lookup towards another device (see `nexthop::resolve`) unless the
+    // device has no MAC: not an Ethernet segment a backend can be on.
+    let (smac_lo, smac_hi) = (route.macs[1] & 0xffff_0000, route.macs[2]);
+    if smac_lo | smac_hi == 0 {
+        return drop(stat::DROP_FIB, counters);
+    }
+    let (w1, w2) = (dmac_hi | smac_lo, smac_hi);
+    if pkt.l3_off == ETH_LEN {
+        put_word(p, 0, dmac_lo);
+        put_word(p, 4, w1);
+        put_word(p, 8, w2);
+    } else {
+        // Tagged: the new header ends where the tag did (its ethertype is the inner one).
+        put_word(p, 4, dmac_lo);
+        put_word(p, 8, w1);
+        put_word(p, 12, w2);
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, 4) } != 0 {
+            return drop(stat::DROP_ENCAP, counters);
+        }
+    }
+    transmit(ctx, route.egress_ifindex, counters)
 }

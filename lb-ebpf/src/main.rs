@@ -189,7 +189,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         return xdp_action::XDP_PASS;
     }
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, backend, counters),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, counters),
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
         _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
     }

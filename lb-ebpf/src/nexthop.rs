@@ -30,6 +30,11 @@ const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 const IPPROTO_IPIP: u32 = 4;
 const IPPROTO_IPV6: u32 = 41;
+/// `BPF_FIB_LKUP_RET_NO_NEIGH`: routed, but no valid neighbour entry for the next hop.
+const FIB_NO_NEIGH: i64 = 7;
+/// Marks an entry filled by an L2 DSR lookup in `NextHop::family`: its MACs may be zero (no
+/// neighbour entry), so an encapsulation must not use it.
+const L2_LOOKUP: u32 = 1 << 16;
 
 /// One backend's cached route lookup (this CPU's copy).
 #[repr(C)]
@@ -41,7 +46,7 @@ pub struct NextHop {
     pub dst: [u32; 4],
     pub src: [u32; 4],
     /// The service's hashed-bit mask of the outer source, the address family (AF_INET or
-    /// AF_INET6) and the ingress device.
+    /// AF_INET6, plus `L2_LOOKUP` for an L2 DSR lookup) and the ingress device.
     pub src_mask: u32,
     pub family: u32,
     pub ingress_ifindex: u32,
@@ -61,10 +66,15 @@ pub struct Route {
     pub macs: [u32; 3],
 }
 
-/// The outer packet to route.
+/// The packet to route: an encapsulation's outer packet, or (`l2`) an L2 DSR frame.
 pub struct Outer<'a> {
     /// AF_INET or AF_INET6.
     pub ipv6: bool,
+    /// L2 DSR: only the egress device and its MAC are wanted (the backend's MAC is configured).
+    /// Back out of the ingress device such a lookup succeeds without a neighbour entry for the
+    /// backend, with both MACs zero (the kernel fills the device's MAC only with the
+    /// neighbour's); these entries are cached apart from encapsulation ones.
+    pub l2: bool,
     /// Outer datagram length.
     pub len: u32,
     /// Outer source (the hashed bits filled in) and the mask of those bits in the word that
@@ -91,7 +101,7 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
     // Sized like BACKENDS, so a backend that was read has a slot.
     let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
     let h = unsafe { &*hop };
-    let family = if o.ipv6 { AF_INET6 } else { AF_INET };
+    let family = (if o.ipv6 { AF_INET6 } else { AF_INET }) | if o.l2 { L2_LOOKUP } else { 0 };
     let src = src_fixed(o);
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
@@ -122,7 +132,11 @@ type FibParams = [u32; 16];
 #[inline(never)]
 fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4], now: u64) -> u32 {
     let family = if o.ipv6 { AF_INET6 } else { AF_INET };
-    let l4 = if o.ipv6 { IPPROTO_IPV6 } else { IPPROTO_IPIP };
+    let l4 = match (o.l2, o.ipv6) {
+        (true, _) => 0,
+        (false, true) => IPPROTO_IPV6,
+        (false, false) => IPPROTO_IPIP,
+    };
     let ingress = ctx.ingress_ifindex() as u32;
     let s = o.src;
     let d = o.dst;
@@ -140,6 +154,11 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
     };
     match rc {
         0 => {}
+        // L2 DSR back out of the ingress device needs no MAC from the route. (The kernel has
+        // set the egress device, word 2, before looking for the neighbour.) Towards another
+        // device it needs that device's MAC, which comes only with a neighbour entry: a drop,
+        // not cached, so that it works as soon as the entry exists.
+        FIB_NO_NEIGH if o.l2 && p[2] == ingress => {}
         // Blackhole, unreachable, prohibit, not forwarded: there is no route.
         1..=4 => return stat::DROP_UNROUTABLE,
         // Forwarding disabled, unsupported lwt, no neighbour, fragmentation needed, error.
@@ -157,7 +176,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
             dst: *d,
             src: *src_fixed,
             src_mask: o.src_mask,
-            family,
+            family: family | if o.l2 { L2_LOOKUP } else { 0 },
             ingress_ifindex: ingress,
             max_len: o.len,
             egress_ifindex: route.egress_ifindex,

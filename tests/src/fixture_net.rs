@@ -88,3 +88,27 @@ pub fn in_netns<T: Send + 'static>(f: impl FnOnce(Topology) -> T + Send + 'stati
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+/// Moves the calling thread (a test's own thread) into a new network namespace in which every
+/// test address (198.18.0.0/15, 2001:db8::/32) is routed out of `lo`, with forwarding on.
+/// `BPF_PROG_TEST_RUN` without an ingress device runs on `lo`, so there the L2 DSR route lookup
+/// finds the ingress device (XDP_TX), and fixtures do not depend on the host's routes. The
+/// namespace goes away with the thread.
+pub fn enter_lo_routed_netns() {
+    // SAFETY: unshare only affects this thread's namespaces.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        panic!("unshare(CLONE_NEWNET) failed (tests need root): {}", std::io::Error::last_os_error());
+    }
+    run(&["ip", "link", "set", "lo", "up"]);
+    run(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
+    run(&["sysctl", "-qw", "net.ipv4.conf.lo.forwarding=1"]);
+    run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    run(&["sysctl", "-qw", "net.ipv6.conf.lo.forwarding=1"]);
+    run(&["ip", "route", "add", "198.18.0.0/15", "dev", "lo"]);
+    run(&["ip", "-6", "route", "add", "2001:db8::/32", "dev", "lo"]);
+}
+
+/// Adds a permanent neighbour entry in the calling thread's namespace (`dev` is a name).
+pub fn add_neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) {
+    run(&["ip", "neigh", "replace", &addr.to_string(), "lladdr", &mac(lladdr), "dev", dev, "nud", "permanent"]);
+}

@@ -46,6 +46,7 @@ fn backend_of(dp: &Dataplane, v6: bool) -> u32 {
 
 #[test]
 fn the_class_follows_the_prefixes_as_they_come_and_go() {
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = fixture::load();
     setup(&mut dp);
     assert_eq!((backend_of(&dp, false), backend_of(&dp, true)), (B0, B0), "no prefixes: class 0");
@@ -67,6 +68,7 @@ fn a_restarted_writer_keeps_the_class_flags_exact() {
     let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-class-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bpffs at /sys/fs/bpf (tests must run as root)");
     {
+        lb_tests::fixture_net::enter_lo_routed_netns();
         let mut dp = Dataplane::load_with(fixture::sizes(), Some(&dir)).unwrap();
         setup(&mut dp);
         dp.set_class_prefix(SVC, "198.18.1.0/24".parse().unwrap(), 1).unwrap();

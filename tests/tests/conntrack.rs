@@ -23,6 +23,7 @@ const IDLE_NS: u64 = 600_000_000_000;
 
 /// A DSR service on VIP:80/TCP and VIP:53/UDP with backends b1, b2, every flow hashed to b1.
 fn setup(info: ServiceInfo) -> Dataplane {
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = fixture::load();
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP.into(), 53, PROTO_UDP)], info).unwrap();
     for id in [B1, B2] {

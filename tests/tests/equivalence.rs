@@ -158,6 +158,7 @@ fn frame(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8) -> Vec<u8>
 
 #[test]
 fn kernel_choice_equals_userspace_prediction_for_random_flows() {
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = fixture::load();
     let mut rng = Rng(0x5eed_1b0b_cafe_f00d);
     let model = build(&mut dp, &mut rng);

@@ -63,6 +63,7 @@ impl Rng {
 #[test]
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
     let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
@@ -159,6 +160,7 @@ subnets = ["198.18.2.10-198.18.2.200"]
 mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
     let mut ctl = Controller::new(cfg.clone());
     ctl.reconcile(&mut dp).unwrap();

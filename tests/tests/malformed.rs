@@ -25,6 +25,7 @@ fn spread_table() -> Vec<u32> {
 
 /// DSR services: VIP and VIP6 for TCP:80 and all UDP ports; VIP_TCP80 for TCP:80 only.
 fn setup() -> Dataplane {
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = fixture::load();
     let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
     dp.set_service(

@@ -141,6 +141,7 @@ fn model_keys(installed: &BTreeMap<(u32, u32), ServiceKey>) -> Vec<ServiceKey> {
 
 #[test]
 fn two_hundred_keys_hit_their_services_and_removed_ones_do_not() {
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)");
     let mut installed = install_all(&mut dp);
     assert_eq!(installed.len(), 200);
@@ -199,6 +200,7 @@ fn two_hundred_keys_hit_their_services_and_removed_ones_do_not() {
 fn more_keys_than_the_capacity_are_refused_and_change_nothing() {
     let mut small = sizes();
     small.max_services = 2; // 32 keys, halves of 64 slots.
+    lb_tests::fixture_net::enter_lo_routed_netns();
     let mut dp = Dataplane::load(small).unwrap();
     let keys: Vec<ServiceKey> = (0..32).map(|p| service_key(vip(0), 1000 + p, PROTO_TCP)).collect();
     let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
@@ -216,6 +218,7 @@ fn a_restarted_writer_adopts_the_pinned_service_table() {
     let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-svc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bpffs at /sys/fs/bpf (tests must run as root)");
     let installed = {
+        lb_tests::fixture_net::enter_lo_routed_netns();
         let mut dp = Dataplane::load_with(sizes(), Some(&dir)).unwrap();
         install_all(&mut dp)
     };

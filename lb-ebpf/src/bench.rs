@@ -12,7 +12,11 @@
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
 
+use lb_common::{stat, CtEntry, CtKey4};
+
+use crate::maps::CONNTRACK4;
 use crate::parse::{ptr_at, ETH_LEN, ETH_P_IP};
+use crate::stats::Counters;
 
 /// Bytes saved and rewritten: the Ethernet header plus one VLAN tag (for an untagged frame the
 /// last 4 are the first bytes of the IP header, rewritten with the same values).
@@ -72,6 +76,43 @@ pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
     h[6..12].copy_from_slice(&old[0..6]);
     unsafe { core::ptr::write_unaligned(eth, h) };
     xdp_action::XDP_TX
+}
+
+/// The IPv4 connection-table key that `bench_ct_insert` writes and `bench_ct_lookup` finds
+/// (198.18.1.5:40001 -> 198.18.0.100:80/TCP, service 1: next to the bench flow's key, not it).
+#[inline(always)]
+fn bench_ct_key() -> CtKey4 {
+    CtKey4 {
+        src: u32::from_ne_bytes([198, 18, 1, 5]),
+        dst: u32::from_ne_bytes([198, 18, 0, 100]),
+        ports: (40001u16.to_be() as u32) | ((80u16.to_be() as u32) << 16),
+        service_proto: 1 | 6 << 24,
+    }
+}
+
+/// The kernel's share of a new flow: one `CONNTRACK4` insert that replaces the entry, as the
+/// balancer's SYN does, and nothing else. Counted as a new flow only if the insert succeeded,
+/// so the bench proves every iteration wrote the entry. The frame is not touched.
+#[xdp]
+#[inline(always)]
+pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
+    let counters = Counters::get();
+    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, hash: 0 };
+    if CONNTRACK4.insert(&bench_ct_key(), &entry, 0).is_ok() {
+        counters.inc(stat::NEW_FLOW);
+    }
+    xdp_action::XDP_PASS
+}
+
+/// The kernel's share of a conntrack hit: one `CONNTRACK4` lookup (counted as a hit if found).
+#[xdp]
+#[inline(always)]
+pub fn bench_ct_lookup(_ctx: XdpContext) -> u32 {
+    let counters = Counters::get();
+    if CONNTRACK4.get_ptr_mut(&bench_ct_key()).is_some() {
+        counters.inc(stat::CT_HIT);
+    }
+    xdp_action::XDP_PASS
 }
 
 /// Only the wrapper's work around an encapsulation: grow the head as IPIP (20 bytes) or

@@ -13,6 +13,11 @@
 //! `SINGLE_CALLS` calls with `repeat = 1` each, averaged, against the empty program measured
 //! the same way.
 //!
+//! Last, the kernel's own share: one IPv4 connection-table insert (replacing the entry, as the
+//! new-flow case does) and one lookup, each alone in a bench program (`bench_ct_insert`,
+//! `bench_ct_lookup`), checked by counters like the rest. No change to the balancer's
+//! program can bring a case below these.
+//!
 //! Usage: dp_bench [--quick] [--no-single] [--stages] [--profile CASE SECONDS]
 //! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check,
 //! for quick A/B comparisons; --stages: the cost split by stage of the balancer; --profile:
@@ -129,7 +134,7 @@ impl Bench {
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
             .load(&object)
             .context("loading the XDP object (needs root)")?;
-        for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4"] {
+        for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4", "bench_ct_insert", "bench_ct_lookup"] {
             let prog: &mut Xdp = ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
             prog.load().with_context(|| format!("verifying {name}"))?;
         }
@@ -285,6 +290,23 @@ struct Family {
     single_new_flow: f64,
 }
 
+/// The kernel's connection-table operations alone (IPv4 table), ns per packet.
+struct MapOps {
+    insert: f64,
+    lookup: f64,
+}
+
+/// One `CONNTRACK4` insert (replacing the entry) and one lookup, each alone in a program, as
+/// parts of the balancer's new-flow and hit costs that no program change can remove.
+fn measure_map_ops(b: &Bench, p: &Params, frame: &[u8]) -> Result<MapOps> {
+    let inserted = Expect { action: XDP_PASS, per_iteration: &[(stat::NEW_FLOW, 1)], frame_unchanged: true };
+    let found = Expect { action: XDP_PASS, per_iteration: &[(stat::CT_HIT, 1)], frame_unchanged: true };
+    // The insert runs first: the lookup finds the entry it left.
+    let insert = b.median_ns("bench_ct_insert", frame, p, inserted)?;
+    let lookup = b.median_ns("bench_ct_lookup", frame, p, found)?;
+    Ok(MapOps { insert, lookup })
+}
+
 fn measure(b: &Bench, p: &Params, syn: &[u8], ack: &[u8]) -> Result<Family> {
     let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
     let tx_uncounted = Expect { action: XDP_TX, per_iteration: NOTHING_COUNTED, frame_unchanged: false };
@@ -308,7 +330,7 @@ fn measure(b: &Bench, p: &Params, syn: &[u8], ack: &[u8]) -> Result<Family> {
     Ok(Family { floor, mac_swap, restore_only, ct_hit, new_flow, single_floor, single_ct_hit, single_new_flow })
 }
 
-fn report(p: &Params, v4: &Family, v6: &Family) {
+fn report(p: &Params, v4: &Family, v6: &Family, ops: &MapOps) {
     println!();
     println!("Data plane per-packet cost, BPF_PROG_TEST_RUN (kernel-reported ns per iteration)");
     println!(
@@ -338,6 +360,10 @@ fn report(p: &Params, v4: &Family, v6: &Family) {
         row("lb, new flow (TCP SYN)", v4.single_new_flow, v4.single_floor, v6.single_new_flow, v6.single_floor);
         println!();
     }
+    println!("  the kernel's connection-table work alone (IPv4 table, 16-byte key), part of the figures above");
+    println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 lookup, entry found", ops.lookup, ops.lookup - v4.floor);
+    println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert, replacing the entry", ops.insert, ops.insert - v4.floor);
+    println!();
     let verdict = |above: f64, target: f64| if above <= target { "met" } else { "MISSED" };
     let hit = v4.ct_hit - v4.floor;
     let new = v4.new_flow - v4.floor;
@@ -363,13 +389,14 @@ fn main() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("dp_bench needs root (BPF_PROG_TEST_RUN with maps, and a network namespace for bpf_fib_lookup)");
     }
-    let (v4, v6) = in_netns(move |topo| -> Result<(Family, Family)> {
+    let (v4, v6, ops) = in_netns(move |topo| -> Result<(Family, Family, MapOps)> {
         let b = Bench::load(topo.lbv0)?;
         let v4 = measure(&b, &p, &frame4(TCP_SYN), &frame4(TCP_ACK))?;
         let v6 = measure(&b, &p, &frame6(TCP_SYN), &frame6(TCP_ACK))?;
-        Ok((v4, v6))
+        let ops = measure_map_ops(&b, &p, &frame4(TCP_ACK))?;
+        Ok((v4, v6, ops))
     })?;
-    report(&p, &v4, &v6);
+    report(&p, &v4, &v6, &ops);
     Ok(())
 }
 

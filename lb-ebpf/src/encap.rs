@@ -183,41 +183,51 @@ pub fn ip6ip6(
 }
 
 /// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
-/// frame goes to the backend's MAC, out of the device the route to the backend's address uses.
-/// On the ingress device (XDP_TX) only the destination MAC changes (source = the MAC the frame
-/// was sent to, a VLAN tag stays: same segment). On another device (redirect) the source is
-/// that device's MAC and a VLAN tag, which belonged to the ingress segment, is removed.
+/// frame goes to the backend's MAC. An untagged frame leaves by the device the route to the
+/// backend's address uses: the ingress device (XDP_TX; source = the MAC the frame was sent to)
+/// or another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
+/// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
+/// device, on which native XDP cannot transmit.
 #[inline(always)]
 pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend, now: u64, counters: Counters) -> u32 {
-    let outer = Outer {
-        ipv6: backend.family == FAMILY_V6,
-        l2: true,
-        len: pkt.l3_len as u32,
-        src: &[0; 4],
-        src_mask: 0,
-        dst: &backend.addr,
-    };
-    let route = match nexthop::route(ctx, backend_id, &outer, now) {
-        Ok(r) => r,
-        Err(reason) => return drop(reason, counters),
-    };
     let m = backend.mac;
     let dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
     let dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
     let p = ctx.data() as *mut u8;
-    if ctx.data() + ETH_LEN + 4 > ctx.data_end() {
+    if ctx.data() + ETH_LEN > ctx.data_end() {
         return drop(stat::DROP_ENCAP, counters);
     }
-    if route.egress_ifindex == ctx.ingress_ifindex() as u32 {
-        // Bytes 4..8: the destination's last two bytes, the source's first two (the old
-        // destination's first two); bytes 8..12 become the old destination's last four.
-        let old = [unsafe { core::ptr::read(p as *const u32) }, unsafe { core::ptr::read(p.add(4) as *const u32) }];
-        put_word(p, 0, dmac_lo);
-        put_word(p, 4, dmac_hi | old[0] << 16);
-        put_word(p, 8, old[0] >> 16 | old[1] << 16);
-        counters.inc(stat::TX);
-        return xdp_action::XDP_TX;
-    }
+    let egress = if pkt.l3_off == ETH_LEN {
+        let outer = Outer {
+            ipv6: backend.family == FAMILY_V6,
+            l2: true,
+            len: pkt.l3_len as u32,
+            src: &[0; 4],
+            src_mask: 0,
+            dst: &backend.addr,
+        };
+        match nexthop::route(ctx, backend_id, &outer, now) {
+            Ok(r) if r.egress_ifindex != ctx.ingress_ifindex() as u32 => Some(r),
+            Ok(_) => None,
+            Err(reason) => return drop(reason, counters),
+        }
+    } else {
+        None
+    };
+    let route = match egress {
+        Some(r) => r,
+        None => {
+            // Back out of the ingress. Bytes 4..8: the destination's last two bytes, the
+            // source's first two (the old destination's first two); bytes 8..12 become the old
+            // destination's last four.
+            let old = [unsafe { core::ptr::read(p as *const u32) }, unsafe { core::ptr::read(p.add(4) as *const u32) }];
+            put_word(p, 0, dmac_lo);
+            put_word(p, 4, dmac_hi | old[0] << 16);
+            put_word(p, 8, old[0] >> 16 | old[1] << 16);
+            counters.inc(stat::TX);
+            return xdp_action::XDP_TX;
+        }
+    };
     // The source MAC from the route: the high half of word 1 and word 2 (see `Route::macs`).
     // Never zero after a lookup towards another device (see `nexthop::resolve`) unless the
     // device has no MAC: not an Ethernet segment a backend can be on.
@@ -225,19 +235,8 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
     if smac_lo | smac_hi == 0 {
         return drop(stat::DROP_FIB, counters);
     }
-    let (w1, w2) = (dmac_hi | smac_lo, smac_hi);
-    if pkt.l3_off == ETH_LEN {
-        put_word(p, 0, dmac_lo);
-        put_word(p, 4, w1);
-        put_word(p, 8, w2);
-    } else {
-        // Tagged: the new header ends where the tag did (its ethertype is the inner one).
-        put_word(p, 4, dmac_lo);
-        put_word(p, 8, w1);
-        put_word(p, 12, w2);
-        if unsafe { bpf_xdp_adjust_head(ctx.ctx, 4) } != 0 {
-            return drop(stat::DROP_ENCAP, counters);
-        }
-    }
+    put_word(p, 0, dmac_lo);
+    put_word(p, 4, dmac_hi | smac_lo);
+    put_word(p, 8, smac_hi);
     transmit(ctx, route.egress_ifindex, counters)
 }

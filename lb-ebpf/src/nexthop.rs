@@ -30,6 +30,8 @@ const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 const IPPROTO_IPIP: u32 = 4;
 const IPPROTO_IPV6: u32 = 41;
+/// `BPF_FIB_LKUP_RET_FWD_DISABLED`: forwarding is off on the ingress device (no lookup done).
+const FIB_FWD_DISABLED: i64 = 5;
 /// `BPF_FIB_LKUP_RET_NO_NEIGH`: routed, but no valid neighbour entry for the next hop.
 const FIB_NO_NEIGH: i64 = 7;
 /// Marks an entry filled by an L2 DSR lookup in `NextHop::family`: its MACs may be zero (no
@@ -159,6 +161,10 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         // device it needs that device's MAC, which comes only with a neighbour entry: a drop,
         // not cached, so that it works as soon as the entry exists.
         FIB_NO_NEIGH if o.l2 && p[2] == ingress => {}
+        // L2 DSR is not routing: with forwarding off on the ingress device the kernel looks
+        // nothing up, and the frame goes back out of the ingress (the segment the operator
+        // configured the backend's MAC for), as IPIP cannot.
+        FIB_FWD_DISABLED if o.l2 => p[2] = ingress,
         // Blackhole, unreachable, prohibit, not forwarded: there is no route.
         1..=4 => return stat::DROP_UNROUTABLE,
         // Forwarding disabled, unsupported lwt, no neighbour, fragmentation needed, error.

@@ -78,10 +78,11 @@ fn fits(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
 
 /// bpf_fib_lookup, which finds the IPIP next hop, fails (FWD_DISABLED) on an interface without
 /// forwarding; the drops would show only as `drop_fib` in `lb stats`, so say it up front.
+/// (L2_DSR then sends every frame back out of the ingress device, whatever the route.)
 fn warn_if_forwarding_disabled(ifname: &str) {
     for (family, path) in [("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")), ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding"))] {
         if std::fs::read_to_string(&path).map(|v| v.trim() == "0").unwrap_or(false) {
-            eprintln!("lb: warning: {family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
+            eprintln!("lb: warning: {family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
     }
 }

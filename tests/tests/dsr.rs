@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::{affinity, forwarding, tracking, PROTO_TCP, PROTO_UDP};
-use lb_tests::fixture::{self, backend, service_info, service_key, uniform};
+use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Program, XDP_TX};
 
@@ -35,15 +35,20 @@ fn l2_dsr_rewrites_destination_mac_ipv4_and_ipv6() {
     assert_eq!(out.data, ethernet_vlan(BACKEND_MAC, LB_MAC, 7, ETH_P_IPV6, &ip6), "VLAN tag kept on the same segment");
 }
 
-/// The route to the backend decides the device: a backend on the ingress segment gets the
-/// frame back out of the ingress device (XDP_TX, source = the MAC the frame was sent to, VLAN
-/// tag kept); a backend on another device's segment gets it redirected there, with that
-/// device's MAC as source and no VLAN tag; a backend without a route is dropped and counted.
+/// The route to the backend decides the device for an untagged frame: a backend on the ingress
+/// segment gets it back out of the ingress device (XDP_TX, source = the MAC the frame was sent
+/// to); a backend on another device's segment gets it redirected there, with that device's MAC
+/// as source (once the host has a neighbour entry for it); a backend without a route is dropped
+/// and counted. A tagged frame goes back out of the ingress on its VLAN, and so does every frame
+/// when forwarding is off on the ingress device (the kernel then does no route lookup).
 #[test]
 fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
     use lb_common::stat;
     use lb_tests::fixture_net::{add_neighbour, in_netns, LB2_MAC};
     use lb_user::dataplane::{XDP_DROP, XDP_REDIRECT};
+    // What the host's neighbour table says about the backends: not the configured MAC, which
+    // is the one the frames must carry.
+    const NEIGHBOUR_MAC: [u8; 6] = [0x02, 0x99, 0, 0, 0, 0x99];
     in_netns(|topo| {
         let mut dp = fixture::load();
         let vip4 = Ipv4Addr::new(198, 18, 0, 100);
@@ -58,38 +63,55 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
         let c6 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
         let ip4 = V4::new(c4, vip4, PROTO_TCP).build(&tcp4(c4, vip4, 40000, 80, TCP_SYN, b"l2"));
         let ip6 = ipv6(c6, vip6, PROTO_TCP, 64, 0, &tcp6(c6, vip6, 40000, 80, TCP_SYN, b"l2"));
-        let cases: [(u32, IpAddr, &[u8], u16); 2] = [
-            (1, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), &ip4, ETH_P_IP),
-            (2, IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9)), &ip6, ETH_P_IPV6),
+        let cases: [(u32, IpAddr, &[u8], u16, &str); 2] = [
+            (1, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), &ip4, ETH_P_IP, "ipv4"),
+            (2, IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9)), &ip6, ETH_P_IPV6, "ipv6"),
         ];
-        for (id, on_ingress, ip, ethertype) in cases {
-            // On lbv0's segment (the ingress): XDP_TX, tag kept.
+        let send = |dp: &mut lb_user::dataplane::Dataplane, frame: &[u8]| dp.run_test(Program::Lb, frame, topo.lbv0).unwrap();
+        let count = |dp: &lb_user::dataplane::Dataplane, s| dp.stats().unwrap().get(s);
+        for (id, on_ingress, ip, ethertype, family) in cases {
+            let untagged = ethernet(LB_MAC, CLIENT_MAC, ethertype, ip);
+            let tagged = ethernet_vlan(LB_MAC, CLIENT_MAC, 7, ethertype, ip);
+            // On lbv0's segment (the ingress): XDP_TX.
             dp.set_backend(id, backend(on_ingress, BACKEND_MAC, 0)).unwrap();
-            let out = dp.run_test(Program::Lb, &ethernet_vlan(LB_MAC, CLIENT_MAC, 7, ethertype, ip), topo.lbv0).unwrap();
-            assert_eq!(out.action, XDP_TX, "backend {on_ingress} on the ingress segment");
-            assert_eq!(out.data, ethernet_vlan(BACKEND_MAC, LB_MAC, 7, ethertype, ip));
+            add_neighbour(on_ingress, NEIGHBOUR_MAC, "lbv0");
+            let out = send(&mut dp, &untagged);
+            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ethertype, ip)), "{on_ingress}: ingress segment");
 
-            // On lbv2's segment: redirected to lbv2, source lbv2's MAC, untagged.
+            // On lbv2's segment: no neighbour entry yet, so no source MAC for lbv2: dropped,
+            // counted, not cached.
             let other = match on_ingress {
                 IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 2, 9)),
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 9)),
             };
             dp.set_backend(id, backend(other, BACKEND_MAC, 0)).unwrap();
-            // The host knows no neighbour entry for it yet, so not lbv2's MAC either: dropped.
-            let before = dp.stats().unwrap().get(stat::DROP_FIB);
-            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ethertype, ip), topo.lbv0).unwrap();
-            assert_eq!(out.action, XDP_DROP, "backend {other} behind lbv2, no neighbour entry");
-            assert_eq!(dp.stats().unwrap().get(stat::DROP_FIB), before + 1);
-            // Such a failed lookup is not cached: forwarded as soon as the host has the entry
-            // (on a real host the health checks' traffic makes it).
-            add_neighbour(other, BACKEND_MAC, "lbv2");
-            let before = dp.stats().unwrap().get(stat::REDIRECT);
-            for frame in [ethernet(LB_MAC, CLIENT_MAC, ethertype, ip), ethernet_vlan(LB_MAC, CLIENT_MAC, 7, ethertype, ip)] {
-                let out = dp.run_test(Program::Lb, &frame, topo.lbv0).unwrap();
-                assert_eq!(out.action, XDP_REDIRECT, "backend {other} behind lbv2");
-                assert_eq!(out.data, ethernet(BACKEND_MAC, LB2_MAC, ethertype, ip));
-            }
-            assert_eq!(dp.stats().unwrap().get(stat::REDIRECT), before + 2);
+            let drops = count(&dp, stat::DROP_FIB);
+            assert_eq!(send(&mut dp, &untagged).action, XDP_DROP, "{other}: behind lbv2, no neighbour entry");
+            assert_eq!(count(&dp, stat::DROP_FIB), drops + 1);
+            // With the entry (on a real host the health checks' traffic makes it): redirected
+            // to lbv2, source lbv2's MAC, destination the configured MAC.
+            add_neighbour(other, NEIGHBOUR_MAC, "lbv2");
+            let redirects = count(&dp, stat::REDIRECT);
+            let out = send(&mut dp, &untagged);
+            assert_eq!((out.action, out.data), (XDP_REDIRECT, ethernet(BACKEND_MAC, LB2_MAC, ethertype, ip)), "{other}: behind lbv2");
+            assert_eq!(count(&dp, stat::REDIRECT), redirects + 1);
+            // Tagged: back out of the ingress on its VLAN, whatever the route.
+            let out = send(&mut dp, &tagged);
+            assert_eq!((out.action, out.data), (XDP_TX, ethernet_vlan(BACKEND_MAC, LB_MAC, 7, ethertype, ip)), "{other}: tagged");
+
+            // Forwarding off on the ingress: the kernel looks no route up; back out of the
+            // ingress. (Another address behind lbv2, so the route cached for `other` within
+            // the last second is not reused.)
+            fixture_net_sysctl(&format!("net.{family}.conf.lbv0.forwarding=0"));
+            let other2 = match other {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 2, 10)),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 10)),
+            };
+            add_neighbour(other2, NEIGHBOUR_MAC, "lbv2");
+            dp.set_backend(id, backend(other2, backend_mac(id), 0)).unwrap();
+            let out = send(&mut dp, &untagged);
+            assert_eq!((out.action, out.data), (XDP_TX, ethernet(backend_mac(id), LB_MAC, ethertype, ip)), "{other2}: forwarding off");
+            fixture_net_sysctl(&format!("net.{family}.conf.lbv0.forwarding=1"));
 
             // No route to the backend: dropped, counted.
             let nowhere = match on_ingress {
@@ -97,10 +119,15 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 7, 0, 0, 0, 0, 9)),
             };
             dp.set_backend(id, backend(nowhere, BACKEND_MAC, 0)).unwrap();
-            let before = dp.stats().unwrap().get(stat::DROP_UNROUTABLE);
-            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ethertype, ip), topo.lbv0).unwrap();
-            assert_eq!(out.action, XDP_DROP, "backend {nowhere} without a route");
-            assert_eq!(dp.stats().unwrap().get(stat::DROP_UNROUTABLE), before + 1);
+            let drops = count(&dp, stat::DROP_UNROUTABLE);
+            assert_eq!(send(&mut dp, &untagged).action, XDP_DROP, "{nowhere}: no route");
+            assert_eq!(count(&dp, stat::DROP_UNROUTABLE), drops + 1);
         }
     });
+}
+
+/// `sysctl -w` in the calling thread's namespace.
+fn fixture_net_sysctl(setting: &str) {
+    let out = std::process::Command::new("sysctl").args(["-qw", setting]).output().expect("running sysctl");
+    assert!(out.status.success(), "sysctl -w {setting}: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -287,7 +287,7 @@ impl Dataplane {
                 .program_mut(p.name())
                 .ok_or_else(|| anyhow!("program {} missing", p.name()))?
                 .try_into()?;
-            prog.load().with_context(|| format!("verifying program {}", p.name()))?;
+            load_program(prog).with_context(|| format!("verifying program {}", p.name()))?;
         }
         Ok(Self {
             services: ServiceTable::new(take_raw(&mut ebpf, "SERVICE_TABLE")?, take_raw(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?,
@@ -866,4 +866,22 @@ pub fn detach_pinned(link_pin: &Path) -> Result<bool> {
     let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
     drop(pinned.unpin().with_context(|| format!("removing {}", link_pin.display()))?);
     Ok(true)
+}
+
+/// `BPF_PROG_LOAD` for `prog`, retried when it fails with EAGAIN: the verifier gives up with
+/// EAGAIN when a signal arrives while it runs (any signal with a handler, to any thread that
+/// happens to be verifying), which says nothing about the program. libbpf retries the same way.
+pub fn load_program(prog: &mut Xdp) -> Result<(), aya::programs::ProgramError> {
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    loop {
+        match prog.load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }

@@ -19,10 +19,13 @@
 //! program can bring a case below these.
 //!
 //! Usage: dp_bench [--quick] [--no-single] [--stages] [--profile CASE SECONDS]
-//! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check,
-//! for quick A/B comparisons; --stages: the cost split by stage of the balancer; --profile:
-//! run one case, `v4-hit`, `v4-syn`, `v6-hit` or `v6-syn`, for SECONDS without reporting, so
-//! that `perf record -a` sees only that path)
+//!        dp_bench --compare OTHER_OBJECT [ROUNDS]
+//! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check;
+//! --stages: the cost split by stage of the balancer; --profile: run one case, `v4-hit`,
+//! `v4-syn`, `v6-hit` or `v6-syn`, for SECONDS without reporting, so that `perf record -a` sees
+//! only that path; --compare: A/B of this build's object (or `LB_EBPF_OBJ`) against another
+//! build's, loaded side by side in one process, runs interleaved round by round, so that the
+//! machine's slow drift hits both alike; the other object must have this build's map layout)
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -113,7 +116,11 @@ impl Bench {
     /// Loads the object with the data plane's load-time settings (as `Dataplane::load` does)
     /// plus the bench programs, and installs one IPv4 and one IPv6 IPIP service.
     fn load(ingress_ifindex: u32) -> Result<Self> {
-        let object = read_object()?;
+        Self::load_object(ingress_ifindex, &read_object()?)
+    }
+
+    /// `load` with the given object's bytes.
+    fn load_object(ingress_ifindex: u32, object: &[u8]) -> Result<Self> {
         let sizes = DataplaneSizes {
             table_size_m: TABLE_M,
             conntrack_entries: CONNTRACK_ENTRIES,
@@ -132,11 +139,11 @@ impl Bench {
             .override_global("TABLE_M", &TABLE_M, true)
             .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
             .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
-            .load(&object)
+            .load(object)
             .context("loading the XDP object (needs root)")?;
         for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4", "bench_ct_insert", "bench_ct_lookup"] {
             let prog: &mut Xdp = ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
-            prog.load().with_context(|| format!("verifying {name}"))?;
+            lb_user::dataplane::load_program(prog).with_context(|| format!("verifying {name}"))?;
         }
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").ok_or_else(|| anyhow!("no STATS map"))?)?;
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| anyhow!("no {name} map"));
@@ -381,6 +388,11 @@ fn main() -> Result<()> {
     if args.iter().any(|a| a == "--stages") {
         return stages();
     }
+    if let Some(i) = args.iter().position(|a| a == "--compare") {
+        let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare needs the other object's path"))?;
+        let rounds: usize = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(11);
+        return compare(&other, rounds);
+    }
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let case = args.get(i + 1).cloned().unwrap_or_default();
         let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
@@ -457,6 +469,55 @@ fn stages() -> Result<()> {
                 }
                 println!("{line}");
             }
+        }
+        Ok(())
+    })
+}
+
+/// A/B of two objects (see the module comment): per case, ROUNDS rounds of one checked run of
+/// the floor and the case on each object, the object going first alternating by round. Prints
+/// each object's median and minimum above its floor and the median of the per-round paired
+/// differences (B - A), the figure least moved by drift.
+fn compare(other: &str, rounds: usize) -> Result<()> {
+    let other_bytes = std::fs::read(other).with_context(|| format!("reading {other}"))?;
+    let other = other.to_string();
+    in_netns(move |topo| -> Result<()> {
+        let objs = [Bench::load(topo.lbv0)?, Bench::load_object(topo.lbv0, &other_bytes)?];
+        let p = FULL;
+        let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
+        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
+        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
+        println!("A = this build's object (or LB_EBPF_OBJ), B = {other}; {rounds} interleaved rounds of {} iterations", p.repeat);
+        println!("ns above each object's floor: median / minimum; B - A: median of the per-round differences");
+        for (name, frame, expect) in [
+            ("IPv4 conntrack hit", frame4(TCP_ACK), hit),
+            ("IPv4 new flow", frame4(TCP_SYN), new),
+            ("IPv6 conntrack hit", frame6(TCP_ACK), hit),
+            ("IPv6 new flow", frame6(TCP_SYN), new),
+        ] {
+            let syn = if frame[12..14] == ETH_P_IP.to_be_bytes() { frame4(TCP_SYN) } else { frame6(TCP_SYN) };
+            let mut above = [Vec::new(), Vec::new()];
+            for b in &objs {
+                // Warm-up; the SYN leaves the entry the hit runs find.
+                b.run("bench_lb", &syn, p.repeat / 10, new)?;
+                b.run("bench_lb", &frame, p.repeat / 10, expect)?;
+            }
+            for round in 0..rounds {
+                for k in [round % 2, 1 - round % 2] {
+                    let floor = objs[k].run("bench_empty", &frame, p.repeat, pass)? as f64;
+                    let case = objs[k].run("bench_lb", &frame, p.repeat, expect)? as f64;
+                    above[k].push(case - floor);
+                }
+            }
+            let mut diffs: Vec<f64> = above[1].iter().zip(&above[0]).map(|(b, a)| b - a).collect();
+            let stats = |v: &mut Vec<f64>| {
+                v.sort_unstable_by(f64::total_cmp);
+                (v[v.len() / 2], v[0])
+            };
+            let (a_med, a_min) = stats(&mut above[0]);
+            let (b_med, b_min) = stats(&mut above[1]);
+            let (d_med, _) = stats(&mut diffs);
+            println!("  {name:<20} A {a_med:>+5.0} / {a_min:>+5.0}   B {b_med:>+5.0} / {b_min:>+5.0}   B - A {d_med:>+5.0}");
         }
         Ok(())
     })

@@ -77,3 +77,25 @@ pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport:
     };
     lb_common::flow_hash(&lb_common::hash_tuple(affinity, &full, ports_valid))
 }
+
+/// A bpffs directory for one test's pinned maps (`/sys/fs/bpf/lb-test-NAME-PID`), removed with
+/// everything in it when dropped: also when the test fails halfway.
+pub struct PinDir(std::path::PathBuf);
+
+impl PinDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("bpffs at /sys/fs/bpf (tests must run as root)");
+        PinDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

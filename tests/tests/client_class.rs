@@ -65,22 +65,21 @@ fn the_class_follows_the_prefixes_as_they_come_and_go() {
 
 #[test]
 fn a_restarted_writer_keeps_the_class_flags_exact() {
-    let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-class-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("bpffs at /sys/fs/bpf (tests must run as root)");
+    let pins = fixture::PinDir::new("class");
+    let dir = pins.path();
     {
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let mut dp = Dataplane::load_with(fixture::sizes(), Some(&dir)).unwrap();
+        let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
         setup(&mut dp);
         dp.set_class_prefix(SVC, "198.18.1.0/24".parse().unwrap(), 1).unwrap();
         dp.set_class_prefix(SVC, "198.18.0.0/16".parse().unwrap(), 1).unwrap();
     }
-    let mut dp = Dataplane::load_with(fixture::sizes(), Some(&dir)).unwrap();
+    let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
     assert_eq!(backend_of(&dp, false), B1, "the adopted trie and flag classify the client");
     dp.remove_class_prefix(SVC, "198.18.1.0/24".parse().unwrap()).unwrap();
     assert_eq!(backend_of(&dp, false), B1, "the /16 still matches: the flag stays");
     dp.remove_class_prefix(SVC, "198.18.0.0/16".parse().unwrap()).unwrap();
     assert_eq!(backend_of(&dp, false), B0, "the adopted bookkeeping knew both prefixes");
     drop(dp);
-    lb_user::pinning::remove_map_pins(&dir).unwrap();
-    std::fs::remove_dir(&dir).ok();
+    lb_user::pinning::remove_map_pins(dir).unwrap();
 }

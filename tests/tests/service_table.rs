@@ -215,14 +215,14 @@ fn more_keys_than_the_capacity_are_refused_and_change_nothing() {
 
 #[test]
 fn a_restarted_writer_adopts_the_pinned_service_table() {
-    let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-svc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("bpffs at /sys/fs/bpf (tests must run as root)");
+    let pins = lb_tests::fixture::PinDir::new("svc");
+    let dir = pins.path();
     let installed = {
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let mut dp = Dataplane::load_with(sizes(), Some(&dir)).unwrap();
+        let mut dp = Dataplane::load_with(sizes(), Some(dir)).unwrap();
         install_all(&mut dp)
     };
-    let mut dp = Dataplane::load_with(sizes(), Some(&dir)).unwrap();
+    let mut dp = Dataplane::load_with(sizes(), Some(dir)).unwrap();
     assert_eq!(installed_keys(&dp), model_keys(&installed));
     check_all(&dp, &installed);
     // The adopted bookkeeping is complete: removing a VIP's keys removes the VIP.
@@ -232,6 +232,5 @@ fn a_restarted_writer_adopts_the_pinned_service_table() {
     rest.retain(|(v, _), _| *v != 2);
     check_all(&dp, &rest);
     drop(dp);
-    lb_user::pinning::remove_map_pins(&dir).unwrap();
-    std::fs::remove_dir(&dir).ok();
+    lb_user::pinning::remove_map_pins(dir).unwrap();
 }

@@ -131,3 +131,41 @@ fn fixture_net_sysctl(setting: &str) {
     let out = std::process::Command::new("sysctl").args(["-qw", setting]).output().expect("running sysctl");
     assert!(out.status.success(), "sysctl -w {setting}: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// An L2 DSR service and an IPIP service that share a backend record each get their own next
+/// hop, packet after packet: the next-hop cache keeps L2 lookups (no neighbour MAC needed)
+/// apart from encapsulation lookups (the gateway's MAC), so neither uses the other's entry.
+#[test]
+fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
+    use lb_tests::fixture_net::{in_netns, GW_MAC};
+    use lb_user::dataplane::addr_words;
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        let vip = Ipv4Addr::new(198, 18, 0, 100);
+        let encap_src = Ipv4Addr::new(198, 18, 0, 1);
+        // Behind the gateway on lbv0 (198.19.10.0/24 via 198.18.0.2, a permanent neighbour).
+        let b = Ipv4Addr::new(198, 19, 10, 10);
+        dp.set_service(&[service_key(vip.into(), 80, PROTO_TCP)], service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR)).unwrap();
+        let mut ipip = service_info(2, affinity::NONE, tracking::PER_CONNECTION, forwarding::IPIP);
+        ipip.encap_src = addr_words(IpAddr::V4(encap_src)).0;
+        dp.set_service(&[service_key(vip.into(), 81, PROTO_TCP)], ipip).unwrap();
+        dp.set_backend(5, backend(IpAddr::V4(b), BACKEND_MAC, 0)).unwrap();
+        dp.write_table(1, 0, 0, &uniform(5)).unwrap();
+        dp.write_table(2, 0, 0, &uniform(5)).unwrap();
+        let c = Ipv4Addr::new(198, 18, 1, 5);
+        let to_l2 = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40000, 80, TCP_SYN, b"l2"));
+        let to_ipip = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40000, 81, TCP_SYN, b"ipip"));
+        let mut outer = V4::new(encap_src, b, 4);
+        outer.id = 0;
+        outer.ttl = 64;
+        outer.tos = to_ipip[1];
+        outer.frag = u16::from_be_bytes([to_ipip[6], to_ipip[7]]) & 0x4000;
+        let encapsulated = ethernet(GW_MAC, LB_MAC, ETH_P_IP, &outer.build(&to_ipip));
+        for round in 0..3 {
+            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_l2), topo.lbv0).unwrap();
+            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &to_l2)), "round {round}: L2 DSR");
+            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
+            assert_eq!((out.action, out.data), (XDP_TX, encapsulated.clone()), "round {round}: IPIP to the gateway's MAC");
+        }
+    });
+}

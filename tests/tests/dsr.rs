@@ -167,5 +167,24 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
             assert_eq!((out.action, out.data), (XDP_TX, encapsulated.clone()), "round {round}: IPIP to the gateway's MAC");
         }
+
+        // The case the cache's L2 mark exists for: an IPIP service without an outer source
+        // (so its lookup key equals an L2 one) and an on-link backend the host has no neighbour
+        // entry for. The L2 frame is sent (it needs no MAC from the route) and leaves a cache
+        // entry with zero MACs, long enough for the IPIP packet; IPIP must not use it (it would
+        // send a frame with zero MACs) but look up, find no neighbour and drop.
+        let mut unsourced = service_info(2, affinity::NONE, tracking::PER_CONNECTION, forwarding::IPIP);
+        unsourced.encap_src = [0; 4];
+        dp.set_service(&[service_key(vip.into(), 81, PROTO_TCP)], unsourced).unwrap();
+        dp.set_backend(5, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 77)), BACKEND_MAC, 0)).unwrap();
+        let long_l2 = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40001, 80, TCP_SYN, &[7; 200]));
+        for round in 0..2 {
+            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &long_l2), topo.lbv0).unwrap();
+            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &long_l2)), "round {round}: L2 DSR, no neighbour");
+            let drops = dp.stats().unwrap().get(lb_common::stat::DROP_FIB);
+            let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
+            assert_eq!(out.action, lb_user::dataplane::XDP_DROP, "round {round}: IPIP without a neighbour entry");
+            assert_eq!(dp.stats().unwrap().get(lb_common::stat::DROP_FIB), drops + 1);
+        }
     });
 }

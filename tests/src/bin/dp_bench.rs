@@ -391,6 +391,9 @@ fn main() -> Result<()> {
     if let Some(i) = args.iter().position(|a| a == "--compare") {
         let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare needs the other object's path"))?;
         let rounds: usize = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(11);
+        if rounds == 0 {
+            bail!("--compare OBJECT ROUNDS: ROUNDS must be at least 1");
+        }
         return compare(&other, rounds);
     }
     if let Some(i) = args.iter().position(|a| a == "--profile") {

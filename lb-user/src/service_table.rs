@@ -224,24 +224,15 @@ mod tests {
     use super::*;
     use lb_common::find_service;
 
-    /// splitmix64: reproducible random keys without a crate.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-    }
+    // Reproducible random keys: the DNS view's generator.
+    use crate::tm::rng::{Rng as _, SplitMix64 as Rng};
 
     /// A random key: IPv4 or IPv6, exact port, all-ports or L3_DEFAULT.
     fn random_key(rng: &mut Rng) -> ServiceKey {
-        let r = rng.next();
+        let r = rng.next_u64();
         let v6 = r & 1 == 1;
         let addr = if v6 {
-            [0x2001_0db8u32.to_be(), 0, (rng.next() as u32) & 0xff, rng.next() as u32]
+            [0x2001_0db8u32.to_be(), 0, (rng.next_u64() as u32) & 0xff, rng.next_u64() as u32]
         } else {
             [u32::from_ne_bytes([10, 0, (r >> 8) as u8, (r >> 16) as u8]), 0, 0, 0]
         };
@@ -283,7 +274,7 @@ mod tests {
         let mut rng = Rng(42);
         for (slots, trials) in [(64u32, 200), (512, 50), (8192, 5), (65536, 1)] {
             for t in 0..trials {
-                let n = if t % 2 == 0 { slots as usize / 2 } else { (rng.next() % (slots as u64 / 2)) as usize + 1 };
+                let n = if t % 2 == 0 { slots as usize / 2 } else { (rng.next_u64() % (slots as u64 / 2)) as usize + 1 };
                 let set = random_set(&mut rng, n);
                 let (seed, half) = build_half(set.values().map(|(k, i)| (k, i)), slots, 0).unwrap();
                 // The kernel's view: both halves in one array, this one at base `slots`.

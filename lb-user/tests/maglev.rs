@@ -4,24 +4,13 @@
 use lb_common::{flow_hash, maglev_permutation, maglev_slot, FlowTuple, BACKEND_DROP};
 use lb_user::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
 
-/// splitmix64: a deterministic test RNG (no extra dependency).
-struct Rng(u64);
+// A deterministic test RNG: the DNS view's SplitMix64.
+use lb_user::tm::rng::{Rng as _, SplitMix64 as Rng};
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
+/// Fisher-Yates shuffle driven by `rng`.
+fn shuffle<T>(rng: &mut Rng, v: &mut [T]) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.below(i as u64 + 1) as usize);
     }
 }
 
@@ -362,7 +351,7 @@ fn same_set_gives_identical_tables_regardless_of_order() {
     assert_eq!(first, build(&backends, 16381));
     for _ in 0..5 {
         let mut positions: Vec<usize> = (0..backends.len()).collect();
-        rng.shuffle(&mut positions);
+        shuffle(&mut rng, &mut positions);
         let shuffled: Vec<MaglevBackend> = positions.iter().map(|&p| backends[p]).collect();
         // Entries index the shuffled slice; map them back to the original positions.
         let mapped: Vec<u32> = build(&shuffled, 16381)
@@ -515,9 +504,9 @@ fn predicted_backend_of_random_flows_is_valid() {
     let flows = 100_000;
     for _ in 0..flows {
         let t = FlowTuple {
-            src: [rng.next() as u32, 0, 0, 0],
+            src: [rng.next_u64() as u32, 0, 0, 0],
             dst: [0x0a00_0001u32.to_be(), 0, 0, 0],
-            sport: rng.next() as u16,
+            sport: rng.next_u64() as u16,
             dport: 443u16.to_be(),
             proto: 6,
             _pad: [0; 3],

@@ -86,6 +86,12 @@ pub struct Outer<'a> {
     pub dst: &'a [u32; 4],
 }
 
+/// `NextHop::family` of an entry for `o`: its address family, marked for an L2 lookup.
+#[inline(always)]
+fn cache_family(o: &Outer) -> u32 {
+    (if o.ipv6 { AF_INET6 } else { AF_INET }) | if o.l2 { L2_LOOKUP } else { 0 }
+}
+
 /// The source with the hashed bits cleared: what the cache entry is keyed on.
 #[inline(always)]
 fn src_fixed(o: &Outer) -> [u32; 4] {
@@ -103,7 +109,7 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
     // Sized like BACKENDS, so a backend that was read has a slot.
     let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
     let h = unsafe { &*hop };
-    let family = (if o.ipv6 { AF_INET6 } else { AF_INET }) | if o.l2 { L2_LOOKUP } else { 0 };
+    let family = cache_family(o);
     let src = src_fixed(o);
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
@@ -182,7 +188,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
             dst: *d,
             src: *src_fixed,
             src_mask: o.src_mask,
-            family: family | if o.l2 { L2_LOOKUP } else { 0 },
+            family: cache_family(o),
             ingress_ifindex: ingress,
             max_len: o.len,
             egress_ifindex: route.egress_ifindex,

@@ -100,12 +100,17 @@ pub fn enter_lo_routed_netns() {
         panic!("unshare(CLONE_NEWNET) failed (tests need root): {}", std::io::Error::last_os_error());
     }
     run(&["ip", "link", "set", "lo", "up"]);
-    run(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
-    run(&["sysctl", "-qw", "net.ipv4.conf.lo.forwarding=1"]);
-    run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-    run(&["sysctl", "-qw", "net.ipv6.conf.lo.forwarding=1"]);
+    sysctl("net.ipv4.conf.all.forwarding=1");
+    sysctl("net.ipv4.conf.lo.forwarding=1");
+    sysctl("net.ipv6.conf.all.forwarding=1");
+    sysctl("net.ipv6.conf.lo.forwarding=1");
     run(&["ip", "route", "add", "198.18.0.0/15", "dev", "lo"]);
     run(&["ip", "-6", "route", "add", "2001:db8::/32", "dev", "lo"]);
+}
+
+/// `sysctl -w SETTING` in the calling thread's namespace.
+pub fn sysctl(setting: &str) {
+    run(&["sysctl", "-qw", setting]);
 }
 
 /// Adds a permanent neighbour entry in the calling thread's namespace (`dev` is a name).

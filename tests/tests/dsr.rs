@@ -44,7 +44,7 @@ fn l2_dsr_rewrites_destination_mac_ipv4_and_ipv6() {
 #[test]
 fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
     use lb_common::stat;
-    use lb_tests::fixture_net::{add_neighbour, in_netns, LB2_MAC};
+    use lb_tests::fixture_net::{add_neighbour, in_netns, sysctl, LB2_MAC};
     use lb_user::dataplane::{XDP_DROP, XDP_REDIRECT};
     // What the host's neighbour table says about the backends: not the configured MAC, which
     // is the one the frames must carry.
@@ -80,10 +80,7 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
 
             // On lbv2's segment: no neighbour entry yet, so no source MAC for lbv2: dropped,
             // counted, not cached.
-            let other = match on_ingress {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 2, 9)),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 9)),
-            };
+            let other = test_addr(on_ingress, 2, 9);
             dp.set_backend(id, backend(other, BACKEND_MAC, 0)).unwrap();
             let drops = count(&dp, stat::DROP_FIB);
             assert_eq!(send(&mut dp, &untagged).action, XDP_DROP, "{other}: behind lbv2, no neighbour entry");
@@ -102,22 +99,16 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             // Forwarding off on the ingress: the kernel looks no route up; back out of the
             // ingress. (Another address behind lbv2, so the route cached for `other` within
             // the last second is not reused.)
-            fixture_net_sysctl(&format!("net.{family}.conf.lbv0.forwarding=0"));
-            let other2 = match other {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 2, 10)),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 10)),
-            };
+            sysctl(&format!("net.{family}.conf.lbv0.forwarding=0"));
+            let other2 = test_addr(on_ingress, 2, 10);
             add_neighbour(other2, NEIGHBOUR_MAC, "lbv2");
             dp.set_backend(id, backend(other2, backend_mac(id), 0)).unwrap();
             let out = send(&mut dp, &untagged);
             assert_eq!((out.action, out.data), (XDP_TX, ethernet(backend_mac(id), LB_MAC, ethertype, ip)), "{other2}: forwarding off");
-            fixture_net_sysctl(&format!("net.{family}.conf.lbv0.forwarding=1"));
+            sysctl(&format!("net.{family}.conf.lbv0.forwarding=1"));
 
             // No route to the backend: dropped, counted.
-            let nowhere = match on_ingress {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 7, 9)),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 7, 0, 0, 0, 0, 9)),
-            };
+            let nowhere = test_addr(on_ingress, 7, 9);
             dp.set_backend(id, backend(nowhere, BACKEND_MAC, 0)).unwrap();
             let drops = count(&dp, stat::DROP_UNROUTABLE);
             assert_eq!(send(&mut dp, &untagged).action, XDP_DROP, "{nowhere}: no route");
@@ -126,10 +117,13 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
     });
 }
 
-/// `sysctl -w` in the calling thread's namespace.
-fn fixture_net_sysctl(setting: &str) {
-    let out = std::process::Command::new("sysctl").args(["-qw", setting]).output().expect("running sysctl");
-    assert!(out.status.success(), "sysctl -w {setting}: {}", String::from_utf8_lossy(&out.stderr));
+/// Test address `host` in subnet `net` of the family of `like`: 198.18.NET.HOST or
+/// 2001:db8:NET::HOST.
+fn test_addr(like: IpAddr, net: u8, host: u8) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, net, host)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, net as u16, 0, 0, 0, 0, host as u16)),
+    }
 }
 
 /// An L2 DSR service and an IPIP service that share a backend record each get their own next

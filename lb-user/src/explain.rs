@@ -69,44 +69,46 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
     let addr_of = |id: u32| {
         compiled.services.iter().find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i].to_string()))
     };
-    if let Some(tm) = &svc.tm {
-        // Traffic Manager: classes are source-prefix groups of the routing method, not zones.
+    // What the class means: a Traffic Manager class is a source-prefix group of the routing
+    // method, a zonal class a client zone.
+    let class_fields = if let Some(tm) = &svc.tm {
         let c = tm.classes.iter().find(|c| c.id as u32 == class);
-        return Ok(json!({
-            "service": service,
-            "vip": svc_cfg.vip.to_string(),
-            "client": flow.client.to_string(),
-            "client_class": class,
+        json!({
             "client_zone": null,
             "routing_method": svc_cfg.routing_method.as_str(),
             "reason": c.map(|c| c.reason.clone()),
             "eligible": c.map(|c| c.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
-            "session_affinity": svc_cfg.session_affinity.as_str(),
-            "hash": hash,
-            "maglev_slot": slot,
-            "table_size": cfg.dataplane.maglev_table_size,
-            "backend": if backend == BACKEND_DROP { None } else { addr_of(backend) },
-            "dropped": backend == BACKEND_DROP,
-        }));
-    }
-    let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
-    let class_plan = svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
-    Ok(json!({
+        })
+    } else {
+        let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
+        let class_plan = svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
+        json!({
+            "client_zone": zone,
+            "eligible_kind": svc.plan.kind.as_str(),
+            "rule": svc.plan.rule.id(),
+            "reason": svc.plan.rule.reason(),
+            "affinity": class_plan.map(|c| c.outcome.as_str()),
+            "eligible": class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i].to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        })
+    };
+    let object = |v: Value| match v {
+        Value::Object(m) => m,
+        _ => unreachable!("json! of braces makes an object"),
+    };
+    let mut out = object(json!({
         "service": service,
         "vip": svc_cfg.vip.to_string(),
         "client": flow.client.to_string(),
         "client_class": class,
-        "client_zone": zone,
-        "eligible_kind": svc.plan.kind.as_str(),
-        "rule": svc.plan.rule.id(),
-        "reason": svc.plan.rule.reason(),
-        "affinity": class_plan.map(|c| c.outcome.as_str()),
-        "eligible": class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i].to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+    }));
+    out.extend(object(class_fields));
+    out.extend(object(json!({
         "session_affinity": svc_cfg.session_affinity.as_str(),
         "hash": hash,
         "maglev_slot": slot,
         "table_size": cfg.dataplane.maglev_table_size,
         "backend": if backend == BACKEND_DROP { None } else { addr_of(backend) },
         "dropped": backend == BACKEND_DROP,
-    }))
+    })));
+    Ok(Value::Object(out))
 }

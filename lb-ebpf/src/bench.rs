@@ -104,6 +104,32 @@ pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// The source address of `bench_ct_insert_new`'s next key (a counter; .bss, like `BENCH_SAVED`).
+#[no_mangle]
+static mut BENCH_NEXT_SRC: u32 = 0;
+
+/// What a real new flow costs the kernel: one `CONNTRACK4` insert of a key not in the table
+/// (each iteration a new source address, so a new entry; once the table is full, each insert
+/// also evicts the least recently used entry). Unlike `bench_ct_insert`, whose key and entry
+/// stay in the cache, every insert here touches an entry the CPU has not seen for a table's
+/// worth of inserts. Counted as a new flow only if the insert succeeded.
+#[xdp]
+#[inline(always)]
+pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
+    let counters = Counters::get();
+    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, hash: 0 };
+    let mut key = bench_ct_key();
+    unsafe {
+        let next = core::ptr::addr_of_mut!(BENCH_NEXT_SRC);
+        *next = (*next).wrapping_add(1);
+        key.src = *next;
+    }
+    if CONNTRACK4.insert(&key, &entry, 0).is_ok() {
+        counters.inc(stat::NEW_FLOW);
+    }
+    xdp_action::XDP_PASS
+}
+
 /// The kernel's share of a conntrack hit: one `CONNTRACK4` lookup (counted as a hit if found).
 #[xdp]
 #[inline(always)]

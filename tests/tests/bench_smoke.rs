@@ -10,7 +10,11 @@ fn dp_bench_quick_run_passes_its_own_checks() {
         .expect("running dp_bench");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "dp_bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for row in ["lb, conntrack hit (TCP ACK), incl. wrapper", "lb, new flow (TCP SYN), incl. wrapper"] {
+    for row in [
+        "lb, conntrack hit (TCP ACK), incl. wrapper",
+        "lb, new flow (TCP SYN), incl. wrapper",
+        "CONNTRACK4 insert, a new key (table full)",
+    ] {
         assert!(text.contains(row), "missing row {row:?} in:\n{text}");
     }
 }

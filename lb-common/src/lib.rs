@@ -4,10 +4,12 @@
 //! and the Maglev slot function, so userspace can predict the kernel's choice bit for bit.
 #![no_std]
 
+pub mod ct_table;
 pub mod decide;
 pub mod hash;
 pub mod maps;
 
+pub use ct_table::*;
 pub use decide::*;
 pub use hash::*;
 pub use maps::*;

@@ -117,8 +117,10 @@ pub struct Monitor {
 pub struct Dataplane {
     /// Maglev table size M; must be prime.
     pub maglev_table_size: u32,
-    /// Capacity of each connection-tracking LRU map: IPv4 and IPv6 flows have one each
-    /// (IPv4 keys are 16 bytes, cheaper to hash), so this many flows of each family fit.
+    /// Flows each connection table is sized for: IPv4 and IPv6 flows have one table each, so
+    /// this many flows of each family fit. The tables get a quarter more room than this (see
+    /// `lb_common::ct_table`), and evict the least recently seen flow of a key's two buckets
+    /// when both are full.
     pub conntrack_entries: u32,
     /// Outer source of IPIP packets: an address, or a prefix whose host bits vary by flow hash.
     /// A bare address is read as a host prefix (/32).

@@ -12,6 +12,10 @@
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
 //! takes the slot by setting [`ct_state::WRITING`] with a compare-and-swap, writes, then
 //! stores a new version with WRITING clear. Readers check the state before and after copying.
+//! A writer that finds its slot taken gives up: the flow is untracked for that packet and its
+//! next packet makes the entry. Two CPUs inserting the same new key at the same instant can
+//! leave two copies; lookups find the first, the other ages out like any idle flow. (RSS keeps
+//! a flow's packets on one CPU, so both are rare.)
 
 use crate::maps::{CtEntry, CtKey, CtKey4};
 

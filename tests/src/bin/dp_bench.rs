@@ -379,7 +379,7 @@ fn report(p: &Params, v4: &Family, v6: &Family, ops: &MapOps) {
     println!("  the connection table's work alone (IPv4 table, 16-byte key), part of the figures above");
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 lookup, entry found", ops.lookup, ops.lookup - v4.floor);
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert, replacing the entry", ops.insert, ops.insert - v4.floor);
-    println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert, a new key (table at capacity)", ops.insert_new, ops.insert_new - v4.floor);
+    println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert of a new key (at capacity)", ops.insert_new, ops.insert_new - v4.floor);
     println!();
     let verdict = |above: f64, target: f64| if above <= target { "met" } else { "MISSED" };
     let hit = v4.ct_hit - v4.floor;

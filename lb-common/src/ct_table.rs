@@ -5,9 +5,12 @@
 //! hash. A lookup compares the key with up to 16 slots, all inline (an array lookup is inlined
 //! by the verifier; a kernel hash map costs a helper call, and its LRU insert hundreds of ns,
 //! see BENCHMARKS.md). An insert takes the key's own slot, else a free one, else the least
-//! recently seen of the 16, so the table behaves like an LRU per pair of buckets. Capacity is
-//! sized with headroom ([`ct_buckets_for`]): at 75 % load, two buckets of 8 ways evict a live
-//! flow for about one new flow in 10^5 (BENCHMARKS.md, the simulation).
+//! recently seen of the 16, so the table behaves like an LRU per pair of buckets. Closed
+//! connections are not removed (as with the LRU hash before), so a busy table fills up and
+//! every new flow then evicts: the least recently seen of its 16 candidates, which keeps active
+//! flows as long as the table has at least a third more slots than flows are active
+//! ([`ct_buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
+//! candidates all taken by live flows, BENCHMARKS.md).
 //!
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
 //! takes the slot by setting [`ct_state::WRITING`] with a compare-and-swap, writes, then
@@ -160,8 +163,8 @@ const CT_PAIR_MUL: [u64; 6] = [
 ];
 
 /// The two candidate buckets of `key` in a table of `mask + 1` buckets (a power of two), for
-/// the table's `seed` (random per table, kept with it: an attacker who cannot predict the
-/// buckets cannot aim flows at one). Like the flow hash: independent multiplies per pair of
+/// the tables' `seed` (random when they are made, pinned with them: a client who cannot
+/// predict the buckets cannot aim flows at one). Like the flow hash: independent multiplies per pair of
 /// words, then MurmurHash3's 64-bit finalizer; the halves of the result pick the buckets.
 #[inline(always)]
 pub fn ct_buckets<S: CtSlot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
@@ -181,7 +184,8 @@ pub fn ct_buckets<S: CtSlot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 
-/// Buckets for a table that holds `entries` flows at 75 % load (a power of two, at least 1).
+/// Buckets for a table of `entries` flows: at least a third more slots, rounded up to a power
+/// of two buckets (so 4/3 to 8/3 slots per flow; 2^21 slots for 2^20 flows).
 pub const fn ct_buckets_for(entries: u32) -> u32 {
     let slots = (entries as u64 * 4).div_ceil(3);
     let buckets = slots.div_ceil(CT_WAYS as u64);
@@ -211,14 +215,32 @@ pub fn ct_slot_state<S: CtSlot>(slot: &S) -> u32 {
 pub struct CtSearch {
     /// The slot found or chosen, `candidate * CT_WAYS + way`.
     pub index: u32,
-    /// The first slot without a flow, or [`CT_NO_SLOT`].
+    /// That slot's state when the search saw it: a writer takes the slot only from this state,
+    /// so a slot another CPU wrote since the search is left alone.
+    pub state: u32,
+    /// The first slot without a flow and without a writer, or [`CT_NO_SLOT`].
     pub free: u32,
+    /// The state of `free` when seen.
+    pub free_state: u32,
     /// `last_seen_ns` of the least recently seen flow so far.
     pub oldest: u64,
 }
 
 /// No slot (a search's `free` before it found one).
 pub const CT_NO_SLOT: u32 = 2 * CT_WAYS as u32;
+
+/// Keeps the compiler from moving memory accesses across this point (no instruction): plain
+/// loads may otherwise move across volatile ones. The BPF target has no fence instruction;
+/// an empty `asm!` that may touch memory does the job.
+#[inline(always)]
+fn compiler_barrier() {
+    #[cfg(target_arch = "bpf")]
+    unsafe {
+        core::arch::asm!("", options(nostack, preserves_flags))
+    };
+    #[cfg(not(target_arch = "bpf"))]
+    core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
+}
 
 #[inline(always)]
 fn put<T>(p: *mut T, v: T) {
@@ -238,6 +260,9 @@ pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut
     while k < 2 * CT_WAYS {
         let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
         let state = ct_slot_state(slot);
+        // The key is read after the state: the data plane's reader validates what it read
+        // against this state (lb-ebpf `conntrack::find`).
+        compiler_barrier();
         if state & ct_state::LIVE != 0 && slot.key_is(key) {
             put(unsafe { &mut (*search).index }, k as u32);
             return Some(state);
@@ -248,35 +273,41 @@ pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut
 }
 
 /// The slot (`candidate * CT_WAYS + way`, at most 15) an insert of `key` writes: the key's own
-/// slot, else the first slot that holds no flow, else the least recently seen flow of the two
-/// buckets.
+/// slot, else the first slot that holds no flow (and has no writer), else the least recently
+/// seen flow of the two buckets. The chosen slot's state as seen is left in `search.state`.
 #[inline(always)]
 pub fn ct_victim<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> u32 {
     let st = search;
     put(unsafe { &mut (*st).index }, 0);
+    put(unsafe { &mut (*st).state }, ct_state::WRITING);
     put(unsafe { &mut (*st).free }, CT_NO_SLOT);
     put(unsafe { &mut (*st).oldest }, u64::MAX);
     let mut k = 0;
     while k < 2 * CT_WAYS {
         let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
-        if ct_slot_state(slot) & ct_state::LIVE == 0 {
+        let state = ct_slot_state(slot);
+        if state & ct_state::LIVE == 0 {
             // Remembered; the key's own slot, if further on, still wins.
-            if get(unsafe { &(*st).free }) == CT_NO_SLOT {
+            if state & ct_state::WRITING == 0 && get(unsafe { &(*st).free }) == CT_NO_SLOT {
                 put(unsafe { &mut (*st).free }, k as u32);
+                put(unsafe { &mut (*st).free_state }, state);
             }
         } else if slot.key_is(key) {
+            put(unsafe { &mut (*st).state }, state);
             return k as u32;
         } else {
             let seen = slot.entry().last_seen_ns;
             if seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);
                 put(unsafe { &mut (*st).index }, k as u32);
+                put(unsafe { &mut (*st).state }, state);
             }
         }
         k += 1;
     }
     let free = get(unsafe { &(*st).free });
     if free != CT_NO_SLOT {
+        put(unsafe { &mut (*st).state }, get(unsafe { &(*st).free_state }));
         return free;
     }
     get(unsafe { &(*st).index })
@@ -354,6 +385,10 @@ mod tests {
         b0.slots[0].state = ct_next_state(ct_state::LIVE, false);
         assert_eq!(find(&b0, &b1, 1), None);
         assert_eq!(victim(&b0, &b1, 2), 0);
+        // A slot being written (not yet live) is not taken as free.
+        b0.slots[0].state |= ct_state::WRITING;
+        assert_eq!(victim(&b0, &b1, 2), 1);
+        assert_eq!(unsafe { (*st).state }, 0, "the chosen slot's state as seen");
         // Both buckets full: the least recently seen flow of the 16 goes.
         for w in 0..CT_WAYS {
             b0.slots[w] = live(key4(10 + w as u32), 100 + w as u64);
@@ -361,6 +396,7 @@ mod tests {
         }
         b1.slots[5].entry.last_seen_ns = 3;
         assert_eq!(victim(&b0, &b1, 99), 13);
+        assert_eq!(unsafe { (*st).state }, ct_state::LIVE);
         assert_eq!(find(&b0, &b1, 25), Some((13, ct_state::LIVE)));
     }
 

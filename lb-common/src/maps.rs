@@ -347,15 +347,18 @@ pub mod stat {
     /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
     /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
     pub const DROP_CLASS_UNROUTABLE: u32 = 22;
+    /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
+    /// but not tracked; its next packet makes the entry.
+    pub const CT_INSERT_BUSY: u32 = 23;
     /// Length of the global counter record ([`GlobalStats`]); indices above are spare.
     pub const GLOBAL_COUNT: u32 = 32;
 
-    pub const NAMES: [&str; 23] = [
+    pub const NAMES: [&str; 24] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
-        "decap_drop_malformed", "drop_class_unroutable",
+        "decap_drop_malformed", "drop_class_unroutable", "ct_insert_busy",
     ];
 }
 
@@ -413,6 +416,7 @@ const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<crate::CtSlot4>() == 48);
+const _: () = assert!(core::mem::size_of::<crate::CtSearch>() == 24);
 const _: () = assert!(core::mem::size_of::<crate::CtSlot6>() == 72);
 const _: () = assert!(core::mem::size_of::<crate::CtBucket4>() == 48 * crate::CT_WAYS);
 const _: () = assert!(core::mem::size_of::<crate::CtBucket6>() == 72 * crate::CT_WAYS);

@@ -105,8 +105,10 @@ fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<(*mut S, Ct
         return None;
     }
     let slot = slot_at(b, unsafe { core::ptr::read_volatile(&(*st).index) });
+    // Key (compared by the search after its state read and a compiler barrier) and entry
+    // between the two reads of the state: if the state is unchanged, no writer touched the
+    // slot meanwhile and both belong to the version the search saw.
     let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
-    // Unchanged state: no writer touched the slot while it was copied.
     if ct_slot_state(unsafe { &*slot }) != state {
         return None;
     }
@@ -147,7 +149,8 @@ fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry) ->
         None => return false,
     };
     let slot = unsafe { &mut *slot_at(b, ct_victim(unsafe { [&*b[0], &*b[1]] }, key, st)) };
-    let observed = ct_slot_state(slot);
+    // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
+    let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
         return false;
     }

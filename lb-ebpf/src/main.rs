@@ -171,7 +171,9 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 Some(b) if b.family != 0 => b,
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            let _ = key.insert(&CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, hash });
+            if !key.insert(&CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, hash }) {
+                counters.inc(stat::CT_INSERT_BUSY);
+            }
             counters.inc(stat::NEW_FLOW);
             let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
             (id, class, b, 1, spill as u64, hash)

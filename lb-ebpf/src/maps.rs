@@ -84,8 +84,9 @@ pub static CLASSES_PER_SERVICE: Global<u32> = Global::new(1);
 /// Buckets per connection table minus one (a power of two minus one), set at load time.
 #[no_mangle]
 pub static CT_BUCKET_MASK: Global<u32> = Global::new(0);
-/// The connection tables' bucket hash seed: random per table, set at load time (kept in the
-/// pinned `CT_SEED` map, so a restarted daemon finds the flows its predecessor stored).
+/// The connection tables' bucket hash seed (one for both tables): random when the tables are
+/// made, set at load time, and kept in the pinned `CT_SEED_STORE`, so a restarted daemon finds
+/// the flows its predecessor stored.
 #[no_mangle]
 pub static CT_SEED: Global<u64> = Global::new(0);
 /// This CPU's scratch record for connection-table searches (see `lb_common::CtSearch`).

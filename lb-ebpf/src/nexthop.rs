@@ -187,18 +187,18 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         egress_ifindex: p[2],
         macs: [(w14 >> 16) | (w15 << 16), (w15 >> 16) | (w13 << 16), (w13 >> 16) | (w14 << 16)],
     };
+    // Field by field into the (per-CPU) entry: a whole `NextHop` built first would take 72
+    // bytes of this call's stack frame, which adds to the balancer's (512 in all).
     unsafe {
-        *hop = NextHop {
-            expires_ns: now + NEXT_HOP_TTL_NS,
-            dst: *d,
-            src: *src_fixed,
-            src_mask: o.src_mask,
-            family: cache_family(o),
-            ingress_ifindex: ingress,
-            max_len: o.len,
-            egress_ifindex: route.egress_ifindex,
-            macs: route.macs,
-        };
+        (*hop).expires_ns = now + NEXT_HOP_TTL_NS;
+        (*hop).dst = *d;
+        (*hop).src = *src_fixed;
+        (*hop).src_mask = o.src_mask;
+        (*hop).family = cache_family(o);
+        (*hop).ingress_ifindex = ingress;
+        (*hop).max_len = o.len;
+        (*hop).egress_ifindex = route.egress_ifindex;
+        (*hop).macs = route.macs;
     }
     0
 }

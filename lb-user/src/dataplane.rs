@@ -574,9 +574,10 @@ impl Dataplane {
     }
 
     /// Writes a flow's entry as the data plane would (its own slot, else a free one, else the
-    /// least recently seen). For tests and tools on a table no packet is writing to: a bucket
-    /// is read and written back whole, so a concurrent write by the data plane to the same
-    /// bucket could be lost.
+    /// least recently seen). Only for tests and tools on a table no packet is being balanced
+    /// with: a bucket is read and written back whole, so a write by the data plane to the same
+    /// bucket in between would be undone, and a slot written back in its writer's state would
+    /// stay unusable. (It refuses a bucket it finds mid-write.)
     pub fn conntrack_set(&mut self, family: u8, key: &CtKey, entry: CtEntry) -> Result<()> {
         match family {
             FAMILY_V4 => table_set(&mut self.conntrack4, &CtKey4::new(&key.tuple, key.service), &entry, self.ct_seed)
@@ -825,8 +826,6 @@ pub(crate) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
     Ok(())
 }
 
-/// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of
-/// CLOCK_MONOTONIC_COARSE is exactly one tick (TICK_NSEC: 4,000,000 at HZ = 250).
 /// The two candidate buckets of `key`, as read now.
 fn table_buckets<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Result<([u32; 2], [CtBucket<S>; 2])>
 where
@@ -843,7 +842,10 @@ where
 {
     let (_, b) = table_buckets(map, key, seed).ok()?;
     let mut search = CtSearch::default();
-    ct_find([&b[0], &b[1]], key, &mut search)?;
+    let state = ct_find([&b[0], &b[1]], key, &mut search)?;
+    if state & ct_state::WRITING != 0 {
+        return None;
+    }
     let k = search.index as usize;
     Some(*b[k / CT_WAYS].slots[k % CT_WAYS].entry())
 }
@@ -855,6 +857,11 @@ where
     let (index, mut b) = table_buckets(map, key, seed)?;
     let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()) as usize;
     let (which, way) = (k / CT_WAYS, k % CT_WAYS);
+    // A slot caught mid-write would be written back in that state, and nothing would ever
+    // clear it: refuse (the caller may retry).
+    if b[which].slots.iter().any(|s| lb_common::ct_slot_state(s) & ct_state::WRITING != 0) {
+        bail!("the data plane is writing bucket {} of the connection table", index[which]);
+    }
     let slot = &mut b[which].slots[way];
     let state = lb_common::ct_slot_state(slot);
     slot.set(key, entry);
@@ -894,6 +901,8 @@ pub fn ct_seed(pin_dir: Option<&Path>) -> Result<u64> {
     Ok(h.finish() | 1)
 }
 
+/// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of
+/// CLOCK_MONOTONIC_COARSE is exactly one tick (TICK_NSEC: 4,000,000 at HZ = 250).
 pub fn ns_per_jiffy() -> Result<u64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_getres writes into the timespec we own.

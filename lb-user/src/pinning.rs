@@ -86,6 +86,11 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
     if !any {
         return Ok(PinState::Fresh);
     }
+    // Connection tables without their hash seed cannot be searched: start afresh.
+    let tables = ["CONNTRACK", "CONNTRACK4"].iter().any(|n| pin_dir.join(n).exists());
+    if tables && !pin_dir.join("CT_SEED_STORE").exists() && mismatch.is_none() {
+        mismatch = Some("the connection tables are pinned without CT_SEED_STORE, their hash seed".to_string());
+    }
     match mismatch {
         None => Ok(PinState::Reused),
         Some(why) => {

@@ -286,6 +286,8 @@ pub fn ct_victim<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *m
     while k < 2 * CT_WAYS {
         let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
         let state = ct_slot_state(slot);
+        // Key and last-seen time are read after the state (see `ct_find`).
+        compiler_barrier();
         if state & ct_state::LIVE == 0 {
             // Remembered; the key's own slot, if further on, still wins.
             if state & ct_state::WRITING == 0 && get(unsafe { &(*st).free }) == CT_NO_SLOT {
@@ -295,7 +297,8 @@ pub fn ct_victim<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *m
         } else if slot.key_is(key) {
             put(unsafe { &mut (*st).state }, state);
             return k as u32;
-        } else {
+        } else if state & ct_state::WRITING == 0 {
+            // (A slot another CPU is rewriting is not a candidate: taking it would fail.)
             let seen = slot.entry().last_seen_ns;
             if seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);

@@ -144,7 +144,9 @@ pub fn ct_verdict(
     now_ns: u64,
     class_has_no_healthy: impl FnOnce() -> bool,
 ) -> CtVerdict {
-    if service.idle_timeout_ns != 0 && now_ns.wrapping_sub(entry.last_seen_ns) > service.idle_timeout_ns
+    // Saturating: another CPU may have stamped the entry with a tick later than this packet's
+    // `now` (read at its start); that entry is fresh, not 2^64 ns old.
+    if service.idle_timeout_ns != 0 && now_ns.saturating_sub(entry.last_seen_ns) > service.idle_timeout_ns
     {
         return CtVerdict::IdleExpired;
     }
@@ -347,6 +349,9 @@ mod tests {
         assert_eq!(ct_verdict(&old, Some(&healthy), &s, PROTO_TCP, NOW, || false), CtVerdict::IdleExpired);
         let at_limit = CtEntry { last_seen_ns: NOW - s.idle_timeout_ns, ..entry() };
         assert_eq!(ct_verdict(&at_limit, Some(&healthy), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
+        // Stamped by another CPU a tick after this packet's clock reading: fresh, not expired.
+        let ahead = CtEntry { last_seen_ns: NOW + 4_000_000, ..entry() };
+        assert_eq!(ct_verdict(&ahead, Some(&healthy), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
         let draining = Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..healthy };
         assert_eq!(ct_verdict(&entry(), Some(&draining), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
         let drained = Backend { drain_deadline_ns: NOW, ..draining };

@@ -198,7 +198,7 @@ impl FlowTuple {
     }
 }
 
-/// Key of the `CONNTRACK` LRU map (IPv6 flows; IPv4 flows use [`CtKey4`]): the tracking tuple,
+/// Key of the `CONNTRACK` table (IPv6 flows; IPv4 flows use [`CtKey4`]): the tracking tuple,
 /// scoped to one service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -207,10 +207,8 @@ pub struct CtKey {
     pub service: u32,
 }
 
-/// Key of the `CONNTRACK4` LRU map (IPv4 flows): the same fields as [`CtKey`] packed into four
-/// words. The kernel hashes and compares the whole key on every lookup and update, and on the
-/// build machine that work grows with the key length (a 16-byte key costs about half of the
-/// 44-byte one, see BENCHMARKS.md), so IPv4 flows get a table of their own.
+/// Key of the `CONNTRACK4` table (IPv4 flows): the same fields as [`CtKey`] packed into four
+/// words, so IPv4 flows hash and compare 4 words instead of 11, in a table of their own.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtKey4 {
@@ -253,7 +251,7 @@ impl CtKey4 {
     }
 }
 
-/// Value of the `CONNTRACK` and `CONNTRACK4` LRU maps.
+/// A flow's entry in the connection table (`CONNTRACK`, `CONNTRACK4`; see [`crate::ct_table`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
@@ -349,15 +347,18 @@ pub mod stat {
     /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
     /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
     pub const DROP_CLASS_UNROUTABLE: u32 = 22;
+    /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
+    /// but not tracked; its next packet makes the entry.
+    pub const CT_INSERT_BUSY: u32 = 23;
     /// Length of the global counter record ([`GlobalStats`]); indices above are spare.
     pub const GLOBAL_COUNT: u32 = 32;
 
-    pub const NAMES: [&str; 23] = [
+    pub const NAMES: [&str; 24] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
-        "decap_drop_malformed", "drop_class_unroutable",
+        "decap_drop_malformed", "drop_class_unroutable", "ct_insert_busy",
     ];
 }
 
@@ -400,7 +401,7 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, crate::CtSlot4, crate::CtSlot6, crate::CtBucket4, crate::CtBucket6, crate::CtSearch, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -414,6 +415,11 @@ const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
+const _: () = assert!(core::mem::size_of::<crate::CtSlot4>() == 48);
+const _: () = assert!(core::mem::size_of::<crate::CtSearch>() == 24);
+const _: () = assert!(core::mem::size_of::<crate::CtSlot6>() == 72);
+const _: () = assert!(core::mem::size_of::<crate::CtBucket4>() == 48 * crate::CT_WAYS);
+const _: () = assert!(core::mem::size_of::<crate::CtBucket6>() == 72 * crate::CT_WAYS);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);

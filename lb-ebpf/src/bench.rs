@@ -14,7 +14,7 @@ use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, 
 
 use lb_common::{stat, CtEntry, CtKey4};
 
-use crate::maps::CONNTRACK4;
+use crate::conntrack::FlowKey;
 use crate::parse::{ptr_at, ETH_LEN, ETH_P_IP};
 use crate::stats::Counters;
 
@@ -90,15 +90,15 @@ fn bench_ct_key() -> CtKey4 {
     }
 }
 
-/// The kernel's share of a new flow: one `CONNTRACK4` insert that replaces the entry, as the
-/// balancer's SYN does, and nothing else. Counted as a new flow only if the insert succeeded,
+/// The connection table's share of a new flow: one `CONNTRACK4` insert that replaces the
+/// entry, as the balancer's SYN does, and nothing else. Counted as a new flow only if the insert succeeded,
 /// so the bench proves every iteration wrote the entry. The frame is not touched.
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
     let counters = Counters::get();
     let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, hash: 0 };
-    if CONNTRACK4.insert(&bench_ct_key(), &entry, 0).is_ok() {
+    if FlowKey::V4(&bench_ct_key()).insert(&entry) {
         counters.inc(stat::NEW_FLOW);
     }
     xdp_action::XDP_PASS
@@ -108,11 +108,11 @@ pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
 #[no_mangle]
 static mut BENCH_NEXT_SRC: u32 = 0;
 
-/// What a real new flow costs the kernel: one `CONNTRACK4` insert of a key not in the table
-/// (each iteration a new source address, so a new entry; once the table is full, each insert
-/// also evicts the least recently used entry). Unlike `bench_ct_insert`, whose key and entry
-/// stay in the cache, every insert here touches an entry the CPU has not seen for a table's
-/// worth of inserts. Counted as a new flow only if the insert succeeded.
+/// What a real new flow's insert costs: one `CONNTRACK4` insert of a key not in the table
+/// (each iteration a new source address, so a new entry, which takes a free slot or evicts
+/// the least recently seen flow of its two buckets). Unlike `bench_ct_insert`, whose key and
+/// entry stay in the cache, every insert here touches buckets the CPU has not seen for a
+/// table's worth of inserts. Counted as a new flow only if the insert succeeded.
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
@@ -124,18 +124,19 @@ pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
         *next = (*next).wrapping_add(1);
         key.src = *next;
     }
-    if CONNTRACK4.insert(&key, &entry, 0).is_ok() {
+    if FlowKey::V4(&key).insert(&entry) {
         counters.inc(stat::NEW_FLOW);
     }
     xdp_action::XDP_PASS
 }
 
-/// The kernel's share of a conntrack hit: one `CONNTRACK4` lookup (counted as a hit if found).
+/// The connection table's share of a conntrack hit: one `CONNTRACK4` lookup (counted as a hit
+/// if found).
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_lookup(_ctx: XdpContext) -> u32 {
     let counters = Counters::get();
-    if CONNTRACK4.get_ptr_mut(&bench_ct_key()).is_some() {
+    if FlowKey::V4(&bench_ct_key()).get().is_some() {
         counters.inc(stat::CT_HIT);
     }
     xdp_action::XDP_PASS

@@ -1,9 +1,17 @@
 //! Connection tracking: look up the flow's entry, check it against the backend's state and the
-//! service's persistence flags (`lb_common::ct_verdict`), refresh or delete it.
+//! service's persistence flags (`lb_common::ct_verdict`), refresh or delete it. The tables are
+//! set-associative arrays (`lb_common::ct_table`): lookups and inserts are inline code; a
+//! slot's state word, taken with a compare-and-swap, keeps concurrent writers apart.
 
-use lb_common::{stat, table_flags, ct_verdict, Backend, CtEntry, CtKey, CtKey4, CtVerdict, ServiceInfo};
+use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
-use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4};
+use aya_ebpf::maps::Array;
+use lb_common::{
+    ct_buckets, ct_find, ct_next_state, ct_slot_state, ct_state, ct_verdict, ct_victim, stat, table_flags, Backend,
+    CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo, CT_WAYS,
+};
+
+use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SCRATCH, CT_SEED};
 use crate::select;
 use crate::stats::Counters;
 
@@ -16,29 +24,147 @@ pub enum FlowKey<'a> {
 }
 
 impl FlowKey<'_> {
+    /// The flow's slot, a consistent copy of its entry, and the slot's state when copied.
     #[inline(always)]
-    fn get(self) -> Option<*mut CtEntry> {
+    pub fn get(self) -> Option<(Slot, CtEntry, u32)> {
         match self {
-            FlowKey::V4(k) => CONNTRACK4.get_ptr_mut(k),
-            FlowKey::V6(k) => CONNTRACK.get_ptr_mut(k),
+            FlowKey::V4(k) => find(&CONNTRACK4, k).map(|(s, e, st)| (Slot::V4(s), e, st)),
+            FlowKey::V6(k) => find(&CONNTRACK, k).map(|(s, e, st)| (Slot::V6(s), e, st)),
         }
     }
 
+    /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
+    /// false if another CPU held the slot (see `insert`).
     #[inline(always)]
-    fn remove(self) {
-        let _ = match self {
-            FlowKey::V4(k) => CONNTRACK4.remove(k),
-            FlowKey::V6(k) => CONNTRACK.remove(k),
-        };
+    pub fn insert(self, entry: &CtEntry) -> bool {
+        match self {
+            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry),
+            FlowKey::V6(k) => insert(&CONNTRACK, k, entry),
+        }
+    }
+}
+
+/// A slot found by `FlowKey::get`.
+#[derive(Clone, Copy)]
+pub enum Slot {
+    V4(*mut lb_common::CtSlot4),
+    V6(*mut lb_common::CtSlot6),
+}
+
+impl Slot {
+    #[inline(always)]
+    fn touch(self, now: u64) {
+        // A plain store: if another CPU rewrote the slot meanwhile, its flow looks recently
+        // seen for a while, which only delays its idle expiry.
+        match self {
+            Slot::V4(s) => unsafe { (*s).entry.last_seen_ns = now },
+            Slot::V6(s) => unsafe { (*s).entry.last_seen_ns = now },
+        }
     }
 
-    /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple).
+    /// Frees the slot, unless it was rewritten since `FlowKey::get` saw it in `state`.
     #[inline(always)]
-    pub fn insert(self, entry: &CtEntry) {
-        let _ = match self {
-            FlowKey::V4(k) => CONNTRACK4.insert(k, entry, 0),
-            FlowKey::V6(k) => CONNTRACK.insert(k, entry, 0),
-        };
+    fn remove(self, state: u32) {
+        match self {
+            Slot::V4(s) => release(unsafe { &mut *s }, state),
+            Slot::V6(s) => release(unsafe { &mut *s }, state),
+        }
+    }
+}
+
+/// The key's two candidate buckets.
+#[inline(always)]
+fn buckets<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<[*mut CtBucket<S>; 2]> {
+    let [a, b] = ct_buckets::<S>(key, CT_SEED.load(), CT_BUCKET_MASK.load());
+    Some([map.get_ptr_mut(a)?, map.get_ptr_mut(b)?])
+}
+
+/// This CPU's search record.
+#[inline(always)]
+fn scratch() -> Option<*mut CtSearch> {
+    CT_SCRATCH.get_ptr_mut(0)
+}
+
+/// The slot at `index` (`candidate * CT_WAYS + way`), read back from the search record: the
+/// verifier sees one unknown index (masked into range), not one state per slot.
+#[inline(always)]
+fn slot_at<S: CtSlot>(b: [*mut CtBucket<S>; 2], index: u32) -> *mut S {
+    let k = index as usize & (2 * CT_WAYS - 1);
+    let bucket = if k < CT_WAYS { b[0] } else { b[1] };
+    unsafe { &mut (*bucket).slots[k & (CT_WAYS - 1)] }
+}
+
+/// The live slot of `key`, a copy of its entry taken while no writer held the slot, and the
+/// slot's state then.
+#[inline(always)]
+fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<(*mut S, CtEntry, u32)> {
+    let b = buckets(map, key)?;
+    let st = scratch()?;
+    let state = ct_find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
+    if state & ct_state::WRITING != 0 {
+        return None;
+    }
+    let slot = slot_at(b, unsafe { core::ptr::read_volatile(&(*st).index) });
+    // Key (compared by the search after its state read and a compiler barrier) and entry
+    // between the two reads of the state: if the state is unchanged, no writer touched the
+    // slot meanwhile and both belong to the version the search saw.
+    let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
+    if ct_slot_state(unsafe { &*slot }) != state {
+        return None;
+    }
+    Some((slot, entry, state))
+}
+
+/// Takes `slot` for writing if its state is still `observed`: false if another writer has it.
+#[inline(always)]
+fn take<S: CtSlot>(slot: &mut S, observed: u32) -> bool {
+    if observed & ct_state::WRITING != 0 {
+        return false;
+    }
+    let state = slot.state_ptr() as *mut u32;
+    // BPF_ATOMIC | BPF_CMPXCHG (needs the v3 instruction set, kernel 5.12+; see .cargo/config.toml).
+    unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, observed | ct_state::WRITING) }.1
+}
+
+/// Ends a write begun by `take`: the next version, live or not.
+#[inline(always)]
+fn finish<S: CtSlot>(slot: &mut S, observed: u32, live: bool) {
+    // Volatile, after the volatile stores of `CtSlot::set`: the compiler keeps the order, and
+    // x86 (TSO) makes stores visible in program order. A weakly ordered CPU (arm64) would need
+    // a store-release here; this data plane is built and tested for x86-64 only.
+    unsafe { core::ptr::write_volatile(slot.state_ptr() as *mut u32, ct_next_state(observed, live)) };
+}
+
+/// Writes `key`'s entry into its own slot, a free one, or the least recently seen one. If
+/// another CPU is writing that slot at this instant the flow goes untracked for this packet;
+/// its next packet makes the entry.
+#[inline(always)]
+fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry) -> bool {
+    let b = match buckets(map, key) {
+        Some(b) => b,
+        None => return false,
+    };
+    let st = match scratch() {
+        Some(st) => st,
+        None => return false,
+    };
+    let slot = unsafe { &mut *slot_at(b, ct_victim(unsafe { [&*b[0], &*b[1]] }, key, st)) };
+    // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
+    let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
+    if !take(slot, observed) {
+        return false;
+    }
+    slot.set(key, entry);
+    finish(slot, observed, true);
+    true
+}
+
+/// Frees a slot found in `observed` state; a slot rewritten since has another version, and
+/// the compare-and-swap leaves it alone.
+#[inline(always)]
+fn release<S: CtSlot>(slot: &mut S, observed: u32) {
+    if take(slot, observed) {
+        finish(slot, observed, false);
     }
 }
 
@@ -53,13 +179,10 @@ pub fn lookup(
     now: u64,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend, u32)> {
-    let entry = key.get()?;
-    // Only the fields read, not a copy of the whole entry.
-    let (backend_id, class) = unsafe { ((*entry).backend, (*entry).class) };
-    let e = unsafe { &*entry };
-    let backend = BACKENDS.get(backend_id);
-    let verdict = ct_verdict(e, backend, service, proto, now, || {
-        match select::table_ref(service.id, class) {
+    let (slot, e, state) = key.get()?;
+    let backend = BACKENDS.get(e.backend);
+    let verdict = ct_verdict(&e, backend, service, proto, now, || {
+        match select::table_ref(service.id, e.class) {
             Some(t) => t.flags & table_flags::NO_HEALTHY != 0,
             None => false,
         }
@@ -67,8 +190,8 @@ pub fn lookup(
     let reason = match verdict {
         CtVerdict::Valid => match backend {
             Some(b) => {
-                unsafe { (*entry).last_seen_ns = now };
-                return Some((backend_id, class, b, e.hash));
+                slot.touch(now);
+                return Some((e.backend, e.class, b, e.hash));
             }
             // Not reached: `ct_verdict` calls an unreadable backend gone.
             None => stat::CT_DRAIN_EXPIRED,
@@ -79,6 +202,6 @@ pub fn lookup(
         CtVerdict::Unhealthy => stat::CT_REROUTED_UNHEALTHY,
     };
     counters.inc(reason);
-    key.remove();
+    slot.remove(state);
     None
 }

@@ -4,6 +4,10 @@
 //! -> backend -> encapsulate or rewrite -> transmit. No policy here: the controller has
 //! compiled it into the tables and the service/backend flags.
 #![no_std]
+// The connection table's compare-and-swap (`conntrack::take`): core's atomic types are not
+// available on the BPF target.
+#![allow(internal_features)]
+#![feature(core_intrinsics, adt_const_params)]
 #![no_main]
 
 mod bench;
@@ -167,7 +171,9 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 Some(b) if b.family != 0 => b,
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            key.insert(&CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, hash });
+            if !key.insert(&CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class, hash }) {
+                counters.inc(stat::CT_INSERT_BUSY);
+            }
             counters.inc(stat::NEW_FLOW);
             let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
             (id, class, b, 1, spill as u64, hash)

@@ -3,15 +3,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray},
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceSlot, ServiceTableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, CtSearch, GlobalStats, ServiceSlot, ServiceTableRef,
     TableRef,
 };
 
-use crate::nexthop::NextHop;
+use crate::nexthop::{FibParams, NextHop};
 
 /// (VIP, port, proto) -> service, as an open-addressing hash table in two halves of
 /// SERVICE_SLOTS slots each (see `select::service`). Port 0 = all ports, proto 0 = L3_DEFAULT.
@@ -26,12 +26,12 @@ pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0)
 /// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
-/// Tracking tuple -> backend, IPv6 flows.
+/// The connection table of IPv6 flows: CT_BUCKET_MASK + 1 buckets (`lb_common::ct_table`).
 #[map]
-pub static CONNTRACK: LruHashMap<CtKey, CtEntry> = LruHashMap::with_max_entries(1, 0);
-/// Tracking tuple -> backend, IPv4 flows (a 16-byte key: cheaper to hash and compare).
+pub static CONNTRACK: Array<CtBucket6> = Array::with_max_entries(1, 0);
+/// The connection table of IPv4 flows (4-word keys: cheaper to hash and compare).
 #[map]
-pub static CONNTRACK4: LruHashMap<CtKey4, CtEntry> = LruHashMap::with_max_entries(1, 0);
+pub static CONNTRACK4: Array<CtBucket4> = Array::with_max_entries(1, 0);
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
@@ -58,6 +58,9 @@ pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entri
 /// Backend id -> cached `bpf_fib_lookup` result (this CPU's copy), see `nexthop`.
 #[map]
 pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0);
+/// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
+#[map]
+pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
 /// `lb_decap`: this host's tunnel endpoint addresses.
 #[map]
 pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
@@ -78,3 +81,17 @@ pub static SERVICE_SLOTS: Global<u32> = Global::new(1);
 /// Number of client classes per service (row width of TABLE_INDEX and the class counters).
 #[no_mangle]
 pub static CLASSES_PER_SERVICE: Global<u32> = Global::new(1);
+/// Buckets per connection table minus one (a power of two minus one), set at load time.
+#[no_mangle]
+pub static CT_BUCKET_MASK: Global<u32> = Global::new(0);
+/// The connection tables' bucket hash seed (one for both tables): random when the tables are
+/// made, set at load time, and kept in the pinned `CT_SEED_STORE`, so a restarted daemon finds
+/// the flows its predecessor stored.
+#[no_mangle]
+pub static CT_SEED: Global<u64> = Global::new(0);
+/// This CPU's scratch record for connection-table searches (see `lb_common::CtSearch`).
+#[map]
+pub static CT_SCRATCH: PerCpuArray<CtSearch> = PerCpuArray::with_max_entries(1, 0);
+/// Where userspace keeps `CT_SEED` across restarts (pinned with the tables; not read here).
+#[map]
+pub static CT_SEED_STORE: Array<u64> = Array::with_max_entries(1, 0);

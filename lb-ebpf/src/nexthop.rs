@@ -21,7 +21,7 @@
 use aya_ebpf::{bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, programs::XdpContext};
 use lb_common::stat;
 
-use crate::maps::NEXT_HOPS;
+use crate::maps::{FIB_PARAMS, NEXT_HOPS};
 
 /// How long a resolved next hop is reused.
 pub const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
@@ -132,13 +132,18 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
 /// `struct bpf_fib_lookup` (64 bytes) as words, so it is filled without byte stores:
 /// 0 family, l4_protocol, sport | 1 dport, tot_len | 2 ifindex | 3 tos/flowinfo | 4..8 src |
 /// 8..12 dst | 12 vlan / tbid | 13..16 smac[6], dmac[6] (mark on input).
-type FibParams = [u32; 16];
+pub type FibParams = [u32; 16];
 
 /// Runs `bpf_fib_lookup` from the ingress device and caches a success in `hop`; returns 0,
-/// or the drop reason. Not inlined: its 64-byte parameter block then lives in its own stack
-/// frame, off the balancer's (and a BPF call takes at most five scalar or pointer arguments).
+/// or the drop reason. Not inlined, and its 64-byte parameter block is in a per-CPU map
+/// (`FIB_PARAMS`), not on the stack: the BPF stack of the balancer plus a call's frame must
+/// fit in 512 bytes. (A BPF call takes at most five scalar or pointer arguments.)
 #[inline(never)]
 fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4], now: u64) -> u32 {
+    let p = match FIB_PARAMS.get_ptr_mut(0) {
+        Some(p) => unsafe { &mut *p },
+        None => return stat::DROP_FIB,
+    };
     let family = if o.ipv6 { AF_INET6 } else { AF_INET };
     let l4 = match (o.l2, o.ipv6) {
         (true, _) => 0,
@@ -148,7 +153,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
     let ingress = ctx.ingress_ifindex() as u32;
     let s = o.src;
     let d = o.dst;
-    let mut p: FibParams = [
+    *p = [
         family | l4 << 8,
         (o.len & 0xffff) << 16,
         ingress,
@@ -158,7 +163,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         0, 0, 0, 0,
     ];
     let rc = unsafe {
-        bpf_fib_lookup(ctx.ctx as *mut _, &mut p as *mut FibParams as *mut bpf_fib_lookup_t, 64, 0)
+        bpf_fib_lookup(ctx.ctx as *mut _, p as *mut FibParams as *mut bpf_fib_lookup_t, 64, 0)
     };
     match rc {
         0 => {}
@@ -182,18 +187,18 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         egress_ifindex: p[2],
         macs: [(w14 >> 16) | (w15 << 16), (w15 >> 16) | (w13 << 16), (w13 >> 16) | (w14 << 16)],
     };
+    // Field by field into the (per-CPU) entry: a whole `NextHop` built first would take 72
+    // bytes of this call's stack frame, which adds to the balancer's (512 in all).
     unsafe {
-        *hop = NextHop {
-            expires_ns: now + NEXT_HOP_TTL_NS,
-            dst: *d,
-            src: *src_fixed,
-            src_mask: o.src_mask,
-            family: cache_family(o),
-            ingress_ifindex: ingress,
-            max_len: o.len,
-            egress_ifindex: route.egress_ifindex,
-            macs: route.macs,
-        };
+        (*hop).expires_ns = now + NEXT_HOP_TTL_NS;
+        (*hop).dst = *d;
+        (*hop).src = *src_fixed;
+        (*hop).src_mask = o.src_mask;
+        (*hop).family = cache_family(o);
+        (*hop).ingress_ifindex = ingress;
+        (*hop).max_len = o.len;
+        (*hop).egress_ifindex = route.egress_ifindex;
+        (*hop).macs = route.macs;
     }
     0
 }

@@ -20,17 +20,18 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 pub use lb_common::addr_words;
 use lb_common::{
-    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
-    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
+    ct_buckets, ct_buckets_for, ct_find, ct_next_state, ct_state, ct_victim, stat, table_flags, AddrKey, Backend,
+    ClassCounters, ClassKey, CtBucket, CtBucket4, CtBucket6, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, GlobalStats, ServiceInfo,
+    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, CT_WAYS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
 use crate::service_table::{self, ServiceTable};
 
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 13] = [
-    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CLIENT_CLASS", "CLASSED_SERVICES",
-    "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
+pub const MAP_NAMES: [&str; 14] = [
+    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CT_SEED_STORE", "CLIENT_CLASS",
+    "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
 ];
 
 /// The compiled XDP object (built by `build.rs`).
@@ -41,7 +42,7 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
 pub struct DataplaneSizes {
     /// Maglev table size M (prime).
     pub table_size_m: u32,
-    /// Capacity of each connection-tracking LRU map (one per address family).
+    /// Flows each connection table (one per address family) is sized for, at 75 % load.
     pub conntrack_entries: u32,
     /// Service ids are `0..max_services`.
     pub max_services: u32,
@@ -55,15 +56,16 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 14] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 15] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Two halves of S slots, S >= twice the key capacity (16 keys per service).
             ("SERVICE_TABLE", 2 * self.service_slots()),
             ("SERVICE_INDEX", 1),
             ("VIPS", self.max_services.saturating_mul(4)),
-            ("CONNTRACK", self.conntrack_entries),
-            ("CONNTRACK4", self.conntrack_entries),
+            ("CONNTRACK", self.conntrack_buckets()),
+            ("CONNTRACK4", self.conntrack_buckets()),
+            ("CT_SEED_STORE", 1),
             ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
             ("CLASSED_SERVICES", self.max_services),
             ("TABLE_INDEX", pairs),
@@ -75,6 +77,11 @@ impl DataplaneSizes {
             ("NEXT_HOPS", self.max_backends),
             ("DECAP_ADDRS", 64),
         ]
+    }
+
+    /// Buckets per connection table (a power of two; the load-time `CT_BUCKET_MASK` + 1).
+    pub fn conntrack_buckets(&self) -> u32 {
+        ct_buckets_for(self.conntrack_entries)
     }
 
     /// Slots per half of `SERVICE_TABLE` (a power of two; the load-time `SERVICE_SLOTS`).
@@ -196,8 +203,10 @@ pub struct Dataplane {
     sizes: DataplaneSizes,
     services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
-    conntrack: HashMap<MapData, CtKey, CtEntry>,
-    conntrack4: HashMap<MapData, CtKey4, CtEntry>,
+    conntrack: Array<MapData, CtBucket6>,
+    conntrack4: Array<MapData, CtBucket4>,
+    /// The connection tables' bucket hash seed (the data plane's `CT_SEED`).
+    ct_seed: u64,
     client_class: LpmTrie<MapData, ClassKey, u32>,
     /// Service id -> 1 if it has client-class prefixes (the kernel consults the trie only then).
     classed_services: Array<MapData, u32>,
@@ -275,7 +284,11 @@ impl Dataplane {
         for (name, max) in sizes.map_max_entries() {
             loader.map_max_entries(name, max);
         }
+        let ct_seed = ct_seed(pin_dir)?;
+        let ct_mask = sizes.conntrack_buckets() - 1;
         let mut ebpf = loader
+            .override_global("CT_SEED", &ct_seed, true)
+            .override_global("CT_BUCKET_MASK", &ct_mask, true)
             .override_global("NS_PER_JIFFY", &ns_per_jiffy()?, true)
             .override_global("TABLE_M", &sizes.table_size_m, true)
             .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
@@ -289,7 +302,10 @@ impl Dataplane {
                 .try_into()?;
             load_program(prog).with_context(|| format!("verifying program {}", p.name()))?;
         }
+        let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
+        seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
         Ok(Self {
+            ct_seed,
             services: ServiceTable::new(take_raw(&mut ebpf, "SERVICE_TABLE")?, take_raw(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?,
             vips: take(&mut ebpf, "VIPS")?,
             conntrack: take(&mut ebpf, "CONNTRACK")?,
@@ -552,24 +568,29 @@ impl Dataplane {
     /// live in `CONNTRACK4`, keyed by the packed form of `key`).
     pub fn conntrack_get(&self, family: u8, key: &CtKey) -> Option<CtEntry> {
         match family {
-            FAMILY_V4 => self.conntrack4.get(&CtKey4::new(&key.tuple, key.service), 0).ok(),
-            _ => self.conntrack.get(key, 0).ok(),
+            FAMILY_V4 => table_get(&self.conntrack4, &CtKey4::new(&key.tuple, key.service), self.ct_seed),
+            _ => table_get(&self.conntrack, key, self.ct_seed),
         }
     }
 
+    /// Writes a flow's entry as the data plane would (its own slot, else a free one, else the
+    /// least recently seen). Only for tests and tools on a table no packet is being balanced
+    /// with: a bucket is read and written back whole, so a write by the data plane to the same
+    /// bucket in between would be undone, and a slot written back in its writer's state would
+    /// stay unusable. (It refuses a bucket it finds mid-write.)
     pub fn conntrack_set(&mut self, family: u8, key: &CtKey, entry: CtEntry) -> Result<()> {
         match family {
-            FAMILY_V4 => self.conntrack4.insert(CtKey4::new(&key.tuple, key.service), entry, 0).context("writing CONNTRACK4")?,
-            FAMILY_V6 => self.conntrack.insert(key, entry, 0).context("writing CONNTRACK")?,
+            FAMILY_V4 => table_set(&mut self.conntrack4, &CtKey4::new(&key.tuple, key.service), &entry, self.ct_seed)
+                .context("writing CONNTRACK4"),
+            FAMILY_V6 => table_set(&mut self.conntrack, key, &entry, self.ct_seed).context("writing CONNTRACK"),
             _ => bail!("conntrack_set: family {family} is neither FAMILY_V4 nor FAMILY_V6"),
         }
-        Ok(())
     }
 
     /// Every connection-table entry of both families: (family, key, entry).
     pub fn conntrack_entries(&self) -> Vec<(u8, CtKey, CtEntry)> {
-        let v4 = self.conntrack4.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V4, k.to_key(), e));
-        let v6 = self.conntrack.iter().filter_map(|r| r.ok()).map(|(k, e)| (FAMILY_V6, k, e));
+        let v4 = live_slots(&self.conntrack4).map(|s| (FAMILY_V4, s.key.to_key(), s.entry));
+        let v6 = live_slots(&self.conntrack).map(|s| (FAMILY_V6, s.key, s.entry));
         v4.chain(v6).collect()
     }
 
@@ -803,6 +824,81 @@ pub(crate) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
         done += attr.count as usize;
     }
     Ok(())
+}
+
+/// The two candidate buckets of `key`, as read now.
+fn table_buckets<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Result<([u32; 2], [CtBucket<S>; 2])>
+where
+    CtBucket<S>: aya::Pod,
+{
+    let mask = map.len() - 1;
+    let index = ct_buckets::<S>(key, seed, mask);
+    Ok((index, [map.get(&index[0], 0)?, map.get(&index[1], 0)?]))
+}
+
+fn table_get<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Option<CtEntry>
+where
+    CtBucket<S>: aya::Pod,
+{
+    let (_, b) = table_buckets(map, key, seed).ok()?;
+    let mut search = CtSearch::default();
+    let state = ct_find([&b[0], &b[1]], key, &mut search)?;
+    if state & ct_state::WRITING != 0 {
+        return None;
+    }
+    let k = search.index as usize;
+    Some(*b[k / CT_WAYS].slots[k % CT_WAYS].entry())
+}
+
+pub fn table_set<S: CtSlot>(map: &mut Array<MapData, CtBucket<S>>, key: &S::Key, entry: &CtEntry, seed: u64) -> Result<()>
+where
+    CtBucket<S>: aya::Pod,
+{
+    let (index, mut b) = table_buckets(map, key, seed)?;
+    let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()) as usize;
+    let (which, way) = (k / CT_WAYS, k % CT_WAYS);
+    // A slot caught mid-write would be written back in that state, and nothing would ever
+    // clear it: refuse (the caller may retry).
+    if b[which].slots.iter().any(|s| lb_common::ct_slot_state(s) & ct_state::WRITING != 0) {
+        bail!("the data plane is writing bucket {} of the connection table", index[which]);
+    }
+    let slot = &mut b[which].slots[way];
+    let state = lb_common::ct_slot_state(slot);
+    slot.set(key, entry);
+    // Written whole, with the state word: not WRITING, next version, live.
+    let next = ct_next_state(state & !ct_state::WRITING, true);
+    unsafe { core::ptr::write(slot.state_ptr() as *mut u32, next) };
+    map.set(index[which], b[which], 0)?;
+    Ok(())
+}
+
+/// The live slots of a connection table.
+fn live_slots<S: CtSlot>(map: &Array<MapData, CtBucket<S>>) -> impl Iterator<Item = S> + '_
+where
+    CtBucket<S>: aya::Pod,
+{
+    map.iter()
+        .filter_map(|b| b.ok())
+        .flat_map(|b| b.slots)
+        .filter(|s| lb_common::ct_slot_state(s) & ct_state::LIVE != 0 && lb_common::ct_slot_state(s) & ct_state::WRITING == 0)
+}
+
+/// The connection tables' seed: the one stored with pinned tables that are being reused (also
+/// how a tool that writes pinned tables finds it), else
+/// a new random one (from the standard library's per-process random hasher keys).
+pub fn ct_seed(pin_dir: Option<&Path>) -> Result<u64> {
+    if let Some(path) = pin_dir.map(|d| d.join("CT_SEED_STORE")).filter(|p| p.exists()) {
+        let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        let store: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(data))?;
+        let seed = store.get(&0, 0).with_context(|| format!("reading {}", path.display()))?;
+        if seed != 0 {
+            return Ok(seed);
+        }
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    Ok(h.finish() | 1)
 }
 
 /// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of

@@ -70,9 +70,26 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         if info.max_entries() != want && mismatch.is_none() {
             mismatch = Some(format!("{name} holds {} entries, this configuration needs {want}", info.max_entries()));
         }
+        // Connection tables pinned by a version with another layout (before the
+        // set-associative tables they were kernel LRU hash maps, with one entry per value).
+        let layout = match name {
+            "CONNTRACK" => Some(std::mem::size_of::<lb_common::CtBucket6>()),
+            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::CtBucket4>()),
+            _ => None,
+        };
+        if let Some(size) = layout {
+            if info.value_size() as usize != size && mismatch.is_none() {
+                mismatch = Some(format!("{name} has another layout (values of {} bytes, this version needs {size})", info.value_size()));
+            }
+        }
     }
     if !any {
         return Ok(PinState::Fresh);
+    }
+    // Connection tables without their hash seed cannot be searched: start afresh.
+    let tables = ["CONNTRACK", "CONNTRACK4"].iter().any(|n| pin_dir.join(n).exists());
+    if tables && !pin_dir.join("CT_SEED_STORE").exists() && mismatch.is_none() {
+        mismatch = Some("the connection tables are pinned without CT_SEED_STORE, their hash seed".to_string());
     }
     match mismatch {
         None => Ok(PinState::Reused),

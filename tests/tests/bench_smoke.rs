@@ -13,7 +13,7 @@ fn dp_bench_quick_run_passes_its_own_checks() {
     for row in [
         "lb, conntrack hit (TCP ACK), incl. wrapper",
         "lb, new flow (TCP SYN), incl. wrapper",
-        "CONNTRACK4 insert, a new key (table full)",
+        "CONNTRACK4 insert, new key, filled table",
     ] {
         assert!(text.contains(row), "missing row {row:?} in:\n{text}");
     }

@@ -10,7 +10,7 @@ use lb_common::{
 };
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
-use lb_user::dataplane::{addr_words, Dataplane, Program, XDP_DROP, XDP_TX};
+use lb_user::dataplane::{addr_words, Dataplane, DataplaneSizes, Program, XDP_DROP, XDP_TX};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
@@ -24,7 +24,10 @@ const IDLE_NS: u64 = 600_000_000_000;
 /// A DSR service on VIP:80/TCP and VIP:53/UDP with backends b1, b2, every flow hashed to b1.
 fn setup(info: ServiceInfo) -> Dataplane {
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = fixture::load();
+    install(fixture::load(), info)
+}
+
+fn install(mut dp: Dataplane, info: ServiceInfo) -> Dataplane {
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP.into(), 53, PROTO_UDP)], info).unwrap();
     for id in [B1, B2] {
         let addr = IpAddr::V4(Ipv4Addr::new(198, 18, 3, id as u8));
@@ -325,4 +328,58 @@ fn entries_are_stamped_with_the_clock_userspace_reads() {
     let tick = lb_user::dataplane::ns_per_jiffy().unwrap();
     assert_eq!(stamp % tick, 0, "the clock counts whole ticks of {tick} ns");
     assert!(before > 0);
+}
+
+/// The connection table is set-associative (`lb_common::ct_table`): with room for 6 flows it is
+/// one bucket of 8 slots, which both of every key's candidate buckets are. A ninth flow takes
+/// the slot of the least recently seen flow; the other eight keep their entries.
+#[test]
+fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
+    assert_eq!(lb_common::ct_buckets_for(6), 1);
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let sizes = DataplaneSizes { conntrack_entries: 6, ..fixture::sizes() };
+    let mut dp = install(Dataplane::load(sizes).unwrap(), info);
+    let ports: Vec<u16> = (41000..41008).collect();
+    for &p in &ports {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
+    }
+    assert_eq!(dp.conntrack_entries().len(), 8, "eight flows fill the bucket");
+    // Last seen: the flow from port 41003 longest ago, the others a second ago.
+    let key = |p: u16| ct_key(&info, PROTO_TCP, p, 80);
+    let now = dp.conntrack_get(FAMILY_V4, &key(ports[0])).unwrap().last_seen_ns;
+    for (i, &p) in ports.iter().enumerate() {
+        let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
+        let age = if i == 3 { 5_000_000_000 } else { 1_000_000_000 + i as u64 };
+        dp.conntrack_set(FAMILY_V4, &key(p), lb_common::CtEntry { last_seen_ns: now - age, ..e }).unwrap();
+    }
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(41100, TCP_SYN)), B2, "a ninth flow");
+    assert_eq!(dp.conntrack_entries().len(), 8);
+    assert!(dp.conntrack_get(FAMILY_V4, &key(41003)).is_none(), "the least recently seen flow was evicted");
+    for &p in ports.iter().filter(|&&p| p != 41003) {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "port {p} keeps its backend");
+    }
+    // The evicted flow's next packet is a new flow: it follows the table.
+    assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
+}
+
+/// A restarted daemon adopts the pinned tables and finds the flows its predecessor tracked:
+/// the buckets' hash seed is pinned with them.
+#[test]
+fn adopted_pinned_tables_keep_their_flows() {
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let pins = lb_tests::fixture::PinDir::new("ct");
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    {
+        let dp = install(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap(), info);
+        assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    }
+    let mut dp = Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap();
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).map(|e| e.backend), Some(B1));
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the adopted entry still holds the flow");
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2);
+    drop(dp);
+    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
 }

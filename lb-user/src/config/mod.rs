@@ -117,8 +117,9 @@ pub struct Monitor {
 pub struct Dataplane {
     /// Maglev table size M; must be prime.
     pub maglev_table_size: u32,
-    /// Capacity of each connection-tracking LRU map: IPv4 and IPv6 flows have one each
-    /// (IPv4 keys are 16 bytes, cheaper to hash), so this many flows of each family fit.
+    /// Active flows each connection table is sized for (IPv4 and IPv6 flows have one table
+    /// each): 4/3 to 8/3 slots per flow, a power of two buckets of 8 (`lb_common::ct_table`).
+    /// A new flow whose two buckets are full evicts the least recently seen of their flows.
     pub conntrack_entries: u32,
     /// Outer source of IPIP packets: an address, or a prefix whose host bits vary by flow hash.
     /// A bare address is read as a host prefix (/32).

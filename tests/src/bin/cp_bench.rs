@@ -109,15 +109,16 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
         let before = status_kib(child.id(), "VmRSS:")?;
         // IPv4 flows: the CONNTRACK4 table.
         let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK4"))?;
-        let map = aya::maps::Map::LruHashMap(data);
-        let mut ct: aya::maps::HashMap<_, CtKey4, CtEntry> = aya::maps::HashMap::try_from(map)?;
+        let mut ct: aya::maps::Array<_, lb_common::CtBucket4> = aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
+        let seed = lb_user::dataplane::ct_seed(Some(&pins))?;
         for i in 0..CONNECTIONS {
             let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
             let key = CtKey {
                 tuple: FlowTuple { src: [src, 0, 0, 0], dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0], sport: ((i & 0xff) as u16 + 1024).to_be(), dport: 80u16.to_be(), proto: 6, _pad: [0; 3] },
                 service: 0,
             };
-            ct.insert(CtKey4::new(&key.tuple, key.service), CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() }, 0)?;
+            let entry = CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() };
+            lb_user::dataplane::table_set(&mut ct, &CtKey4::new(&key.tuple, key.service), &entry, seed)?;
         }
         let after = status_kib(child.id(), "VmRSS:")?;
         let anon = status_kib(child.id(), "RssAnon:")?;

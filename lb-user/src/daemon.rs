@@ -116,7 +116,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         PinState::Discarded(why) => {
-            eprintln!("lb: warning: the pinned data plane has other sizes ({why}); starting fresh, tracked connections are lost");
+            eprintln!("lb: warning: the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir))?;

@@ -52,7 +52,7 @@ pub enum PinState {
     Fresh,
     /// Pinned maps match and will be reused (connections survive).
     Reused,
-    /// Pinned maps had other sizes and were removed; the reason says which.
+    /// Pinned maps had other sizes or another layout and were removed; the reason says which.
     Discarded(String),
 }
 

@@ -152,35 +152,13 @@ ct_slot!(CtSlot6, CtKey);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16 && core::mem::align_of::<CtKey4>() == 4);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of::<CtKey>() == 4);
 
-/// Odd multipliers, one per pair of key words.
-const CT_PAIR_MUL: [u64; 6] = [
-    0x9e37_79b9_7f4a_7c15,
-    0xc2b2_ae3d_27d4_eb4f,
-    0x1656_67b1_9e37_79f9,
-    0x85eb_ca77_c2b2_ae63,
-    0x27d4_eb2f_1656_67c5,
-    0xff51_afd7_ed55_8ccd,
-];
-
 /// The two candidate buckets of `key` in a table of `mask + 1` buckets (a power of two), for
 /// the tables' `seed` (random when they are made, pinned with them: a client who cannot
-/// predict the buckets cannot aim flows at one). Like the flow hash: independent multiplies per pair of
-/// words, then MurmurHash3's 64-bit finalizer; the halves of the result pick the buckets.
+/// predict the buckets cannot aim flows at one): the flow hash's construction
+/// ([`crate::pair_hash`]) over the key's words; the halves of the result pick the buckets.
 #[inline(always)]
 pub fn ct_buckets<S: CtSlot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
-    let word = |i: usize| if i < S::KEY_WORDS { S::key_word(key, i) as u64 } else { 0 };
-    let mut h = seed;
-    let mut i = 0;
-    while i < S::KEY_WORDS.div_ceil(2) {
-        let pair = word(2 * i) | word(2 * i + 1) << 32;
-        h ^= (pair ^ seed).wrapping_mul(CT_PAIR_MUL[i]).rotate_left(13 * i as u32);
-        i += 1;
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^= h >> 33;
+    let h = crate::hash::pair_hash(|i| S::key_word(key, i), S::KEY_WORDS, seed);
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 

@@ -12,10 +12,17 @@ use crate::maps::{FlowTuple, ServiceInfo, ServiceSlot, SERVICE_PROBES};
 /// Seed of the per-packet flow hash. Changing it (or the hash) moves every new flow's backend
 /// choice: treat as part of the ABI.
 pub const FLOW_HASH_SEED: u64 = 0x4c42_0002_9e37_79b9;
-/// One odd multiplier per 64-bit pair of a [`FlowTuple`]'s words (fractional parts of
+/// One odd multiplier per 64-bit pair of words hashed by [`pair_hash`] (fractional parts of
 /// irrational numbers and MurmurHash3/xxHash constants: any distinct odd 64-bit values do).
-const FLOW_PAIR_MUL: [u64; 5] =
-    [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0x27d4_eb2f_1656_67c5, 0x85eb_ca77_c2b2_ae63];
+/// A [`FlowTuple`] uses the first five, a connection-table key up to six.
+const PAIR_MUL: [u64; 6] = [
+    0x9e37_79b9_7f4a_7c15,
+    0xc2b2_ae3d_27d4_eb4f,
+    0x1656_67b1_9e37_79f9,
+    0x27d4_eb2f_1656_67c5,
+    0x85eb_ca77_c2b2_ae63,
+    0xd6e8_feb8_6659_fd93,
+];
 /// Seeds of the two Maglev permutation hashes (offset and skip).
 pub const MAGLEV_OFFSET_SEED: u32 = 0x6d61_676c;
 pub const MAGLEV_SKIP_SEED: u32 = 0x736b_6970;
@@ -58,13 +65,27 @@ const fn fmix64(mut h: u64) -> u64 {
 #[inline(always)]
 pub fn flow_hash(t: &FlowTuple) -> u32 {
     let w = t.words();
-    let pair = |i: usize| (w[i] as u64) | (w[i + 1] as u64) << 32;
-    let a = (pair(0) ^ FLOW_HASH_SEED).wrapping_mul(FLOW_PAIR_MUL[0]);
-    let b = pair(2).wrapping_mul(FLOW_PAIR_MUL[1]);
-    let c = pair(4).wrapping_mul(FLOW_PAIR_MUL[2]);
-    let d = pair(6).wrapping_mul(FLOW_PAIR_MUL[3]);
-    let e = pair(8).wrapping_mul(FLOW_PAIR_MUL[4]);
-    fmix64(a ^ b.rotate_left(13) ^ c.rotate_left(26) ^ d.rotate_left(39) ^ e.rotate_left(52)) as u32
+    pair_hash(|i| w[i], FlowTuple::WORDS, FLOW_HASH_SEED) as u32
+}
+
+/// The flow hash's construction over `n` words (`word(i)` for `i < n`, at most 12): pair `i`
+/// of words (the first one xored with `seed`) is multiplied by its own constant and rotated by
+/// `13 * i` bits, the products are xored and MurmurHash3's 64-bit finalizer mixes them. The
+/// connection tables hash their keys with it too, with their own seed (`ct_table`).
+#[inline(always)]
+pub fn pair_hash(word: impl Fn(usize) -> u32, n: usize, seed: u64) -> u64 {
+    let w = |i: usize| if i < n { word(i) as u64 } else { 0 };
+    let mut h = 0;
+    let mut i = 0;
+    while i < n.div_ceil(2) {
+        let mut pair = w(2 * i) | w(2 * i + 1) << 32;
+        if i == 0 {
+            pair ^= seed;
+        }
+        h ^= pair.wrapping_mul(PAIR_MUL[i]).rotate_left(13 * i as u32);
+        i += 1;
+    }
+    fmix64(h)
 }
 
 /// The Maglev table slot a flow hash selects: `table[hash % m]`.

@@ -880,7 +880,7 @@ where
     map.iter()
         .filter_map(|b| b.ok())
         .flat_map(|b| b.slots)
-        .filter(|s| lb_common::ct_slot_state(s) & ct_state::LIVE != 0 && lb_common::ct_slot_state(s) & ct_state::WRITING == 0)
+        .filter(|s| lb_common::ct_slot_state(s) & (ct_state::LIVE | ct_state::WRITING) == ct_state::LIVE)
 }
 
 /// The connection tables' seed: the one stored with pinned tables that are being reused (also

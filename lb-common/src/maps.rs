@@ -350,8 +350,8 @@ pub mod stat {
     /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
     /// but not tracked; its next packet makes the entry.
     pub const CT_INSERT_BUSY: u32 = 23;
-    /// Length of the global counter record ([`GlobalStats`]); indices above are spare.
-    pub const GLOBAL_COUNT: u32 = 32;
+    /// Counters in the global record ([`GlobalStats::counters`]); indices above are spare.
+    pub const GLOBAL_COUNT: u32 = 29;
 
     pub const NAMES: [&str; 24] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
@@ -363,16 +363,20 @@ pub mod stat {
 }
 
 /// Value of the `STATS` per-CPU array (one entry): the global counters, indexed by `stat::*`.
-/// One record, so that the data plane looks it up once per packet and then only adds.
+/// One record, so that the data plane looks it up once per packet and then only adds. It also
+/// holds this CPU's connection-table search record (`ct_search`, scratch memory, not a
+/// counter): the packet's one lookup of this record then serves the table search too, instead
+/// of a per-CPU lookup of its own (each costs a few ns; BENCHMARKS.md round 7).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {
     pub counters: [u64; stat::GLOBAL_COUNT as usize],
+    pub ct_search: crate::CtSearch,
 }
 
 impl Default for GlobalStats {
     fn default() -> Self {
-        Self { counters: [0; stat::GLOBAL_COUNT as usize] }
+        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::CtSearch::default() }
     }
 }
 
@@ -424,6 +428,8 @@ const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
+// 256 bytes, as when the record held 32 counters: a pinned `STATS` of those versions is
+// adopted as is (its unused counters 29..32 become the search record).
 const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 

@@ -11,7 +11,7 @@ use lb_common::{
     CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo, CT_WAYS,
 };
 
-use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SCRATCH, CT_SEED};
+use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
 use crate::select;
 use crate::stats::Counters;
 
@@ -26,20 +26,22 @@ pub enum FlowKey<'a> {
 impl FlowKey<'_> {
     /// The flow's slot, a consistent copy of its entry, and the slot's state when copied.
     #[inline(always)]
-    pub fn get(self) -> Option<(Slot, CtEntry, u32)> {
+    pub fn get(self, counters: Counters) -> Option<(Slot, CtEntry, u32)> {
+        let st = counters.ct_search()?;
         match self {
-            FlowKey::V4(k) => find(&CONNTRACK4, k).map(|(s, e, st)| (Slot::V4(s), e, st)),
-            FlowKey::V6(k) => find(&CONNTRACK, k).map(|(s, e, st)| (Slot::V6(s), e, st)),
+            FlowKey::V4(k) => find(&CONNTRACK4, k, st).map(|(s, e, state)| (Slot::V4(s), e, state)),
+            FlowKey::V6(k) => find(&CONNTRACK, k, st).map(|(s, e, state)| (Slot::V6(s), e, state)),
         }
     }
 
     /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
     /// false if another CPU held the slot (see `insert`).
     #[inline(always)]
-    pub fn insert(self, entry: &CtEntry) -> bool {
+    pub fn insert(self, entry: &CtEntry, counters: Counters) -> bool {
+        let Some(st) = counters.ct_search() else { return false };
         match self {
-            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry),
-            FlowKey::V6(k) => insert(&CONNTRACK, k, entry),
+            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, st),
+            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, st),
         }
     }
 }
@@ -79,12 +81,6 @@ fn buckets<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<[*mut Ct
     Some([map.get_ptr_mut(a)?, map.get_ptr_mut(b)?])
 }
 
-/// This CPU's search record.
-#[inline(always)]
-fn scratch() -> Option<*mut CtSearch> {
-    CT_SCRATCH.get_ptr_mut(0)
-}
-
 /// The slot at `index` (`candidate * CT_WAYS + way`), read back from the search record: the
 /// verifier sees one unknown index (masked into range), not one state per slot.
 #[inline(always)]
@@ -95,11 +91,10 @@ fn slot_at<S: CtSlot>(b: [*mut CtBucket<S>; 2], index: u32) -> *mut S {
 }
 
 /// The live slot of `key`, a copy of its entry taken while no writer held the slot, and the
-/// slot's state then.
+/// slot's state then. `st`: this CPU's search record.
 #[inline(always)]
-fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<(*mut S, CtEntry, u32)> {
+fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, st: *mut CtSearch) -> Option<(*mut S, CtEntry, u32)> {
     let b = buckets(map, key)?;
-    let st = scratch()?;
     let state = ct_find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
     if state & ct_state::WRITING != 0 {
         return None;
@@ -139,13 +134,9 @@ fn finish<S: CtSlot>(slot: &mut S, observed: u32, live: bool) {
 /// another CPU is writing that slot at this instant the flow goes untracked for this packet;
 /// its next packet makes the entry.
 #[inline(always)]
-fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry) -> bool {
+fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st: *mut CtSearch) -> bool {
     let b = match buckets(map, key) {
         Some(b) => b,
-        None => return false,
-    };
-    let st = match scratch() {
-        Some(st) => st,
         None => return false,
     };
     let slot = unsafe { &mut *slot_at(b, ct_victim(unsafe { [&*b[0], &*b[1]] }, key, st)) };
@@ -179,7 +170,7 @@ pub fn lookup(
     now: u64,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend, u32)> {
-    let (slot, e, state) = key.get()?;
+    let (slot, e, state) = key.get(counters)?;
     let backend = BACKENDS.get(e.backend);
     let verdict = ct_verdict(&e, backend, service, proto, now, || {
         match select::table_ref(service.id, e.class) {

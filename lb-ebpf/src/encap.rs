@@ -26,13 +26,13 @@ const OUTER_TTL: u32 = 64;
 
 /// Transmit on the ingress device or redirect to the route's device.
 #[inline(always)]
-fn transmit(ctx: &XdpContext, ifindex: u32, counters: Counters) -> u32 {
-    if ifindex == ctx.ingress_ifindex() as u32 {
+fn transmit(route: &Route, counters: Counters) -> u32 {
+    if route.egress_ifindex == route.ingress_ifindex {
         counters.inc(stat::TX);
         xdp_action::XDP_TX
     } else {
         counters.inc(stat::REDIRECT);
-        unsafe { bpf_redirect(ifindex, 0) as u32 }
+        unsafe { bpf_redirect(route.egress_ifindex, 0) as u32 }
     }
 }
 
@@ -47,12 +47,14 @@ fn drop(reason: u32, counters: Counters) -> u32 {
 /// are and the result is stored the same way.
 #[inline(always)]
 fn ipv4_checksum(w: &[u32; 5]) -> u32 {
-    let mut sum = w[0] as u64 + w[1] as u64 + w[2] as u64 + w[3] as u64 + w[4] as u64;
-    sum = (sum & 0xffff_ffff) + (sum >> 32);
-    sum = (sum & 0xffff_ffff) + (sum >> 32);
-    let mut s = (sum as u32 & 0xffff) + (sum as u32 >> 16);
+    let sum = w[0] as u64 + w[1] as u64 + w[2] as u64 + w[3] as u64 + w[4] as u64;
+    // Below 2^35; 2^16 = 1 modulo 0xffff, so its three 16-bit parts add to the same sum
+    // (below 3 * 2^16), and two folds bring that to 16 bits (a shorter chain than folding
+    // 64 -> 32 -> 16 bits).
+    let mut s = (sum & 0xffff) + ((sum >> 16) & 0xffff) + (sum >> 32);
     s = (s & 0xffff) + (s >> 16);
-    !s & 0xffff
+    s = (s & 0xffff) + (s >> 16);
+    !(s as u32) & 0xffff
 }
 
 /// Grows the head so that the frame becomes eth + `outer_len` bytes + the inner IP datagram,
@@ -124,7 +126,7 @@ pub fn ipip_v4(
     for (i, w) in h.iter().enumerate() {
         put_word(p, ETH_LEN + 4 * i, *w);
     }
-    transmit(ctx, route.egress_ifindex, counters)
+    transmit(&route, counters)
 }
 
 /// IPv6-in-IPv6 to the backend.
@@ -179,7 +181,7 @@ pub fn ip6ip6(
     for (i, w) in h.iter().enumerate() {
         put_word(p, ETH_LEN + 4 * i, *w);
     }
-    transmit(ctx, route.egress_ifindex, counters)
+    transmit(&route, counters)
 }
 
 /// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
@@ -207,7 +209,7 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
             dst: &backend.addr,
         };
         match nexthop::route(ctx, backend_id, &outer, now) {
-            Ok(r) if r.egress_ifindex != ctx.ingress_ifindex() as u32 => Some(r),
+            Ok(r) if r.egress_ifindex != r.ingress_ifindex => Some(r),
             Ok(_) => None,
             Err(reason) => return drop(reason, counters),
         }
@@ -238,5 +240,5 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
     put_word(p, 0, dmac_lo);
     put_word(p, 4, dmac_hi | smac_lo);
     put_word(p, 8, smac_hi);
-    transmit(ctx, route.egress_ifindex, counters)
+    transmit(&route, counters)
 }

@@ -7,7 +7,7 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, CtSearch, GlobalStats, ServiceSlot, ServiceTableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, GlobalStats, ServiceSlot, ServiceTableRef,
     TableRef,
 };
 
@@ -89,9 +89,6 @@ pub static CT_BUCKET_MASK: Global<u32> = Global::new(0);
 /// the flows its predecessor stored.
 #[no_mangle]
 pub static CT_SEED: Global<u64> = Global::new(0);
-/// This CPU's scratch record for connection-table searches (see `lb_common::CtSearch`).
-#[map]
-pub static CT_SCRATCH: PerCpuArray<CtSearch> = PerCpuArray::with_max_entries(1, 0);
 /// Where userspace keeps `CT_SEED` across restarts (pinned with the tables; not read here).
 #[map]
 pub static CT_SEED_STORE: Array<u64> = Array::with_max_entries(1, 0);

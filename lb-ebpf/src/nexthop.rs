@@ -66,6 +66,8 @@ const _: () = assert!(core::mem::size_of::<NextHop>() == 72);
 pub struct Route {
     pub egress_ifindex: u32,
     pub macs: [u32; 3],
+    /// The ingress device, read once: in XDP that read is three dependent loads.
+    pub ingress_ifindex: u32,
 }
 
 /// The packet to route: an encapsulation's outer packet, or (`l2`) an L2 DSR frame.
@@ -111,6 +113,7 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
     let h = unsafe { &*hop };
     let family = cache_family(o);
     let src = src_fixed(o);
+    let ingress = ctx.ingress_ifindex() as u32;
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
     let same_addrs = if o.ipv6 { h.dst == *o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
@@ -119,12 +122,12 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
         && same_addrs
         && h.src_mask == o.src_mask
         && h.family == family
-        && h.ingress_ifindex == ctx.ingress_ifindex() as u32
+        && h.ingress_ifindex == ingress
     {
-        return Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs });
+        return Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs, ingress_ifindex: ingress });
     }
     match resolve(ctx, hop, o, &src, now) {
-        0 => Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs }),
+        0 => Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs, ingress_ifindex: ingress }),
         reason => Err(reason),
     }
 }
@@ -183,10 +186,8 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
     }
     // Bytes 52..64 are smac[6], dmac[6]; the header wants dmac, then smac.
     let (w13, w14, w15) = (p[13], p[14], p[15]);
-    let route = Route {
-        egress_ifindex: p[2],
-        macs: [(w14 >> 16) | (w15 << 16), (w15 >> 16) | (w13 << 16), (w13 >> 16) | (w14 << 16)],
-    };
+    let egress_ifindex = p[2];
+    let macs = [(w14 >> 16) | (w15 << 16), (w15 >> 16) | (w13 << 16), (w13 >> 16) | (w14 << 16)];
     // Field by field into the (per-CPU) entry: a whole `NextHop` built first would take 72
     // bytes of this call's stack frame, which adds to the balancer's (512 in all).
     unsafe {
@@ -197,8 +198,8 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         (*hop).family = cache_family(o);
         (*hop).ingress_ifindex = ingress;
         (*hop).max_len = o.len;
-        (*hop).egress_ifindex = route.egress_ifindex;
-        (*hop).macs = route.macs;
+        (*hop).egress_ifindex = egress_ifindex;
+        (*hop).macs = macs;
     }
     0
 }

@@ -2,7 +2,7 @@
 //! record looked up once per packet; a (service, class) pair's counters are another.
 
 use crate::maps::{CLASS_STATS, STATS};
-use lb_common::{ClassCounters, GlobalStats};
+use lb_common::{stat, ClassCounters, CtSearch, GlobalStats};
 
 /// This CPU's global counter record, looked up once and then only added to.
 #[derive(Clone, Copy)]
@@ -17,9 +17,19 @@ impl Counters {
     /// Adds one to counter `index` (a `lb_common::stat` index).
     #[inline(always)]
     pub fn inc(self, index: u32) {
-        if !self.0.is_null() {
-            // The mask keeps the index provably inside the record (no bounds-check branch).
-            unsafe { (*self.0).counters[(index & 31) as usize] += 1 };
+        // The test folds away for the constant indices of most calls.
+        if !self.0.is_null() && index < stat::GLOBAL_COUNT {
+            unsafe { (*self.0).counters[index as usize] += 1 };
+        }
+    }
+
+    /// This CPU's connection-table search record, kept in the same per-CPU record.
+    #[inline(always)]
+    pub fn ct_search(self) -> Option<*mut CtSearch> {
+        if self.0.is_null() {
+            None
+        } else {
+            Some(unsafe { &mut (*self.0).ct_search })
         }
     }
 }

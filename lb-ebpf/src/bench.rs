@@ -163,6 +163,19 @@ pub fn bench_restore_only(ctx: XdpContext) -> u32 {
     }
 }
 
+/// The price of the two helper calls on the balancer's hit path (its encapsulation's
+/// `bpf_xdp_adjust_head` and the wrapper's, which undoes it): two calls that move nothing.
+/// Each returns through the kernel's return thunk (on the build machine the SRSO "safe RET"
+/// mitigation, see BENCHMARKS.md), which no inline code pays.
+#[xdp]
+#[inline(always)]
+pub fn bench_helper_calls(ctx: XdpContext) -> u32 {
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, 0) } != 0 || unsafe { bpf_xdp_adjust_head(ctx.ctx, 0) } != 0 {
+        return xdp_action::XDP_ABORTED;
+    }
+    xdp_action::XDP_PASS
+}
+
 /// Undoes the head growth since `save` and rewrites the saved first bytes. A frame that did not
 /// grow (a drop or pass verdict, or an L2 rewrite) only gets its first bytes back.
 #[inline(always)]

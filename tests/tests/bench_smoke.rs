@@ -14,6 +14,8 @@ fn dp_bench_quick_run_passes_its_own_checks() {
         "lb, conntrack hit (TCP ACK), incl. wrapper",
         "lb, new flow (TCP SYN), incl. wrapper",
         "CONNTRACK4 insert, new key, filled table",
+        "lb L2 DSR, conntrack hit, incl. wrapper",
+        "two bpf_xdp_adjust_head calls, delta 0",
     ] {
         assert!(text.contains(row), "missing row {row:?} in:\n{text}");
     }

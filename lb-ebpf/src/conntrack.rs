@@ -139,7 +139,7 @@ fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st
         Some(b) => b,
         None => return false,
     };
-    let slot = unsafe { &mut *slot_at(b, ct_victim(unsafe { [&*b[0], &*b[1]] }, key, st)) };
+    let slot = unsafe { &mut *slot_at(b, ct_victim([&*b[0], &*b[1]], key, st)) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {

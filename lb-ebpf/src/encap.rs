@@ -101,11 +101,11 @@ pub fn ipip_v4(
         ipv6: false,
         l2: false,
         len: tot_len as u32,
-        src: &[src, 0, 0, 0],
+        src: [src, 0, 0, 0],
         src_mask: svc.encap_src_hash_mask,
-        dst: &backend.addr,
+        dst: backend.addr,
     };
-    let route = match nexthop::route(ctx, backend_id, &outer, now) {
+    let route = match nexthop::route(ctx, backend_id, outer, now) {
         Ok(r) => r,
         Err(reason) => return drop(reason, counters),
     };
@@ -153,11 +153,11 @@ pub fn ip6ip6(
         ipv6: true,
         l2: false,
         len: (pkt.l3_len + IPV6_HDR_LEN) as u32,
-        src: &src,
+        src,
         src_mask: svc.encap_src_hash_mask,
-        dst: &backend.addr,
+        dst: backend.addr,
     };
-    let route = match nexthop::route(ctx, backend_id, &outer, now) {
+    let route = match nexthop::route(ctx, backend_id, outer, now) {
         Ok(r) => r,
         Err(reason) => return drop(reason, counters),
     };
@@ -204,11 +204,11 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
             ipv6: backend.family == FAMILY_V6,
             l2: true,
             len: pkt.l3_len as u32,
-            src: &[0; 4],
+            src: [0; 4],
             src_mask: 0,
-            dst: &backend.addr,
+            dst: backend.addr,
         };
-        match nexthop::route(ctx, backend_id, &outer, now) {
+        match nexthop::route(ctx, backend_id, outer, now) {
             Ok(r) if r.egress_ifindex != r.ingress_ifindex => Some(r),
             Ok(_) => None,
             Err(reason) => return drop(reason, counters),

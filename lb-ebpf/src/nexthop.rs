@@ -70,8 +70,11 @@ pub struct Route {
     pub ingress_ifindex: u32,
 }
 
-/// The packet to route: an encapsulation's outer packet, or (`l2`) an L2 DSR frame.
-pub struct Outer<'a> {
+/// The packet to route: an encapsulation's outer packet, or (`l2`) an L2 DSR frame. Passed by
+/// value: the cache check reads its fields as values, and only a lookup (the cold path) puts a
+/// copy in memory, so the common packet does not build it on the stack.
+#[derive(Clone, Copy)]
+pub struct Outer {
     /// AF_INET or AF_INET6.
     pub ipv6: bool,
     /// L2 DSR: only the egress device and its MAC are wanted (the backend's MAC is configured).
@@ -83,9 +86,9 @@ pub struct Outer<'a> {
     pub len: u32,
     /// Outer source (the hashed bits filled in) and the mask of those bits in the word that
     /// carries them (word 0 for IPv4, word 3 for IPv6), host order.
-    pub src: &'a [u32; 4],
+    pub src: [u32; 4],
     pub src_mask: u32,
-    pub dst: &'a [u32; 4],
+    pub dst: [u32; 4],
 }
 
 /// `NextHop::family` of an entry for `o`: its address family, marked for an L2 lookup.
@@ -107,16 +110,16 @@ fn src_fixed(o: &Outer) -> [u32; 4] {
 
 /// Next hop towards `backend_id`'s address `o.dst`: cached, or looked up (Err = drop reason).
 #[inline(always)]
-pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<Route, u32> {
+pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Route, u32> {
     // Sized like BACKENDS, so a backend that was read has a slot.
     let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
     let h = unsafe { &*hop };
-    let family = cache_family(o);
-    let src = src_fixed(o);
+    let family = cache_family(&o);
+    let src = src_fixed(&o);
     let ingress = ctx.ingress_ifindex() as u32;
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
-    let same_addrs = if o.ipv6 { h.dst == *o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
+    let same_addrs = if o.ipv6 { h.dst == o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
     if now < h.expires_ns
         && o.len <= h.max_len
         && same_addrs
@@ -126,7 +129,10 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: &Outer, now: u64) -> Result<R
     {
         return Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs, ingress_ifindex: ingress });
     }
-    match resolve(ctx, hop, o, &src, now) {
+    // Copies made here, on the cold path, the only place that needs them in memory (without
+    // them LLVM builds `o` on the stack before the check above).
+    let (o, src) = (o, src);
+    match resolve(ctx, hop, &o, &src, now) {
         0 => Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs, ingress_ifindex: ingress }),
         reason => Err(reason),
     }
@@ -192,7 +198,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
     // bytes of this call's stack frame, which adds to the balancer's (512 in all).
     unsafe {
         (*hop).expires_ns = now + NEXT_HOP_TTL_NS;
-        (*hop).dst = *d;
+        (*hop).dst = d;
         (*hop).src = *src_fixed;
         (*hop).src_mask = o.src_mask;
         (*hop).family = cache_family(o);

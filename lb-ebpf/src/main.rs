@@ -142,7 +142,6 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     let key = if pkt.family == FAMILY_V4 { FlowKey::V4(&key4) } else { FlowKey::V6(as_key::<CtKey, 11>(&key_words)) };
     // Tick granularity (see `clock`); one load instead of a clock read.
     let now = clock::now_ns();
-    let cps = CLASSES_PER_SERVICE.load();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
         None
@@ -182,12 +181,15 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     if STOP == 3 {
         return xdp_action::XDP_PASS;
     }
-    if let Some(c) = stats::class_counters(svc.id, class, cps) {
+    if let Some(c) = stats::class_counters(svc.id, class, CLASSES_PER_SERVICE.load()) {
         unsafe {
             (*c).packets += 1;
             (*c).bytes += (ctx.data_end() - ctx.data()) as u64;
-            (*c).new_flows += new_flows;
-            (*c).spills += spills;
+            // Only a new flow touches these (a hit would add zeros).
+            if new_flows != 0 {
+                (*c).new_flows += 1;
+                (*c).spills += spills;
+            }
         }
     }
 

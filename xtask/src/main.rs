@@ -3,6 +3,7 @@
 //! Every command first runs `setup`, which is idempotent and takes seconds once the toolchain
 //! is in place, so that a fresh machine needs nothing but this repository.
 
+mod bpffs;
 mod setup;
 
 use anyhow::{bail, Context, Result};
@@ -90,17 +91,19 @@ fn test(extra: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
-    run(&mut cmd)
+    bpffs::guarded(|| run(&mut cmd))
 }
 
 fn bench() -> Result<()> {
     run(cargo().args(["run", "--release", "-q", "-p", "lb-user", "--example", "maglev_bench"]))?;
     // Data-plane per-packet cost with BPF_PROG_TEST_RUN (method: BENCHMARKS.md).
     require_root("cargo xtask bench (data-plane part)")?;
-    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))?;
-    // Control plane: health change to live tables, daemon memory with 1M tracked connections.
-    run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
-    run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))
+    bpffs::guarded(|| {
+        run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))?;
+        // Control plane: health change to live tables, daemon memory with 1M tracked connections.
+        run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
+        run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))
+    })
 }
 
 fn demo() -> Result<()> {
@@ -108,5 +111,5 @@ fn demo() -> Result<()> {
     build()?;
     // The demo drives the `lb` binary and the `lb-testsrv` backends, built next to it.
     run(cargo().args(["build", "--release", "-q", "-p", "lb-tests", "--bins"]))?;
-    run(&mut Command::new(workspace_root().join("target/release/demo")))
+    bpffs::guarded(|| run(&mut Command::new(workspace_root().join("target/release/demo"))))
 }

@@ -88,6 +88,8 @@ pub trait CtSlot: Copy {
     type Key: Copy;
     const KEY_WORDS: usize;
     fn state_ptr(&self) -> *const u32;
+    /// The state word for writing (a compare-and-swap or a store).
+    fn state_mut(&mut self) -> *mut u32;
     fn key(&self) -> &Self::Key;
     fn entry(&self) -> &CtEntry;
     fn entry_mut(&mut self) -> &mut CtEntry;
@@ -123,6 +125,10 @@ macro_rules! ct_slot {
             #[inline(always)]
             fn state_ptr(&self) -> *const u32 {
                 &self.state
+            }
+            #[inline(always)]
+            fn state_mut(&mut self) -> *mut u32 {
+                &mut self.state
             }
             #[inline(always)]
             fn key(&self) -> &$key {

@@ -116,7 +116,7 @@ fn take<S: CtSlot>(slot: &mut S, observed: u32) -> bool {
     if observed & ct_state::WRITING != 0 {
         return false;
     }
-    let state = slot.state_ptr() as *mut u32;
+    let state = slot.state_mut();
     // BPF_ATOMIC | BPF_CMPXCHG (needs the v3 instruction set, kernel 5.12+; see .cargo/config.toml).
     unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, observed | ct_state::WRITING) }.1
 }
@@ -127,7 +127,7 @@ fn finish<S: CtSlot>(slot: &mut S, observed: u32, live: bool) {
     // Volatile, after the volatile stores of `CtSlot::set`: the compiler keeps the order, and
     // x86 (TSO) makes stores visible in program order. A weakly ordered CPU (arm64) would need
     // a store-release here; this data plane is built and tested for x86-64 only.
-    unsafe { core::ptr::write_volatile(slot.state_ptr() as *mut u32, ct_next_state(observed, live)) };
+    unsafe { core::ptr::write_volatile(slot.state_mut(), ct_next_state(observed, live)) };
 }
 
 /// Writes `key`'s entry into its own slot, a free one, or the least recently seen one. If

@@ -867,7 +867,7 @@ where
     slot.set(key, entry);
     // Written whole, with the state word: not WRITING, next version, live.
     let next = ct_next_state(state & !ct_state::WRITING, true);
-    unsafe { core::ptr::write(slot.state_ptr() as *mut u32, next) };
+    unsafe { core::ptr::write(slot.state_mut(), next) };
     map.set(index[which], b[which], 0)?;
     Ok(())
 }

@@ -262,6 +262,45 @@ fn trie_prefix(addr: [u32; 4], len: u32) -> IpNet {
     }
 }
 
+/// What the XDP object is given at load time: every map's size and the constants the verifier
+/// sees (`CT_SEED`, `CT_BUCKET_MASK`, `NS_PER_JIFFY`, `TABLE_M`, `SERVICE_SLOTS`,
+/// `CLASSES_PER_SERVICE`). The daemon and the benchmarks load with these same settings.
+pub struct LoadSettings {
+    sizes: DataplaneSizes,
+    pub ct_seed: u64,
+    ct_mask: u32,
+    ns_per_jiffy: u64,
+    service_slots: u32,
+}
+
+impl LoadSettings {
+    /// The settings for `sizes`; the connection tables' seed is the one pinned in `pin_dir`
+    /// if there is one (see [`ct_seed`]).
+    pub fn new(sizes: &DataplaneSizes, pin_dir: Option<&Path>) -> Result<Self> {
+        Ok(Self {
+            sizes: *sizes,
+            ct_seed: ct_seed(pin_dir)?,
+            ct_mask: sizes.conntrack_buckets() - 1,
+            ns_per_jiffy: ns_per_jiffy()?,
+            service_slots: sizes.service_slots(),
+        })
+    }
+
+    /// Sets every map's size and the load-time constants on `loader`.
+    pub fn apply<'a, 'l>(&'a self, loader: &'l mut EbpfLoader<'a>) -> &'l mut EbpfLoader<'a> {
+        for (name, max) in self.sizes.map_max_entries() {
+            loader.map_max_entries(name, max);
+        }
+        loader
+            .override_global("CT_SEED", &self.ct_seed, true)
+            .override_global("CT_BUCKET_MASK", &self.ct_mask, true)
+            .override_global("NS_PER_JIFFY", &self.ns_per_jiffy, true)
+            .override_global("TABLE_M", &self.sizes.table_size_m, true)
+            .override_global("SERVICE_SLOTS", &self.service_slots, true)
+            .override_global("CLASSES_PER_SERVICE", &self.sizes.classes_per_service, true)
+    }
+}
+
 impl Dataplane {
     /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load(sizes: DataplaneSizes) -> Result<Self> {
@@ -281,18 +320,10 @@ impl Dataplane {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        for (name, max) in sizes.map_max_entries() {
-            loader.map_max_entries(name, max);
-        }
-        let ct_seed = ct_seed(pin_dir)?;
-        let ct_mask = sizes.conntrack_buckets() - 1;
-        let mut ebpf = loader
-            .override_global("CT_SEED", &ct_seed, true)
-            .override_global("CT_BUCKET_MASK", &ct_mask, true)
-            .override_global("NS_PER_JIFFY", &ns_per_jiffy()?, true)
-            .override_global("TABLE_M", &sizes.table_size_m, true)
-            .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
-            .override_global("CLASSES_PER_SERVICE", &sizes.classes_per_service, true)
+        let settings = LoadSettings::new(&sizes, pin_dir)?;
+        let ct_seed = settings.ct_seed;
+        let mut ebpf = settings
+            .apply(&mut loader)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
         for p in [Program::Lb, Program::Decap, Program::ClockProbe] {

@@ -48,7 +48,7 @@ use lb_common::{
 use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
 use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, V4, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN};
-use lb_user::dataplane::{addr_words, DataplaneSizes, XDP_PASS, XDP_TX};
+use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP_TX};
 use lb_user::service_table::ServiceTable;
 use lb_user::maglev::{build_table, MaglevBackend};
 
@@ -141,21 +141,11 @@ impl Bench {
             max_backends: MAX_BACKENDS,
             table_slots: TABLE_SLOTS,
         };
+        // Every map sized and every load-time constant set as `Dataplane::load` does.
+        let settings = LoadSettings::new(&sizes, None)?;
         let mut loader = EbpfLoader::new();
-        // Every map sized as `Dataplane::load` sizes it.
-        for (name, max) in sizes.map_max_entries() {
-            loader.map_max_entries(name, max);
-        }
-        // The connection tables' load-time settings, as `Dataplane::load` sets them.
-        let ct_seed = lb_user::dataplane::ct_seed(None)?;
-        let ct_mask = sizes.conntrack_buckets() - 1;
-        let mut ebpf = loader
-            .override_global("CT_SEED", &ct_seed, true)
-            .override_global("CT_BUCKET_MASK", &ct_mask, true)
-            .override_global("NS_PER_JIFFY", &lb_user::dataplane::ns_per_jiffy()?, true)
-            .override_global("TABLE_M", &TABLE_M, true)
-            .override_global("SERVICE_SLOTS", &sizes.service_slots(), true)
-            .override_global("CLASSES_PER_SERVICE", &CLASSES_PER_SERVICE, true)
+        let mut ebpf = settings
+            .apply(&mut loader)
             .load(object)
             .context("loading the XDP object (needs root)")?;
         for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4", "bench_ct_insert", "bench_ct_lookup", "bench_ct_insert_new", "bench_helper_calls"] {

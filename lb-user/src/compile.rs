@@ -398,6 +398,24 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     Some(mac)
 }
 
+/// Service keys and client-class prefixes a configuration installs in the data plane (its
+/// sizing must hold them: `daemon::sizes_for`).
+pub fn installed_counts(cfg: &Config) -> (u32, u32) {
+    let keys = cfg.services.iter().map(|s| service_keys(s).len() as u32).sum();
+    // Every zonal-affinity (non-Traffic Manager) service installs every zone's prefixes.
+    let zone_prefixes: u32 = cfg.zones.iter().map(|z| z.client_prefixes.len() as u32).sum();
+    let prefixes = (0..cfg.services.len())
+        .map(|s| {
+            if cfg.services[s].routing_method.is_traffic_manager() {
+                tm::compile_classes(cfg, s).prefixes.len() as u32
+            } else {
+                zone_prefixes
+            }
+        })
+        .sum();
+    (keys, prefixes)
+}
+
 fn service_keys(svc: &Service) -> Vec<ServiceKey> {
     let proto = match svc.protocol {
         Protocol::Tcp => PROTO_TCP,

@@ -30,6 +30,23 @@ pub trait Tables {
     fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
     /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
     fn now_ns(&self) -> anyhow::Result<u64>;
+    /// Whether `new` fits where `old` (what the controller last wrote) is: asked before
+    /// anything is written, so that a change beyond what the sink holds (ids, table slots,
+    /// service keys, class prefixes sized at load) is refused whole instead of failing half
+    /// written. A sink without limits takes everything.
+    fn admit(&self, old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
+        let _ = (old, new);
+        Ok(())
+    }
+}
+
+/// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
+/// writes them.
+pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl Iterator<Item = (&'a CompiledService, &'a compile::ClassTable)> {
+    new.services.iter().flat_map(move |svc| {
+        let prev = old.and_then(|o| o.services.iter().find(|p| p.name == svc.name));
+        svc.tables.iter().filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t))).map(move |t| (svc, t))
+    })
 }
 
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
@@ -192,6 +209,26 @@ impl Controller {
         Ok(())
     }
 
+    /// Applies a new configuration (already validated) as one change. If it does not fit the
+    /// sink ([`Tables::admit`]) nothing is written and nothing changes here. If a write fails
+    /// midway (a failed syscall), the previous configuration and every backend's health
+    /// verdict, override and drain are put back and the previous state is reconciled again,
+    /// which rewrites what it knows to differ (see [`Controller::reconcile`]).
+    pub fn reload(&mut self, cfg: Config, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
+        let saved = (self.cfg.clone(), self.checked.clone(), self.overrides.clone(), self.drained.clone());
+        self.replace_config(cfg);
+        match self.reconcile(sink) {
+            Ok(report) => Ok(report),
+            Err(e) => {
+                (self.cfg, self.checked, self.overrides, self.drained) = saved;
+                if let Err(repair) = self.reconcile(sink) {
+                    return Err(e.context(format!("the previous configuration could not be rewritten either: {repair:#}")));
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Replace the configuration (already validated). State of backends that remain is kept.
     pub fn replace_config(&mut self, cfg: Config) {
         let still = |(s, a): &(String, IpAddr)| cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a));
@@ -235,13 +272,15 @@ impl Controller {
         let probes = self.probe_statuses(&eff);
         let mut new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
         self.table_cache.sweep();
-        self.bump_pool_generations(&mut new);
+        let pools = self.pool_generations(&mut new);
+        sink.admit(self.applied.as_ref(), &new)?;
         let mut report = ReconcileReport::default();
         let old = self.applied.take();
         let result = self.write_diff(old.as_ref(), &new, now, sink, &mut report);
         match result {
             Ok(()) => {
                 self.ids = ids;
+                self.pools = pools;
                 self.applied = Some(new);
                 Ok(report)
             }
@@ -253,18 +292,21 @@ impl Controller {
         }
     }
 
-    /// Bump a service's pool generation when its active pool changes (failover/failback), so
-    /// that FLUSH_ON_POOL_CHANGE voids entries made under the other pool.
-    fn bump_pool_generations(&mut self, new: &mut Compiled) {
+    /// The pool generations after `new` (kept only once it is written): a service's generation
+    /// is bumped when its active pool changes (failover/failback), so that
+    /// FLUSH_ON_POOL_CHANGE voids entries made under the other pool.
+    fn pool_generations(&self, new: &mut Compiled) -> BTreeMap<String, (Pool, u32)> {
+        let mut pools = self.pools.clone();
         for svc in &mut new.services {
             let pool = svc.plan.active_pool;
-            let entry = self.pools.entry(svc.name.clone()).or_insert((pool, 0));
+            let entry = pools.entry(svc.name.clone()).or_insert((pool, 0));
             if entry.0 != pool {
                 entry.0 = pool;
                 entry.1 = entry.1.wrapping_add(1);
             }
             svc.info.pool_gen = entry.1;
         }
+        pools
     }
 
     fn write_diff(
@@ -289,15 +331,12 @@ impl Controller {
             old.map(|o| o.services.iter().map(|s| (s.name.as_str(), s)).collect()).unwrap_or_default();
         let mut set_keys: Vec<(&[ServiceKey], &ServiceInfo)> = Vec::new();
         let mut remove_keys: Vec<ServiceKey> = Vec::new();
+        for (svc, t) in tables_to_write(old, new) {
+            sink.write_table(svc.id, t.class, t.flags, &t.entries)?;
+            report.tables_written += 1;
+        }
         for svc in &new.services {
             let prev = old_services.get(svc.name.as_str()).copied();
-            for t in &svc.tables {
-                let same = prev.and_then(|p| p.tables.iter().find(|pt| pt.class == t.class)).is_some_and(|pt| pt == t);
-                if !same {
-                    sink.write_table(svc.id, t.class, t.flags, &t.entries)?;
-                    report.tables_written += 1;
-                }
-            }
             let old_prefixes: &[(IpNet, u32)] = prev.map(|p| p.class_prefixes.as_slice()).unwrap_or(&[]);
             if old_prefixes != svc.class_prefixes.as_slice() {
                 sink.set_class_prefixes(svc.id, old_prefixes, &svc.class_prefixes)?;
@@ -379,6 +418,8 @@ mod tests {
         prefixes: BTreeMap<u32, Vec<(IpNet, u32)>>,
         writes: usize,
         now: u64,
+        /// Service ids the recorder holds (`admit` refuses others); None = any.
+        max_services: Option<u32>,
     }
 
     impl Tables for Recorder {
@@ -415,6 +456,12 @@ mod tests {
         }
         fn now_ns(&self) -> anyhow::Result<u64> {
             Ok(self.now)
+        }
+        fn admit(&self, _old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
+            match (self.max_services, new.services.iter().map(|s| s.id).max()) {
+                (Some(max), Some(id)) if id >= max => anyhow::bail!("service id {id} out of range"),
+                _ => Ok(()),
+            }
         }
     }
 
@@ -530,6 +577,33 @@ mod tests {
         assert_eq!(rep.backends_departed, 1);
         assert_eq!(r.backends[&0].flags & backend_flags::REMOVED, backend_flags::REMOVED, "11.1 departed");
         assert_eq!(members(&r, 1), BTreeSet::from([1, 3]), "11.2 keeps id 1; 11.9 is new (3)");
+    }
+
+    #[test]
+    fn reload_that_does_not_fit_changes_nothing() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder { max_services: Some(1), ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        c.set_checked("web", ip("198.18.11.2"), false);
+        c.set_override("web", ip("198.18.12.1"), Some(true)).unwrap();
+        c.drain("web", ip("198.18.11.1")).unwrap();
+        c.reconcile(&mut r).unwrap();
+        let (writes, tables, backends) = (r.writes, r.tables.clone(), r.backends.clone());
+        let gens = c.persistent_state().pools;
+        // A renamed service gets a new id while the old one's draining backend keeps id 0
+        // reserved: id 1 is beyond what the recorder holds.
+        let renamed = CFG.replace("name = \"web\"", "name = \"shop\"");
+        let err = c.reload(Config::parse(&renamed).unwrap(), &mut r).unwrap_err();
+        assert!(format!("{err:#}").contains("out of range"), "{err:#}");
+        assert_eq!(r.writes, writes, "nothing written");
+        assert_eq!((r.tables.clone(), r.backends.clone()), (tables, backends));
+        assert_eq!(c.config().services[0].name, "web");
+        assert_eq!(c.checker_verdict("web", ip("198.18.11.2")), Some(false), "health verdict kept");
+        assert_eq!(c.override_of("web", ip("198.18.12.1")), Some(true), "override kept");
+        assert!(c.is_drained("web", ip("198.18.11.1")), "drain kept");
+        assert_eq!(c.persistent_state().pools, gens, "no pool generation bumped");
+        // The refused change left the controller as it was: nothing more to write.
+        assert_eq!(c.reconcile(&mut r).unwrap(), ReconcileReport::default());
     }
 
     #[test]

@@ -43,8 +43,17 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     let services = cfg.services.len() as u32;
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
     let classes = crate::compile::classes_per_service(cfg);
-    let max_services = (services * 2).max(16).next_power_of_two();
     let classes_per_service = classes.max(8).next_power_of_two();
+    // The service table holds 16 keys (ports) per service id and CLIENT_CLASS 16 prefixes per
+    // (service, class): more ids than services when the configuration has many ports or
+    // prefixes, with room for twice what it has.
+    let (keys, prefixes) = crate::compile::installed_counts(cfg);
+    let mut max_services = (services * 2).max(16).next_power_of_two();
+    while (max_services as u64 * 16) < 2 * keys as u64
+        || (max_services as u64 * classes_per_service as u64 * 16) < 2 * prefixes as u64
+    {
+        max_services *= 2;
+    }
     // Active tables plus a standby slot each, and some room for a reload that adds tables.
     // Each slot costs 8 * M bytes of kernel memory (array slots are 8 bytes wide).
     let table_slots = (2 * services * classes + 16).max(32).next_power_of_two();
@@ -178,16 +187,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
 impl Daemon {
     fn reconcile(&mut self) -> Result<()> {
-        let report = self.ctl.reconcile(&mut self.dp)?;
+        let result = self.ctl.reconcile(&mut self.dp);
+        self.after_reconcile(result.as_ref().ok());
+        result.map(|_| ())
+    }
+
+    /// Republishes the DNS view, logs what was written and saves the state.
+    fn after_reconcile(&self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::dns::RoutingView::of(&self.ctl)));
-        if report != Default::default() {
+        if let Some(report) = report.filter(|r| **r != Default::default()) {
             eprintln!(
                 "lb: tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
             );
         }
         self.save_state();
-        Ok(())
     }
 
     fn save_state(&self) {
@@ -245,14 +259,9 @@ impl Daemon {
     fn reload(&mut self) -> Result<Value> {
         let cfg = Config::load(&self.args.config)?;
         fits(self.dp.sizes(), &cfg)?;
-        let previous = self.ctl.config().clone();
-        self.ctl.replace_config(cfg);
-        if let Err(e) = self.reconcile() {
-            // Put the old desired state back and repair whatever was written.
-            self.ctl.replace_config(previous);
-            let _ = self.reconcile();
-            return Err(e.context("applying the new configuration"));
-        }
+        let result = self.ctl.reload(cfg, &mut self.dp);
+        self.after_reconcile(result.as_ref().ok());
+        result.context("applying the new configuration")?;
         self.start_checkers();
         eprintln!("lb: configuration reloaded from {}", self.args.config.display());
         Ok(json!({"reloaded": self.args.config.display().to_string()}))

@@ -548,6 +548,64 @@ impl Dataplane {
         Ok(slot)
     }
 
+    /// Whether the controller's next state `new` (after `old`, what it last wrote) fits the
+    /// sizes and free room of this data plane, checked before the controller writes any of it:
+    /// ids, table slots (simulating the writes in order), service keys (the service table's
+    /// own build, dry), `VIPS` and `CLIENT_CLASS` entries.
+    pub fn admit(&self, old: Option<&crate::compile::Compiled>, new: &crate::compile::Compiled) -> Result<()> {
+        let s = &self.sizes;
+        for svc in &new.services {
+            if svc.id >= s.max_services {
+                bail!("service {:?} would get id {}; the data plane holds ids below {} (max_services)", svc.name, svc.id, s.max_services);
+            }
+            if let Some(t) = svc.tables.iter().find(|t| t.class >= s.classes_per_service) {
+                bail!("service {:?} has client class {}; the data plane holds {} classes per service", svc.name, t.class, s.classes_per_service);
+            }
+        }
+        if let Some((id, _)) = new.backends.iter().find(|(id, _)| *id >= s.max_backends) {
+            bail!("a backend would get id {id}; the data plane holds ids below {} (max_backends)", s.max_backends);
+        }
+        // A table of a new (service, class) takes a free slot for good; a rewrite takes one and
+        // frees its old one.
+        let mut free = self.free_slots.len();
+        for (svc, t) in crate::controller::tables_to_write(old, new) {
+            if free == 0 {
+                bail!("the new tables need more Maglev table slots than the {} the data plane has (table_slots)", s.table_slots);
+            }
+            if !self.active_slots.contains_key(&(svc.id, t.class)) {
+                free -= 1;
+            }
+        }
+        let keys = new.services.iter().flat_map(|svc| svc.keys.iter().map(move |k| (k, &svc.info)));
+        self.services.check_fits(keys.clone()).context("service keys (one per port of each service)")?;
+        // New VIPs are added before the old ones go.
+        let mut vips: HashSet<AddrKey> = self.vip_refs.keys().copied().collect();
+        vips.extend(keys.map(|(k, _)| addr_key(k.addr, k.family)));
+        let vip_capacity = self.sizes.map_max_entries().iter().find(|(n, _)| *n == "VIPS").map_or(0, |(_, c)| *c);
+        if vips.len() > vip_capacity as usize {
+            bail!("{} VIP addresses (old and new while the change is applied) exceed the {vip_capacity} the data plane holds", vips.len());
+        }
+        // Prefixes are added before the ones that go are removed.
+        let added: usize = new
+            .services
+            .iter()
+            .map(|svc| {
+                let prev = old.and_then(|o| o.services.iter().find(|p| p.id == svc.id));
+                let had = |net: &IpNet| prev.is_some_and(|p| p.class_prefixes.iter().any(|(n, _)| n == net));
+                svc.class_prefixes.iter().filter(|(net, _)| !had(net)).count()
+            })
+            .sum();
+        let prefix_capacity = self.sizes.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").map_or(0, |(_, c)| *c);
+        if self.class_prefixes.len() + added > prefix_capacity as usize {
+            bail!(
+                "{} client-class prefixes ({} installed, {added} to add) exceed the {prefix_capacity} the data plane holds",
+                self.class_prefixes.len() + added,
+                self.class_prefixes.len()
+            );
+        }
+        Ok(())
+    }
+
     /// Changes the flags of the active table of (service, class) without rewriting it.
     pub fn set_table_flags(&mut self, service: u32, class: u32, flags: u32) -> Result<()> {
         let index = self.table_index_of(service, class)?;
@@ -981,6 +1039,9 @@ impl crate::controller::Tables for Dataplane {
     }
     fn now_ns(&self) -> Result<u64> {
         Dataplane::now_ns(self)
+    }
+    fn admit(&self, old: Option<&crate::compile::Compiled>, new: &crate::compile::Compiled) -> Result<()> {
+        self.admit(old, new).context("the change does not fit the data plane loaded at start (restart the daemon to size it for this configuration); nothing was written")
     }
 }
 

@@ -148,6 +148,12 @@ impl ServiceTable {
         self.keys.values()
     }
 
+    /// Whether a table of exactly `keys` can be published (the check `update` makes before it
+    /// writes, without writing): the same build from the same seed.
+    pub fn check_fits<'a>(&self, keys: impl Iterator<Item = (&'a ServiceKey, &'a ServiceInfo)> + Clone) -> Result<()> {
+        build_half(keys, self.slots, self.active.seed).map(|_| ())
+    }
+
     pub fn contains(&self, key: &ServiceKey) -> bool {
         self.keys.contains_key(&key.words())
     }

@@ -1,5 +1,5 @@
-//! End to end: a bad reload (invalid values, broken TOML, a size change that needs a restart)
-//! is refused with the validation error — `lb reload` exits non-zero naming the field, SIGHUP
+//! End to end: a bad reload (invalid values, broken TOML, a size change that needs a restart,
+//! more service keys than the loaded data plane holds) is refused with the validation error — `lb reload` exits non-zero naming the field, SIGHUP
 //! logs it — and the running tables keep serving exactly as before. A good reload then applies.
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
@@ -36,6 +36,10 @@ fn bad_reload_refused_running_tables_serve() {
         (config(&topo, DISABLED_BAD_RATIO, ""), vec!["lb.toml", "service \"web\"", "zonal_affinity.spillover_ratio", "1.2"]),
         (config(&topo, STAY, "").replace("protocol = \"TCP\"\nports", "protocol = \"TCP\nports"), vec!["lb.toml", "TOML parse error", "line"]),
         (config(&topo, DISABLED, "maglev_table_size = 65537\n"), vec!["maglev_table_size", "restart"]),
+        // Valid, but more service keys (one per port) than the loaded service table holds:
+        // refused before anything is written.
+        (config(&topo, DISABLED, "").replace("ports = [80]", &format!("ports = [{}]", (80..380).map(|p| p.to_string()).collect::<Vec<_>>().join(", "))),
+         vec!["does not fit the data plane", "restart", "service keys", "300"]),
     ];
     for (text, words) in &bad {
         d.rewrite_config(text).unwrap();

@@ -435,3 +435,44 @@ impl Daemon {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: usize) -> String {
+        named_service(0, ports)
+    }
+
+    fn named_service(n: usize, ports: usize) -> String {
+        let list: Vec<String> = (1..=ports).map(|p| p.to_string()).collect();
+        format!(
+            "[[service]]\nname = \"web{n}\"\nvip = \"198.18.0.{}\"\nprotocol = \"TCP\"\nports = [{}]\n[[service.backend]]\naddress = \"198.18.11.1\"\n",
+            100 + n,
+            list.join(", ")
+        )
+    }
+
+    #[test]
+    fn sizes_hold_every_port_and_class_prefix_with_room() {
+        let cfg = Config::parse(&service(1)).unwrap();
+        assert_eq!(sizes_for(&cfg).max_services, 16);
+        // 300 keys: the service table (16 keys per service id) grows to twice that.
+        let cfg = Config::parse(&service(300)).unwrap();
+        let s = sizes_for(&cfg);
+        assert!(s.max_services * 16 >= 600, "{s:?}");
+        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 600);
+        // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
+        let zones: String = (0..2)
+            .map(|z| {
+                let p: Vec<String> = (0..130).map(|i| format!("\"198.{}.{i}.0/24\"", 18 + z)).collect();
+                format!("[[zone]]\nname = \"z{z}\"\nclient_prefixes = [{}]\n", p.join(", "))
+            })
+            .collect();
+        let services: String = (0..8).map(|n| named_service(n, 1)).collect();
+        let cfg = Config::parse(&(zones + &services)).unwrap();
+        let s = sizes_for(&cfg);
+        let prefixes = s.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").unwrap().1;
+        assert!(prefixes >= 2 * 2080, "{s:?}: CLIENT_CLASS holds {prefixes}");
+    }
+}

@@ -92,13 +92,17 @@ pub fn persistence_flags(option: u8, tracking_mode: u8, session_affinity: u8) ->
     let five_tuple_affinity =
         session_affinity == affinity::NONE || session_affinity == affinity::CLIENT_IP_PORT_PROTO;
     match (option, tracking_mode) {
-        (persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION) => Some(service_flags::PERSIST_TCP),
+        // "TCP (and SCTP): persist, any affinity".
+        (persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION) => {
+            Some(service_flags::PERSIST_TCP | service_flags::PERSIST_SCTP)
+        }
+        // Per session only TCP is named; SCTP is among "UDP and others: never".
         (persistence::DEFAULT_FOR_PROTOCOL, _) => {
             Some(if five_tuple_affinity { service_flags::PERSIST_TCP } else { 0 })
         }
         (persistence::NEVER_PERSIST, _) => Some(0),
         (persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION) => {
-            Some(service_flags::PERSIST_TCP | service_flags::PERSIST_OTHER)
+            Some(service_flags::PERSIST_TCP | service_flags::PERSIST_SCTP | service_flags::PERSIST_OTHER)
         }
         _ => None,
     }
@@ -108,10 +112,10 @@ pub fn persistence_flags(option: u8, tracking_mode: u8, session_affinity: u8) ->
 /// unhealthy, from the precomputed service flags.
 #[inline(always)]
 pub fn persists_on_unhealthy(service_flags_bits: u8, proto: u8) -> bool {
-    let bit = if proto == PROTO_TCP || proto == PROTO_SCTP {
-        service_flags::PERSIST_TCP
-    } else {
-        service_flags::PERSIST_OTHER
+    let bit = match proto {
+        PROTO_TCP => service_flags::PERSIST_TCP,
+        PROTO_SCTP => service_flags::PERSIST_SCTP,
+        _ => service_flags::PERSIST_OTHER,
     };
     service_flags_bits & bit != 0
 }
@@ -335,10 +339,18 @@ mod tests {
     }
 
     #[test]
-    fn sctp_persists_like_tcp_under_default() {
+    fn sctp_persists_like_tcp_per_connection_and_never_per_session() {
         let f = persistence_flags(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE).unwrap();
         assert!(persists_on_unhealthy(f, PROTO_SCTP));
         assert!(!persists_on_unhealthy(f, 1));
+        // Per session the table names TCP only; SCTP is among "UDP and others: never".
+        for a in [affinity::NONE, affinity::CLIENT_IP_PORT_PROTO] {
+            let f = persistence_flags(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, a).unwrap();
+            assert!(persists_on_unhealthy(f, PROTO_TCP));
+            assert!(!persists_on_unhealthy(f, PROTO_SCTP));
+        }
+        let f = persistence_flags(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE).unwrap();
+        assert!(persists_on_unhealthy(f, PROTO_SCTP) && persists_on_unhealthy(f, 17));
     }
 
     #[test]

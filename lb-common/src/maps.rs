@@ -48,10 +48,13 @@ pub mod forwarding {
 pub mod service_flags {
     /// Tracked TCP flows persist on an unhealthy backend (spec §1.4 persistence table).
     pub const PERSIST_TCP: u8 = 1 << 0;
-    /// Tracked non-TCP flows persist on an unhealthy backend.
+    /// Tracked flows of protocols other than TCP and SCTP persist on an unhealthy backend.
     pub const PERSIST_OTHER: u8 = 1 << 1;
     /// `disableConnectionDrainOnFailover`: entries made under another pool generation are void.
     pub const FLUSH_ON_POOL_CHANGE: u8 = 1 << 2;
+    /// Tracked SCTP flows persist on an unhealthy backend (like TCP per connection, like the
+    /// other protocols per session).
+    pub const PERSIST_SCTP: u8 = 1 << 3;
 }
 
 /// [`Backend::flags`] bits.

@@ -379,7 +379,10 @@ impl Controller {
                 .map(|s| s.connection_draining.draining_timeout_sec)
                 .unwrap_or(0);
             let deadline_ns = now + timeout_s as u64 * 1_000_000_000;
-            let record = Backend { flags: (b.flags & !backend_flags::HEALTHY) | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, ..*b };
+            // HEALTHY stays as last seen: a removed backend's tracked flows keep going to it
+            // until the deadline (spec §1.4, P9), whatever their protocol; only one that was
+            // unhealthy already is subject to the persistence table as before.
+            let record = Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, ..*b };
             sink.set_backend(*id, &record)?;
             report.backends_departed += 1;
             self.departed.insert((service, addr), Departed { id: *id, record, deadline_ns });
@@ -556,8 +559,14 @@ mod tests {
         assert_eq!(rep.backends_departed, 1);
         assert_eq!(members(&r, 1), BTreeSet::from([0]), "no new flows to the drained backend");
         let b = r.backends[&1];
-        assert_eq!(b.flags & backend_flags::REMOVED, backend_flags::REMOVED);
+        assert_eq!(b.flags, backend_flags::REMOVED | backend_flags::HEALTHY, "a healthy backend drains as healthy (P9 for every protocol)");
         assert_eq!(b.drain_deadline_ns, 1_000 + 300 * 1_000_000_000);
+        // One that was unhealthy when it left stays unhealthy (the persistence table applies).
+        c.set_checked("web", ip("198.18.11.1"), false);
+        c.reconcile(&mut r).unwrap();
+        c.drain("web", ip("198.18.11.1")).unwrap();
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(r.backends[&0].flags, backend_flags::REMOVED);
         // A backend added meanwhile must not reuse the drained one's id.
         let cfg = CFG.to_owned() + "\n[[service.backend]]\naddress = \"198.18.12.2\"\nzone = \"zone-b\"\n";
         c.replace_config(Config::parse(&cfg).unwrap());

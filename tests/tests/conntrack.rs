@@ -226,6 +226,23 @@ fn p9_removed_backend_drains_until_deadline() {
     assert_eq!(dp.stats().unwrap().get(stat::CT_DRAIN_EXPIRED), 1);
 }
 
+/// P9 for a protocol that does not persist on unhealthy backends: the controller keeps a
+/// removed backend's HEALTHY bit as last seen, so a healthy one's UDP flows drain too; one
+/// that was unhealthy when removed loses them at once (the persistence table applies).
+#[test]
+fn p9_removed_backend_drains_udp_flows_unless_it_was_unhealthy() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &udp(5000)), B1);
+    move_table_to_b2(&mut dp);
+    let seen = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_UDP, 5000, 53)).unwrap().last_seen_ns;
+    dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, seen + 300_000_000_000).unwrap();
+    assert_eq!(backend_of(&dp, &udp(5000)), B1, "removed but healthy: the UDP flow drains");
+    dp.set_backend_state(B1, backend_flags::REMOVED, seen + 300_000_000_000).unwrap();
+    assert_eq!(backend_of(&dp, &udp(5000)), B2, "removed while unhealthy: UDP does not persist (P2)");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_REROUTED_UNHEALTHY), 1);
+}
+
 #[test]
 fn pool_change_flushes_entries_only_when_configured() {
     let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);

@@ -256,16 +256,20 @@ pub fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
                 }
                 let ext: [u8; 4] = read(ctx, off).ok_or(vip_err(stat::DROP_TRUNCATED_IP))?;
                 next = ext[0];
-                // Offset or M flag set; an atomic fragment (both clear) is a whole datagram.
+                off += 8;
+                // Offset or M flag set (an atomic fragment, both clear, is a whole datagram):
+                // the protocol of every piece is this header's next header. What follows is
+                // fragment data, headers only in the first piece, so no piece reads further
+                // and all pieces of a datagram agree (spec §1.3: one backend for all of them).
                 if u16::from_be_bytes([ext[2], ext[3]]) & 0xfff9 != 0 {
                     is_fragment = true;
+                    break;
                 }
-                off += 8;
             }
             _ => break,
         }
     }
-    if matches!(next, 0 | 43 | 44 | 60) {
+    if !is_fragment && matches!(next, 0 | 43 | 44 | 60) {
         return Err(vip_err(stat::DROP_BAD_IP_HEADER));
     }
     if off > l3_end {

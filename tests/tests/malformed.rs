@@ -208,6 +208,24 @@ fn truncated_and_malformed_ipv6_is_dropped() {
     assert_dropped(&dp, &eth6(&ipv6(CLIENT6, VIP6, 60, 64, 0, &chain)), stat::DROP_BAD_IP_HEADER);
 }
 
+/// Extension headers after the fragment header are in the first piece only; later pieces
+/// carry data there. Every piece takes the fragment header's next header as its protocol
+/// (here 60, destination options), so both reach the same backend of an L3_DEFAULT service.
+#[test]
+fn ipv6_fragments_with_a_header_after_the_fragment_header_stay_together() {
+    let mut dp = setup();
+    let vip = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x101);
+    let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
+    dp.set_service(&[service_key(vip.into(), 0, lb_common::PROTO_ANY)], info).unwrap();
+    let want = spread_table()[maglev_slot(predicted_hash(affinity::NONE, CLIENT6.into(), vip.into(), 0, 0, 60, false), TEST_M) as usize];
+    // Fragmentable part: destination options, then UDP (8 + 8 + 40 bytes), cut at 32.
+    let part = ext_header(PROTO_UDP, 1, &udp6(CLIENT6, vip, 5000, 53, &[9u8; 40]));
+    let first = ipv6(CLIENT6, vip, 44, 64, 0, &frag_header(60, 0, true, 78, &part[..32]));
+    let last = ipv6(CLIENT6, vip, 44, 64, 0, &frag_header(60, 4, false, 78, &part[32..]));
+    assert_eq!(forwarded_to(&dp, &eth6(&first)), want);
+    assert_eq!(forwarded_to(&dp, &eth6(&last)), want);
+}
+
 #[test]
 fn ipv6_fragments_all_reach_the_three_tuple_backend() {
     let dp = setup();

@@ -158,7 +158,8 @@ pub fn ct_verdict(
         return CtVerdict::PoolFlushed;
     }
     let b = match backend {
-        Some(b) if b.family != 0 => b,
+        // Another backend has the id since (its drain deadline passed, the id was reused).
+        Some(b) if b.family != 0 && b.generation == entry.backend_gen => b,
         _ => return CtVerdict::BackendGone,
     };
     if b.flags & backend_flags::REMOVED != 0 && now_ns >= b.drain_deadline_ns {
@@ -373,6 +374,11 @@ mod tests {
         assert_eq!(ct_verdict(&entry(), Some(&healthy), &flush, PROTO_TCP, NOW, || false), CtVerdict::PoolFlushed);
         let same_gen = CtEntry { pool_gen: 2, ..entry() };
         assert_eq!(ct_verdict(&same_gen, Some(&healthy), &flush, PROTO_TCP, NOW, || false), CtVerdict::Valid);
+        // The id now belongs to another backend (a later generation): the entry is not its.
+        let reused = Backend { generation: 1, ..healthy };
+        assert_eq!(ct_verdict(&entry(), Some(&reused), &s, PROTO_TCP, NOW, || false), CtVerdict::BackendGone);
+        let made_for_it = CtEntry { backend_gen: 1, ..entry() };
+        assert_eq!(ct_verdict(&made_for_it, Some(&reused), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
     }
 
     #[test]

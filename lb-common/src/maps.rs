@@ -265,7 +265,12 @@ pub struct CtEntry {
     pub last_seen_ns: u64,
     /// Client class the flow was classified in when the entry was made (for per-class
     /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
-    pub class: u32,
+    /// Below `classes_per_service`, which the loader keeps at or below 2^16.
+    pub class: u16,
+    /// [`Backend::generation`] of the backend when the entry was made: an id handed to another
+    /// backend later does not inherit the flows of the one that held it. (Entries of an older
+    /// version, whose `class` was a u32 below 2^16, read as generation 0, as do its backends.)
+    pub backend_gen: u16,
     /// The flow hash (spec table S tuple) of the packet that made the entry. It is a function
     /// of the tracking key (table T keeps at least the fields S hashes), so later packets of
     /// the flow reuse it for the outer source and the IPv6 flow label instead of rehashing.
@@ -294,7 +299,10 @@ pub struct Backend {
     pub zone_class: u16,
     /// Destination MAC for L2 DSR.
     pub mac: [u8; 6],
-    pub _pad: [u8; 6],
+    /// Bumped (wrapping) by the controller each time the id is given to another backend; a
+    /// connection-table entry is valid only for the generation it was made with.
+    pub generation: u16,
+    pub _pad: [u8; 4],
     /// With REMOVED: tracked flows may use the backend until this data-plane clock value
     /// (`lb_user::dataplane::Dataplane::now_ns`).
     pub drain_deadline_ns: u64,

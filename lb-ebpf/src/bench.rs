@@ -97,7 +97,7 @@ fn bench_ct_key() -> CtKey4 {
 #[inline(always)]
 pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
     let counters = Counters::get();
-    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, hash: 0 };
+    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, backend_gen: 0, hash: 0 };
     if FlowKey::V4(&bench_ct_key()).insert(&entry, counters) {
         counters.inc(stat::NEW_FLOW);
     }
@@ -117,7 +117,7 @@ static mut BENCH_NEXT_SRC: u32 = 0;
 #[inline(always)]
 pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
     let counters = Counters::get();
-    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, hash: 0 };
+    let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, backend_gen: 0, hash: 0 };
     let mut key = bench_ct_key();
     unsafe {
         let next = core::ptr::addr_of_mut!(BENCH_NEXT_SRC);

@@ -173,7 +173,7 @@ pub fn lookup(
     let (slot, e, state) = key.get(counters)?;
     let backend = BACKENDS.get(e.backend);
     let verdict = ct_verdict(&e, backend, service, proto, now, || {
-        match select::table_ref(service.id, e.class) {
+        match select::table_ref(service.id, e.class as u32) {
             Some(t) => t.flags & table_flags::NO_HEALTHY != 0,
             None => false,
         }
@@ -182,7 +182,7 @@ pub fn lookup(
         CtVerdict::Valid => match backend {
             Some(b) => {
                 slot.touch(now);
-                return Some((e.backend, e.class, b, e.hash));
+                return Some((e.backend, e.class as u32, b, e.hash));
             }
             // Not reached: `ct_verdict` calls an unreadable backend gone.
             None => stat::CT_DRAIN_EXPIRED,

@@ -26,6 +26,9 @@ use std::net::IpAddr;
 pub struct Ids {
     services: BTreeMap<String, u32>,
     backends: BTreeMap<(String, IpAddr), u32>,
+    /// Generation of each backend id's current holder (`Backend::generation`): bumped when the
+    /// id is handed to another backend, kept after the id is freed.
+    generations: BTreeMap<u32, u16>,
 }
 
 /// Serializable form of [`Ids`] (JSON maps need string keys).
@@ -33,6 +36,10 @@ pub struct Ids {
 pub struct IdsSnapshot {
     pub services: Vec<(String, u32)>,
     pub backends: Vec<(String, IpAddr, u32)>,
+    /// Absent in an older daemon's state: every id is then at generation 0, as its backend
+    /// records and connection-table entries are.
+    #[serde(default)]
+    pub generations: Vec<(u32, u16)>,
 }
 
 impl Ids {
@@ -40,6 +47,7 @@ impl Ids {
         IdsSnapshot {
             services: self.services.iter().map(|(n, i)| (n.clone(), *i)).collect(),
             backends: self.backends.iter().map(|((s, a), i)| (s.clone(), *a, *i)).collect(),
+            generations: self.generations.iter().map(|(i, g)| (*i, *g)).collect(),
         }
     }
 
@@ -47,6 +55,7 @@ impl Ids {
         Self {
             services: s.services.iter().cloned().collect(),
             backends: s.backends.iter().map(|(svc, a, i)| ((svc.clone(), *a), *i)).collect(),
+            generations: s.generations.iter().copied().collect(),
         }
     }
 
@@ -67,7 +76,14 @@ impl Ids {
         }
         let id = first_free(next, self.backends.values());
         self.backends.insert(key, id);
+        let generation = self.generations.entry(id).or_insert(0);
+        *generation = generation.wrapping_add(1);
         id
+    }
+
+    /// The generation of the backend that holds `id` (0 for an id never handed out here).
+    pub fn backend_generation(&self, id: u32) -> u16 {
+        self.generations.get(&id).copied().unwrap_or(0)
     }
 
     /// Forget ids of services and backends that are no longer configured, except backends for
@@ -243,6 +259,7 @@ pub fn compile_cached(
                     flags,
                     zone_class,
                     mac: b.mac.as_deref().and_then(parse_mac).unwrap_or_default(),
+                    generation: ids.backend_generation(backend_ids[bi]),
                     ..Default::default()
                 },
             ));
@@ -328,6 +345,7 @@ fn compile_tm(
                 flags: if routable(si, bi) { backend_flags::HEALTHY } else { 0 },
                 zone_class: CLASS_NONE as u16,
                 mac: b.mac.as_deref().and_then(parse_mac).unwrap_or_default(),
+                generation: ids.backend_generation(bid),
                 ..Default::default()
             },
         ));

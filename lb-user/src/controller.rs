@@ -616,6 +616,29 @@ mod tests {
     }
 
     #[test]
+    fn a_reused_backend_id_gets_a_new_generation() {
+        let mut c = Controller::new(Config::parse(&CFG.replace("draining_timeout_sec = 300", "draining_timeout_sec = 0")).unwrap());
+        let mut r = Recorder { now: 1_000, ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        let first = r.backends[&1];
+        // 11.2 leaves the configuration (no draining), 12.2 joins later.
+        let without = CFG.replace("draining_timeout_sec = 300", "draining_timeout_sec = 0").replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"");
+        c.reload(Config::parse(&without).unwrap(), &mut r).unwrap();
+        assert_eq!(r.backends[&1].generation, first.generation, "the departed record keeps its generation");
+        assert_eq!(r.backends[&1].flags & backend_flags::REMOVED, backend_flags::REMOVED);
+        let cfg = without.clone() + "\n[[service.backend]]\naddress = \"198.18.12.2\"\nzone = \"zone-b\"\n";
+        c.reload(Config::parse(&cfg).unwrap(), &mut r).unwrap();
+        assert_eq!(c.applied().unwrap().services[0].backend_ids, vec![0, 3, 2, 1], "12.2 reuses id 1");
+        let second = r.backends[&1];
+        assert_eq!(second.addr[0], u32::from_ne_bytes([198, 18, 12, 2]));
+        assert_ne!(second.generation, first.generation, "entries made for 11.2 are not valid for 12.2");
+        // Ids that stay keep their generation.
+        assert_eq!(r.backends[&0].generation, 1);
+        let restored = Ids::from_snapshot(&c.persistent_state().ids);
+        assert_eq!(restored.backend_generation(1), second.generation, "generations survive a restart");
+    }
+
+    #[test]
     fn removed_service_loses_its_keys() {
         let mut c = Controller::new(Config::parse(CFG).unwrap());
         let mut r = Recorder::default();

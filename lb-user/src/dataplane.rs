@@ -106,6 +106,10 @@ impl DataplaneSizes {
         if s.max_services > SERVICE_LIMIT {
             bail!("max_services {} is above the limit {SERVICE_LIMIT}", s.max_services);
         }
+        // Connection-table entries keep the class in 16 bits (`CtEntry::class`).
+        if s.classes_per_service > 1 << 16 {
+            bail!("classes_per_service {} is above the limit {}", s.classes_per_service, 1u32 << 16);
+        }
         if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
             bail!("too many (service, class) pairs");
         }

@@ -34,7 +34,7 @@ pub fn l3_default_key(vip: IpAddr) -> ServiceKey {
 
 pub fn backend(addr: IpAddr, mac: [u8; 6], zone_class: u16) -> Backend {
     let (a, family) = addr_words(addr);
-    Backend { addr: a, family, flags: backend_flags::HEALTHY, zone_class, mac, _pad: [0; 6], drain_deadline_ns: 0 }
+    Backend { addr: a, family, flags: backend_flags::HEALTHY, zone_class, mac, generation: 0, _pad: [0; 4], drain_deadline_ns: 0 }
 }
 
 /// A table that sends every flow to `id`.

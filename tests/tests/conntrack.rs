@@ -226,6 +226,24 @@ fn p9_removed_backend_drains_until_deadline() {
     assert_eq!(dp.stats().unwrap().get(stat::CT_DRAIN_EXPIRED), 1);
 }
 
+/// A backend id handed to another backend (a later generation) does not carry the flows of the
+/// one that held it: an entry that saw no packet since is void, and the flow is chosen anew.
+#[test]
+fn entry_of_a_reused_backend_id_is_void() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().backend_gen, 0);
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "same holder: the flow stays");
+    let other = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, 9)), backend_mac(B1), 0);
+    dp.set_backend(B1, lb_common::Backend { generation: 1, ..other }).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the id's new holder does not inherit the flow");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_DRAIN_EXPIRED), 1);
+    let e = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap();
+    assert_eq!((e.backend, e.backend_gen), (B2, 0), "the new entry names its backend's generation");
+}
+
 /// P9 for a protocol that does not persist on unhealthy backends: the controller keeps a
 /// removed backend's HEALTHY bit as last seen, so a healthy one's UDP flows drain too; one
 /// that was unhealthy when removed loses them at once (the persistence table applies).

@@ -104,6 +104,8 @@ struct Daemon {
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::dns::ViewSender,
+    /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
+    _lock: std::fs::File,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -112,15 +114,57 @@ fn state_path(args: &RunArgs) -> PathBuf {
 
 pub async fn run(args: RunArgs) -> Result<()> {
     let cfg = Config::load(&args.config)?;
-    pinning::ensure_pin_dir(&args.pin_dir)?;
+    // Signals first: a SIGINT or SIGTERM during start-up waits for the loop below, which
+    // shuts down cleanly, instead of killing the process half set up.
+    let hup = signal(SignalKind::hangup())?;
+    let term = signal(SignalKind::terminate())?;
+    let int = signal(SignalKind::interrupt())?;
+    // Another daemon on this socket, or on this pin directory: refused before anything of its
+    // data plane is touched.
+    let listener = api::bind(&args.socket)?;
+    let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
+        Ok(lock) => lock,
+        Err(e) => {
+            let _ = std::fs::remove_file(&args.socket);
+            return Err(e);
+        }
+    };
+    let (d, _dns_tasks, health_rx) = match start(args.clone(), cfg, lock).await {
+        Ok(started) => started,
+        Err((e, adopted)) => {
+            let _ = std::fs::remove_file(&args.socket);
+            // What this start made goes; a running data plane it adopted keeps running.
+            if !adopted {
+                for ifname in &args.interfaces {
+                    let _ = dataplane::detach_pinned(&pinning::link_pin(&args.pin_dir, ifname));
+                }
+                let _ = pinning::remove_map_pins(&args.pin_dir);
+                let _ = std::fs::remove_dir(&args.pin_dir);
+            }
+            return Err(e);
+        }
+    };
+    serve(d, listener, health_rx, (hup, term, int)).await
+}
+
+/// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
+/// error also says whether it had adopted a pinned data plane (which is then left running).
+async fn start(
+    args: RunArgs,
+    cfg: Config,
+    lock: std::fs::File,
+) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, bool)> {
     let sizes = sizes_for(&cfg);
     let mut ctl = Controller::new(cfg);
-    match pinning::prepare_reuse(&args.pin_dir, &sizes)? {
+    let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, false))?;
+    let adopted = matches!(reuse, PinState::Reused);
+    let fail = |e: anyhow::Error| (e, adopted);
+    match reuse {
         PinState::Fresh => {}
         PinState::Reused => {
             eprintln!("lb: adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
             if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
-                let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
+                let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
                 ctl.restore(&st);
             }
         }
@@ -128,39 +172,44 @@ pub async fn run(args: RunArgs) -> Result<()> {
             eprintln!("lb: warning: the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
         }
     }
-    let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir))?;
+    let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir)).map_err(fail)?;
     // An older version's maps: the program that still uses them keeps them alive until it is
     // replaced below; the pins themselves would only leak.
-    pinning::remove_legacy_pins(&args.pin_dir)?;
+    pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
     // Tables first, then attach: the first packet already finds them.
-    ctl.reconcile(&mut dp).context("writing the initial tables")?;
+    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
-        let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname))?;
+        let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
         match mode {
             aya::programs::XdpMode::Skb => eprintln!("lb: warning: {ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
             aya::programs::XdpMode::Default => eprintln!("lb: replaced the program on {ifname} (kept attached across the restart)"),
             _ => eprintln!("lb: attached to {ifname} (native XDP)"),
         }
     }
-    let listener = api::bind(&args.socket)?;
-    let (events, mut health_rx) = mpsc::channel(1024);
+    let (events, health_rx) = mpsc::channel(1024);
     let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::dns::RoutingView::of(&ctl)));
-    // The listen address is read at start only (a reload does not move the DNS front).
-    let _dns_tasks = match ctl.config().dns.clone() {
+    // The listen address is read at start only (a reload that changes `[dns]` is refused).
+    let dns_tasks = match ctl.config().dns.clone() {
         Some(front) => {
-            let (addr, tasks) = crate::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen))?;
+            let (addr, tasks) =
+                crate::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
             eprintln!("lb: DNS front on {addr} (UDP and TCP)");
             tasks
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view, _lock: lock };
     d.save_state();
     d.start_checkers();
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    Ok((d, dns_tasks, health_rx))
+}
+
+type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+/// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
+async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>, signals: Signals) -> Result<()> {
+    let (mut hup, mut term, mut int) = signals;
     eprintln!("lb: running; control socket {}", d.args.socket.display());
     loop {
         tokio::select! {

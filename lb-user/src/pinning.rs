@@ -26,6 +26,23 @@ fn is_bpffs(path: &Path) -> bool {
 
 /// Make sure `pin_dir` exists on a bpffs, mounting bpffs at /sys/fs/bpf if that is where it
 /// belongs and nothing is mounted there yet.
+/// An exclusive lock on the pin directory, held by the running daemon: a second daemon with
+/// another control socket but the same pins is refused instead of taking over the first one's
+/// maps and links. Released when the file closes (also when the process dies).
+pub fn lock_pin_dir(pin_dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(pin_dir).with_context(|| format!("opening {}", pin_dir.display()))?;
+    // SAFETY: flock on a file descriptor this function owns.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!("another lb daemon is running with the pin directory {}", pin_dir.display());
+        }
+        return Err(err).with_context(|| format!("locking {}", pin_dir.display()));
+    }
+    Ok(dir)
+}
+
 pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
     let sys_bpf = Path::new("/sys/fs/bpf");
     if pin_dir.starts_with(sys_bpf) && !is_bpffs(sys_bpf) {

@@ -67,12 +67,18 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     }
 }
 
-/// Whether a reloaded configuration fits the loaded data plane; otherwise the reload is
-/// refused (the running tables stay) and the message says a restart is needed.
-fn fits(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
+/// Whether a reloaded configuration `cfg` can replace the running one (`running`, on a data
+/// plane loaded with `now`); otherwise the reload is refused (the running tables stay) and the
+/// message says a restart is needed.
+fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
     let want = sizes_for(cfg);
     if want.table_size_m != now.table_size_m || want.conntrack_entries != now.conntrack_entries {
         bail!("dataplane.maglev_table_size and dataplane.conntrack_entries take effect only on restart");
+    }
+    // The DNS front's sockets are bound at start.
+    if cfg.dns != running.dns {
+        let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
+        bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
     }
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
@@ -307,7 +313,7 @@ impl Daemon {
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
     fn reload(&mut self) -> Result<Value> {
         let cfg = Config::load(&self.args.config)?;
-        fits(self.dp.sizes(), &cfg)?;
+        fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.context("applying the new configuration")?;
@@ -500,6 +506,19 @@ mod tests {
             100 + n,
             list.join(", ")
         )
+    }
+
+    #[test]
+    fn reload_refuses_restart_only_changes() {
+        let running = Config::parse(&service(1)).unwrap();
+        let sizes = sizes_for(&running);
+        assert!(fits(&sizes, &running, &Config::parse(&service(2)).unwrap()).is_ok());
+        let with_dns = Config::parse(&format!("[dns]\nlisten = \"127.0.0.1:5353\"\n{}", service(1))).unwrap();
+        let err = fits(&sizes, &running, &with_dns).unwrap_err().to_string();
+        assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
+        assert!(fits(&sizes, &with_dns, &with_dns).is_ok());
+        let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
+        assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
     }
 
     #[test]

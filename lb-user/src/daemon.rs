@@ -440,13 +440,17 @@ impl Daemon {
                             .iter()
                             .map(|t| {
                                 let c = st.class(s.id, t.class);
+                                // A Traffic Manager service's classes are its routing method's,
+                                // not zones (`lb status` lists their prefixes).
+                                let zone = if t.class == 0 || s.tm.is_some() { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) };
                                 json!({
-                                    "client_zone": if t.class == 0 { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) },
+                                    "client_class": t.class,
+                                    "client_zone": zone,
                                     "packets": c.packets, "bytes": c.bytes, "new_flows": c.new_flows, "cross_zone_spills": c.spills,
                                 })
                             })
                             .collect();
-                        json!({"name": s.name, "classes": classes})
+                        json!({"name": s.name, "traffic_manager": s.tm.is_some(), "classes": classes})
                     })
                     .collect()
             })

@@ -63,10 +63,17 @@ pub fn stats(v: &Value) -> String {
     }
     for svc in v["services"].as_array().into_iter().flatten() {
         let _ = writeln!(out, "service {}", s(&svc["name"]));
-        let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", "CLIENT ZONE", "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS");
+        let tm = svc["traffic_manager"] == true;
+        let head = if tm { "CLIENT CLASS" } else { "CLIENT ZONE" };
+        let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS");
         for c in svc["classes"].as_array().into_iter().flatten() {
-            let zone = if c["client_zone"].is_null() { "(non-compatible)".into() } else { s(&c["client_zone"]) };
-            let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", zone, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]);
+            let label = match (tm, c["client_zone"].is_null()) {
+                (true, _) if c["client_class"] == 0 => "0 (default)".into(),
+                (true, _) => c["client_class"].to_string(),
+                (false, true) => "(non-compatible)".into(),
+                (false, false) => s(&c["client_zone"]),
+            };
+            let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", label, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]);
         }
     }
     out
@@ -97,6 +104,19 @@ pub fn done(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn stats_label_zones_for_zonal_and_classes_for_traffic_manager_services() {
+        let counters = |class: u32, zone: Value| json!({"client_class": class, "client_zone": zone, "packets": 1, "bytes": 2, "new_flows": 3, "cross_zone_spills": 0});
+        let v = json!({"global": {}, "services": [
+            {"name": "web", "traffic_manager": false, "classes": [counters(0, Value::Null), counters(1, json!("zone-a"))]},
+            {"name": "tm", "traffic_manager": true, "classes": [counters(0, Value::Null), counters(2, Value::Null)]},
+        ]});
+        let out = stats(&v);
+        let lines: Vec<&str> = out.lines().map(str::trim).collect();
+        assert!(lines[1].starts_with("CLIENT ZONE") && lines[2].starts_with("(non-compatible)") && lines[3].starts_with("zone-a"), "{out}");
+        assert!(lines[5].starts_with("CLIENT CLASS") && lines[6].starts_with("0 (default)") && lines[7].starts_with("2 "), "{out}");
+    }
 
     #[test]
     fn status_shows_zones_for_zonal_and_classes_for_traffic_manager_services() {

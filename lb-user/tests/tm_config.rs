@@ -126,6 +126,15 @@ fn f4_performance_requires_location() {
         "location = \"westeurope\"",
         "location = \"eastus\"",
     ));
+    // With latency data, a location that no [[latency]] entry lists is a typo to report.
+    let latency = "[[latency]]\nclient_prefixes = [\"198.18.0.0/16\"]\nregions = [\"westeurope\", \"eastus\"]\n";
+    accept(&format!("{latency}{}", two("PERFORMANCE", "location = \"westeurope\"", "location = \"eastus\"")));
+    reject(
+        &format!("{latency}{}", two("PERFORMANCE", "location = \"westeurope\"", "location = \"westeuropa\"")),
+        TM,
+        "backend[1].location",
+        &["\"westeuropa\" is in no [[latency]] regions list", "eastus, westeurope"],
+    );
 }
 
 // ---------------------------------------------------------------- GEOGRAPHIC

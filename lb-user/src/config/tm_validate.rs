@@ -411,6 +411,26 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
             "required with routing_method = PERFORMANCE: the endpoint's region name (as used \
              in [[latency]] regions, e.g. \"westeurope\")",
         ),
+        // PERFORMANCE picks endpoints by region, nearest first, from the clients' [[latency]]
+        // lists: with latency data given, a region in none of them (a typo, usually) would be
+        // nobody's nearest; the endpoint would only get clients whose regions all lack one.
+        Some(l)
+            if method == RoutingMethod::Performance
+                && !cfg.latency.is_empty()
+                && !cfg.latency.iter().any(|e| e.regions.contains(l)) =>
+        {
+            let mut known: Vec<&str> = cfg.latency.iter().flat_map(|e| e.regions.iter().map(String::as_str)).collect();
+            known.sort_unstable();
+            known.dedup();
+            r.push(
+                format!("backend[{i}].location"),
+                format!(
+                    "{l:?} is in no [[latency]] regions list, so no client has it as a near region; \
+                     the regions listed are: {}",
+                    known.join(", ")
+                ),
+            )
+        }
         _ => {}
     }
     let unspecified = b.address.is_unspecified();

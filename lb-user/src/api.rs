@@ -26,6 +26,7 @@ pub enum Request {
     Explain { service: String, client: IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<String> },
     BackendSet { service: String, address: IpAddr, health: HealthOverride },
     BackendDrain { service: String, address: IpAddr },
+    BackendUndrain { service: String, address: IpAddr },
     Reload,
 }
 

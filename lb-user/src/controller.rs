@@ -50,12 +50,17 @@ pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl
 }
 
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
-/// that tracked flows refer to, the pool generations, and the last health verdicts.
+/// that tracked flows refer to, the pool generations, the last health verdicts, and the
+/// operator's overrides and drains (absent in an older daemon's state: none).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PersistentState {
     pub ids: crate::compile::IdsSnapshot,
     pub pools: Vec<(String, Pool, u32)>,
     pub checked: Vec<(String, IpAddr, bool)>,
+    #[serde(default)]
+    pub overrides: Vec<(String, IpAddr, bool)>,
+    #[serde(default)]
+    pub drained: Vec<(String, IpAddr)>,
 }
 
 /// A backend that left its service (drain or removal), kept until its drain deadline passes so
@@ -104,6 +109,8 @@ impl Controller {
             ids: self.ids.snapshot(),
             pools: self.pools.iter().map(|(n, (p, g))| (n.clone(), *p, *g)).collect(),
             checked: self.checked.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
+            overrides: self.overrides.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
+            drained: self.drained.iter().cloned().collect(),
         }
     }
 
@@ -112,6 +119,11 @@ impl Controller {
         self.ids = Ids::from_snapshot(&st.ids);
         self.pools = st.pools.iter().map(|(n, p, g)| (n.clone(), (*p, *g))).collect();
         self.checked = st.checked.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
+        self.overrides = st.overrides.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
+        self.drained = st.drained.iter().cloned().collect();
+        // Of backends the (possibly changed) configuration still has.
+        let cfg = self.cfg.clone();
+        self.replace_config(cfg);
     }
 
     pub fn config(&self) -> &Config {
@@ -227,6 +239,16 @@ impl Controller {
                 Err(e)
             }
         }
+    }
+
+    /// Ends an operator drain: the backend is a member again (same id and generation, so its
+    /// tracked flows stay valid).
+    pub fn undrain(&mut self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
+        self.require_backend(service, addr)?;
+        if !self.drained.remove(&(service.to_owned(), addr)) {
+            anyhow::bail!("backend {addr} of service {service:?} is not drained");
+        }
+        Ok(())
     }
 
     /// Replace the configuration (already validated). State of backends that remain is kept.
@@ -572,6 +594,12 @@ mod tests {
         c.replace_config(Config::parse(&cfg).unwrap());
         c.reconcile(&mut r).unwrap();
         assert_eq!(members(&r, 2), BTreeSet::from([2, 3]), "new backend got a fresh id");
+        // Undrained: a member again under its id, no longer REMOVED, same generation.
+        c.undrain("web", ip("198.18.11.2")).unwrap();
+        c.reconcile(&mut r).unwrap();
+        assert!(members(&r, 1).contains(&1));
+        assert_eq!((r.backends[&1].flags, r.backends[&1].generation), (backend_flags::HEALTHY, b.generation));
+        assert!(c.undrain("web", ip("198.18.11.2")).unwrap_err().to_string().contains("not drained"));
     }
 
     #[test]
@@ -636,6 +664,28 @@ mod tests {
         assert_eq!(r.backends[&0].generation, 1);
         let restored = Ids::from_snapshot(&c.persistent_state().ids);
         assert_eq!(restored.backend_generation(1), second.generation, "generations survive a restart");
+    }
+
+    #[test]
+    fn overrides_and_drains_survive_a_restart() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        c.set_override("web", ip("198.18.12.1"), Some(false)).unwrap();
+        c.drain("web", ip("198.18.11.2")).unwrap();
+        c.reconcile(&mut r).unwrap();
+        let text = serde_json::to_string(&c.persistent_state()).unwrap();
+        let mut next = Controller::new(Config::parse(CFG).unwrap());
+        next.restore(&serde_json::from_str(&text).unwrap());
+        assert_eq!(next.override_of("web", ip("198.18.12.1")), Some(false));
+        assert!(next.is_drained("web", ip("198.18.11.2")));
+        // A restart with a configuration that no longer has the drained backend forgets it.
+        let mut fewer = Controller::new(Config::parse(&CFG.replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"")).unwrap());
+        fewer.restore(&serde_json::from_str(&text).unwrap());
+        assert!(!fewer.is_drained("web", ip("198.18.11.2")));
+        // An older daemon's state has neither field.
+        let old: PersistentState = serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[]}"#).unwrap();
+        assert!(old.overrides.is_empty() && old.drained.is_empty() && old.ids.generations.is_empty());
     }
 
     #[test]

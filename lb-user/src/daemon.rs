@@ -340,6 +340,11 @@ impl Daemon {
                 .drain(&service, address)
                 .and_then(|_| self.reconcile())
                 .map(|_| json!({"service": service, "address": address.to_string(), "draining": true})),
+            Request::BackendUndrain { service, address } => self
+                .ctl
+                .undrain(&service, address)
+                .and_then(|_| self.reconcile())
+                .map(|_| json!({"service": service, "address": address.to_string(), "draining": false})),
             Request::Reload => self.reload(),
         };
         match result {

@@ -83,6 +83,15 @@ enum BackendAction {
         #[arg(long)]
         address: IpAddr,
     },
+    /// Ends a drain: the backend takes new flows again (its tracked flows stay).
+    Undrain {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        address: IpAddr,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,6 +117,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Backend { action: BackendAction::Drain { common, service, address } } => {
             call(&common, Request::BackendDrain { service, address }, lb_user::render::done)
+        }
+        Command::Backend { action: BackendAction::Undrain { common, service, address } } => {
+            call(&common, Request::BackendUndrain { service, address }, lb_user::render::done)
         }
         Command::Reload(c) => call(&c, Request::Reload, lb_user::render::done),
         Command::Decap { action: DecapAction::Attach(a) } => lb_user::decap::attach(&a),

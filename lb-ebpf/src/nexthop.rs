@@ -133,7 +133,8 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Ro
     // them LLVM builds `o` on the stack before the check above).
     let (o, src) = (o, src);
     match resolve(ctx, hop, &o, &src, now) {
-        0 => Ok(Route { egress_ifindex: h.egress_ifindex, macs: h.macs, ingress_ifindex: ingress }),
+        // Read through the pointer `resolve` wrote through, not through `h`.
+        0 => Ok(Route { egress_ifindex: unsafe { (*hop).egress_ifindex }, macs: unsafe { (*hop).macs }, ingress_ifindex: ingress }),
         reason => Err(reason),
     }
 }

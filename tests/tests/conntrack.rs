@@ -198,8 +198,9 @@ fn idle_entry_expires_and_flow_is_rehashed() {
     let key = ct_key(&info, PROTO_UDP, 5000, 53);
     let e = dp.conntrack_get(FAMILY_V4, &key).expect("entry made by the first packet");
     assert_eq!(e.backend, B1);
-    // Aged by one second less than the timeout: still valid, and refreshed by the packet.
-    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 1_000_000_000), ..e }).unwrap();
+    // Aged by a minute less than the timeout (a margin no stall of this machine reaches):
+    // still valid, and refreshed by the packet.
+    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 60_000_000_000), ..e }).unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     let refreshed = dp.conntrack_get(FAMILY_V4, &key).unwrap();
     assert!(refreshed.last_seen_ns >= e.last_seen_ns, "a hit refreshes last_seen");

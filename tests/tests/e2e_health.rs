@@ -30,8 +30,8 @@ fn run(prefix: &str, v6: bool) {
     let (t_tcp, t_udp) = (vip(v6, 80), vip(v6, UDP_PORT));
     let all: BTreeSet<String> = topo.backends.iter().map(|b| b.name.clone()).collect();
     let fail = |e: anyhow::Error| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
-    let reach_tcp = || tcp_spread(client, t_tcp, 24).ok().map(|v| v.into_iter().collect::<BTreeSet<_>>());
-    let reach_udp = || udp_spread(client, t_udp, 24).ok().map(|v| v.into_iter().collect::<BTreeSet<_>>());
+    let reach_tcp = || tcp_spread(client, t_tcp, 36).ok().map(|v| v.into_iter().collect::<BTreeSet<_>>());
+    let reach_udp = || udp_spread(client, t_udp, 36).ok().map(|v| v.into_iter().collect::<BTreeSet<_>>());
     assert_eq!(reach_tcp(), Some(all.clone()), "TCP: all three backends\n{}", d.diagnostics());
     assert_eq!(reach_udp(), Some(all.clone()), "UDP: all three backends\n{}", d.diagnostics());
 

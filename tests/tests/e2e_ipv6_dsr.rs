@@ -24,15 +24,15 @@ fn check_zonal(topo: &Topology, d: &Daemon, v6: bool) {
     let target = vip(v6, 80);
     let client = |z: usize| topo.clients_in_zone(z).next().unwrap();
     let fail = |e: anyhow::Error| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
-    assert_eq!(names(tcp_spread(client(1), target, 12).unwrap_or_else(|e| fail(e))), set(&["b1-1", "b1-2"]));
-    assert_eq!(names(tcp_spread(client(2), target, 12).unwrap_or_else(|e| fail(e))), set(&["b2-1", "b2-2"]));
-    let outside = names(tcp_spread(client(0), target, 24).unwrap_or_else(|e| fail(e)));
+    assert_eq!(names(tcp_spread(client(1), target, 24).unwrap_or_else(|e| fail(e))), set(&["b1-1", "b1-2"]));
+    assert_eq!(names(tcp_spread(client(2), target, 24).unwrap_or_else(|e| fail(e))), set(&["b2-1", "b2-2"]));
+    let outside = names(tcp_spread(client(0), target, 40).unwrap_or_else(|e| fail(e)));
     assert!(outside.len() >= 3, "outside client spreads over both zones: {outside:?}");
     let mut s = Session::open(client(2), target).unwrap_or_else(|e| fail(e));
     for i in 0..5 {
         assert_eq!(s.ask(&format!("line {i}")).unwrap(), s.greeting);
     }
-    let udp = names(udp_spread(client(1), vip(v6, 53), 12).unwrap_or_else(|e| fail(e)));
+    let udp = names(udp_spread(client(1), vip(v6, 53), 24).unwrap_or_else(|e| fail(e)));
     assert_eq!(udp, set(&["b1-1", "b1-2"]), "UDP service, zone 1");
 }
 

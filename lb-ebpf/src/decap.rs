@@ -34,6 +34,12 @@ pub fn run(ctx: &XdpContext) -> u32 {
             if h[9] != IPPROTO_IPIP || h[0] >> 4 != 4 || !is_local([dst, 0, 0, 0], FAMILY_V4) {
                 return xdp_action::XDP_PASS;
             }
+            // A piece of a fragmented outer datagram holds no whole inner packet: the stack
+            // gets it untouched and reassembles (a host with the ipip module then decapsulates).
+            // An IPv6 outer datagram in pieces has a fragment header, not IPPROTO_IPV6, next.
+            if u16::from_be_bytes([h[6], h[7]]) & 0x3fff != 0 {
+                return xdp_action::XDP_PASS;
+            }
             let ihl = ((h[0] & 0x0f) as usize) * 4;
             if ihl < 20 {
                 return malformed();

@@ -113,11 +113,11 @@ pub fn ipip_v4(
         Ok(p) => p,
         Err(reason) => return drop(reason, counters),
     };
-    // Version/IHL, the inner TOS, total length | identification 0, DF copied from the inner
+    // Version/IHL, the inner TOS, total length | identification and DF copied from the inner
     // header | TTL, protocol, checksum | source | destination.
     let mut h = [
         0x45 | (pkt.tclass as u32) << 8 | ((tot_len as u16).to_be() as u32) << 16,
-        (pkt.df as u32) << 16,
+        pkt.id_df,
         OUTER_TTL | IPPROTO_IPIP << 8,
         src,
         backend.addr[0],

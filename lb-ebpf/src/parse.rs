@@ -19,6 +19,9 @@ const IPV6_HDR_LEN: usize = 40;
 const MAX_EXT_HEADERS: usize = 6;
 
 /// What the parser found out about a VIP packet.
+/// The identification and DF bits of an IPv4 header's second word (read as a little-endian u32).
+const ID_DF: u32 = 0x0040_ffff;
+
 pub struct Packet {
     pub family: u8,
     /// Offset of the IP header (14, or 18 behind a VLAN tag).
@@ -33,8 +36,10 @@ pub struct Packet {
     pub is_syn: bool,
     /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
     pub tclass: u8,
-    /// IPv4: the DF bit as it sits in the flags byte (0x40 or 0), copied to the outer header.
-    pub df: u8,
+    /// IPv4: the header's second word with only the identification and DF kept, as the outer
+    /// header's second word: a DF-clear datagram that is fragmented on the way to the backend
+    /// then carries the client's identification, not one constant for all (RFC 6864).
+    pub id_df: u32,
 }
 
 pub enum Verdict {
@@ -173,7 +178,7 @@ pub fn parse_v4_fast(ctx: &XdpContext) -> Option<Packet> {
         ports_valid: true,
         is_syn,
         tclass: (w0 >> 8) as u8,
-        df: (w1 >> 16) as u8 & 0x40,
+        id_df: w1 & ID_DF,
     })
 }
 
@@ -208,7 +213,7 @@ pub fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         ports_valid: false,
         is_syn: false,
         tclass: (w0 >> 8) as u8,
-        df: (w1 >> 16) as u8 & 0x40,
+        id_df: w1 & ID_DF,
     };
     if !is_fragment {
         parse_l4(ctx, &mut pkt, l3_off + ihl, l3_off + tot_len).map_err(vip_err)?;
@@ -291,7 +296,7 @@ pub fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         is_syn: false,
         // Version (4 bits), traffic class (8), flow label (20), big-endian.
         tclass: (u32::from_be(w0) >> 20) as u8,
-        df: 0,
+        id_df: 0,
     };
     if !is_fragment {
         parse_l4(ctx, &mut pkt, off, l3_end).map_err(vip_err)?;

@@ -68,4 +68,14 @@ fn decap_leaves_other_traffic_alone_and_drops_malformed_tunnels() {
     let bogus = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4).build(&[0x60; 24]));
     assert_eq!(host.run_test(Program::Decap, &bogus, 0).unwrap().action, XDP_DROP);
     assert_eq!(host.stats().unwrap().get(stat::DECAP_DROP_MALFORMED), 1);
+    // A piece of a fragmented tunnel datagram (first or later) holds no whole inner packet:
+    // passed untouched, for the stack to reassemble.
+    for frag in [0x2000, 0x0003] {
+        let mut outer = V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4);
+        outer.frag = frag;
+        let piece = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &outer.build(&inner[..16]));
+        let out = host.run_test(Program::Decap, &piece, 0).unwrap();
+        assert_eq!((out.action, out.data), (XDP_PASS, piece), "frag {frag:#x}");
+    }
+    assert_eq!(host.stats().unwrap().get(stat::DECAP), 0);
 }

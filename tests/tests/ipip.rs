@@ -63,7 +63,8 @@ fn client_tcp4(dport: u16, flags: u8, tos: u8) -> (Vec<u8>, Vec<u8>) {
 /// The expected IPIP frame, built independently of the program.
 fn expected_ipip(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
     let mut outer = V4::new(src, dst, 4);
-    outer.id = 0;
+    // The inner datagram's identification and DF (not one constant ID for every client).
+    outer.id = u16::from_be_bytes([inner[4], inner[5]]);
     outer.ttl = 64;
     outer.tos = inner[1];
     outer.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
@@ -102,6 +103,14 @@ fn ipv4_udp_to_vip_is_ipip_encapsulated() {
         assert_eq!(out.action, XDP_TX);
         assert_eq!(out.data, expected_ipip(GW_MAC, LB_MAC, ENCAP_SRC4, NEAR4, &inner));
         assert!(ipv4_checksum_ok(&out.data[14..]));
+        // DF clear: the outer datagram may be fragmented on the way, and carries the client's
+        // identification (each datagram its own), not a constant.
+        let mut ip = V4::new(CLIENT4, VIP4, PROTO_UDP);
+        (ip.frag, ip.id) = (0, 0xbeef);
+        let inner = ip.build(&udp4(CLIENT4, VIP4, 5353, 53, b"query"));
+        let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &inner), topo.lbv0).unwrap();
+        assert_eq!(out.data, expected_ipip(GW_MAC, LB_MAC, ENCAP_SRC4, NEAR4, &inner));
+        assert_eq!((&out.data[14 + 4..14 + 8], ipv4_checksum_ok(&out.data[14..])), (&[0xbe, 0xef, 0, 0][..], true));
     });
 }
 

@@ -198,3 +198,14 @@ pub fn ipv4_checksum_ok(ip: &[u8]) -> bool {
     let hl = (ip[0] & 0x0f) as usize * 4;
     checksum(&ip[..hl]) == 0
 }
+
+/// The IPIP frame the balancer sends for the IPv4 datagram `inner`, built independently of
+/// it: outer TTL 64, TOS, identification and DF copied from the inner header.
+pub fn expected_ipip(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
+    let mut outer = V4::new(src, dst, 4);
+    outer.id = u16::from_be_bytes([inner[4], inner[5]]);
+    outer.ttl = 64;
+    outer.tos = inner[1];
+    outer.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
+    ethernet(dmac, smac, ETH_P_IP, &outer.build(inner))
+}

@@ -149,12 +149,7 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
         let c = Ipv4Addr::new(198, 18, 1, 5);
         let to_l2 = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40000, 80, TCP_SYN, b"l2"));
         let to_ipip = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40000, 81, TCP_SYN, b"ipip"));
-        let mut outer = V4::new(encap_src, b, 4);
-        outer.id = 0;
-        outer.ttl = 64;
-        outer.tos = to_ipip[1];
-        outer.frag = u16::from_be_bytes([to_ipip[6], to_ipip[7]]) & 0x4000;
-        let encapsulated = ethernet(GW_MAC, LB_MAC, ETH_P_IP, &outer.build(&to_ipip));
+        let encapsulated = lb_tests::packet::expected_ipip(GW_MAC, LB_MAC, encap_src, b, &to_ipip);
         for round in 0..3 {
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_l2), topo.lbv0).unwrap();
             assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &to_l2)), "round {round}: L2 DSR");

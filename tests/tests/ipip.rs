@@ -60,17 +60,6 @@ fn client_tcp4(dport: u16, flags: u8, tos: u8) -> (Vec<u8>, Vec<u8>) {
     (ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &inner), inner)
 }
 
-/// The expected IPIP frame, built independently of the program.
-fn expected_ipip(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr, inner: &[u8]) -> Vec<u8> {
-    let mut outer = V4::new(src, dst, 4);
-    // The inner datagram's identification and DF (not one constant ID for every client).
-    outer.id = u16::from_be_bytes([inner[4], inner[5]]);
-    outer.ttl = 64;
-    outer.tos = inner[1];
-    outer.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
-    ethernet(dmac, smac, ETH_P_IP, &outer.build(inner))
-}
-
 #[test]
 fn ipv4_tcp_syn_to_vip_is_ipip_encapsulated_and_sent_back_out() {
     in_netns(|topo| {

@@ -127,7 +127,8 @@ pub enum CtVerdict {
     Valid,
     /// No packet for longer than the service's idle timeout.
     IdleExpired,
-    /// Made under another active pool while FLUSH_ON_POOL_CHANGE is set.
+    /// Made under another active pool while FLUSH_ON_POOL_CHANGE is set, or once the
+    /// 10-minute drain after the pool change is over (POOL_DRAIN_OVER).
     PoolFlushed,
     /// Backend removed (and its drain window is over) or never configured.
     BackendGone,
@@ -154,7 +155,9 @@ pub fn ct_verdict(
     {
         return CtVerdict::IdleExpired;
     }
-    if service.flags & service_flags::FLUSH_ON_POOL_CHANGE != 0 && entry.pool_gen != service.pool_gen {
+    if service.flags & (service_flags::FLUSH_ON_POOL_CHANGE | service_flags::POOL_DRAIN_OVER) != 0
+        && entry.pool_gen != service.pool_gen
+    {
         return CtVerdict::PoolFlushed;
     }
     let b = match backend {
@@ -374,6 +377,13 @@ mod tests {
         assert_eq!(ct_verdict(&entry(), Some(&healthy), &flush, PROTO_TCP, NOW, || false), CtVerdict::PoolFlushed);
         let same_gen = CtEntry { pool_gen: 2, ..entry() };
         assert_eq!(ct_verdict(&same_gen, Some(&healthy), &flush, PROTO_TCP, NOW, || false), CtVerdict::Valid);
+        // Without the flush: another generation's entry lives through the 10-minute drain
+        // (POOL_DRAIN_OVER clear) and is void after it.
+        let draining = ServiceInfo { pool_gen: 2, ..s };
+        assert_eq!(ct_verdict(&entry(), Some(&healthy), &draining, PROTO_TCP, NOW, || false), CtVerdict::Valid);
+        let drained = ServiceInfo { flags: service_flags::POOL_DRAIN_OVER, ..draining };
+        assert_eq!(ct_verdict(&entry(), Some(&healthy), &drained, PROTO_TCP, NOW, || false), CtVerdict::PoolFlushed);
+        assert_eq!(ct_verdict(&same_gen, Some(&healthy), &drained, PROTO_TCP, NOW, || false), CtVerdict::Valid);
         // The id now belongs to another backend (a later generation): the entry is not its.
         let reused = Backend { generation: 1, ..healthy };
         assert_eq!(ct_verdict(&entry(), Some(&reused), &s, PROTO_TCP, NOW, || false), CtVerdict::BackendGone);

@@ -55,6 +55,10 @@ pub mod service_flags {
     /// Tracked SCTP flows persist on an unhealthy backend (like TCP per connection, like the
     /// other protocols per session).
     pub const PERSIST_SCTP: u8 = 1 << 3;
+    /// Without FLUSH_ON_POOL_CHANGE: the fixed 10-minute drain after the last active-pool
+    /// change is over, so entries made under another pool generation are void now (spec §1.2
+    /// `disableConnectionDrainOnFailover` = false). Set by the controller when it is due.
+    pub const POOL_DRAIN_OVER: u8 = 1 << 4;
 }
 
 /// [`Backend::flags`] bits.

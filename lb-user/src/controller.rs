@@ -12,9 +12,13 @@ use crate::model::MonitorStatus;
 use crate::policy::Pool;
 use crate::tm::ProbeStatuses;
 use ipnet::IpNet;
-use lb_common::{backend_flags, Backend, ServiceInfo, ServiceKey};
+use lb_common::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+
+/// How long entries made under the previous active pool stay valid after a pool change when
+/// `disable_connection_drain_on_failover` is false: "a fixed 10-minute drain" (spec §1.2).
+pub const POOL_CHANGE_DRAIN_NS: u64 = 600 * 1_000_000_000;
 
 /// Where the controller writes. Implemented by the BPF data plane and by test recorders.
 pub trait Tables {
@@ -61,6 +65,10 @@ pub struct PersistentState {
     pub overrides: Vec<(String, IpAddr, bool)>,
     #[serde(default)]
     pub drained: Vec<(String, IpAddr)>,
+    /// Data-plane clock of each service's last active-pool change (the clock survives a
+    /// daemon restart; pinned maps do not survive a reboot either).
+    #[serde(default)]
+    pub pool_changed_ns: Vec<(String, u64)>,
 }
 
 /// A backend that left its service (drain or removal), kept until its drain deadline passes so
@@ -85,6 +93,8 @@ pub struct Controller {
     departed: BTreeMap<(String, IpAddr), Departed>,
     /// Active pool and generation per service (for FLUSH_ON_POOL_CHANGE).
     pools: BTreeMap<String, (Pool, u32)>,
+    /// Data-plane clock at each service's last active-pool change (for POOL_DRAIN_OVER).
+    pool_changed_ns: BTreeMap<String, u64>,
     applied: Option<Compiled>,
     table_cache: compile::TableCache,
 }
@@ -99,6 +109,7 @@ impl Controller {
             drained: BTreeSet::new(),
             departed: BTreeMap::new(),
             pools: BTreeMap::new(),
+            pool_changed_ns: BTreeMap::new(),
             applied: None,
             table_cache: compile::TableCache::default(),
         }
@@ -111,6 +122,7 @@ impl Controller {
             checked: self.checked.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
             overrides: self.overrides.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
             drained: self.drained.iter().cloned().collect(),
+            pool_changed_ns: self.pool_changed_ns.iter().map(|(n, t)| (n.clone(), *t)).collect(),
         }
     }
 
@@ -121,6 +133,7 @@ impl Controller {
         self.checked = st.checked.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
         self.overrides = st.overrides.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
         self.drained = st.drained.iter().cloned().collect();
+        self.pool_changed_ns = st.pool_changed_ns.iter().cloned().collect();
         // Of backends the (possibly changed) configuration still has.
         let cfg = self.cfg.clone();
         self.replace_config(cfg);
@@ -294,7 +307,7 @@ impl Controller {
         let probes = self.probe_statuses(&eff);
         let mut new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
         self.table_cache.sweep();
-        let pools = self.pool_generations(&mut new);
+        let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
         sink.admit(self.applied.as_ref(), &new)?;
         let mut report = ReconcileReport::default();
         let old = self.applied.take();
@@ -303,6 +316,7 @@ impl Controller {
             Ok(()) => {
                 self.ids = ids;
                 self.pools = pools;
+                self.pool_changed_ns = pool_changed_ns;
                 self.applied = Some(new);
                 Ok(report)
             }
@@ -314,21 +328,42 @@ impl Controller {
         }
     }
 
-    /// The pool generations after `new` (kept only once it is written): a service's generation
-    /// is bumped when its active pool changes (failover/failback), so that
-    /// FLUSH_ON_POOL_CHANGE voids entries made under the other pool.
-    fn pool_generations(&self, new: &mut Compiled) -> BTreeMap<String, (Pool, u32)> {
+    /// The pool generations and change times after `new` (kept only once it is written): a
+    /// service's generation is bumped when its active pool changes (failover/failback), so
+    /// that FLUSH_ON_POOL_CHANGE voids entries made under the other pool at once; without it,
+    /// POOL_DRAIN_OVER voids them once [`POOL_CHANGE_DRAIN_NS`] have passed since the last
+    /// change (an entry made two changes ago, on a backend that is active again, goes too:
+    /// the generation does not say which pool it was made in).
+    fn pool_generations(&self, new: &mut Compiled, now: u64) -> (BTreeMap<String, (Pool, u32)>, BTreeMap<String, u64>) {
         let mut pools = self.pools.clone();
+        let mut changed = self.pool_changed_ns.clone();
         for svc in &mut new.services {
             let pool = svc.plan.active_pool;
             let entry = pools.entry(svc.name.clone()).or_insert((pool, 0));
             if entry.0 != pool {
                 entry.0 = pool;
                 entry.1 = entry.1.wrapping_add(1);
+                changed.insert(svc.name.clone(), now);
             }
             svc.info.pool_gen = entry.1;
+            let drain_over = changed.get(&svc.name).is_none_or(|&t| now >= t.saturating_add(POOL_CHANGE_DRAIN_NS));
+            if svc.info.flags & service_flags::FLUSH_ON_POOL_CHANGE == 0 && drain_over {
+                svc.info.flags |= service_flags::POOL_DRAIN_OVER;
+            }
         }
-        pools
+        (pools, changed)
+    }
+
+    /// When the next pool-change drain ends (data-plane clock): the daemon reconciles then,
+    /// so that the data plane learns it (POOL_DRAIN_OVER). None if no drain is running.
+    pub fn next_pool_drain_end(&self) -> Option<u64> {
+        let applied = self.applied.as_ref()?;
+        applied
+            .services
+            .iter()
+            .filter(|s| s.info.flags & (service_flags::FLUSH_ON_POOL_CHANGE | service_flags::POOL_DRAIN_OVER) == 0)
+            .filter_map(|s| self.pool_changed_ns.get(&s.name).map(|t| t.saturating_add(POOL_CHANGE_DRAIN_NS)))
+            .min()
     }
 
     fn write_diff(
@@ -686,6 +721,53 @@ mod tests {
         // An older daemon's state has neither field.
         let old: PersistentState = serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[]}"#).unwrap();
         assert!(old.overrides.is_empty() && old.drained.is_empty() && old.ids.generations.is_empty());
+    }
+
+    const FAILOVER: &str = r#"
+        [dataplane]
+        maglev_table_size = 251
+        [[service]]
+        name = "db"
+        vip = "198.18.0.100"
+        protocol = "TCP"
+        ports = [5432]
+        [[service.backend]]
+        address = "198.18.11.1"
+        [[service.backend]]
+        address = "198.18.11.2"
+        failover = true
+        [service.failover_policy]
+    "#;
+
+    #[test]
+    fn entries_of_the_previous_pool_are_void_ten_minutes_after_the_change() {
+        let mut c = Controller::new(Config::parse(FAILOVER).unwrap());
+        let mut r = Recorder { now: 1_000, ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        let info = |r: &Recorder| *r.services.values().next().unwrap();
+        assert_eq!(c.next_pool_drain_end(), None, "no pool change yet");
+        // The primary fails: failover pool, a new generation, and the 10-minute drain runs.
+        c.set_checked("db", ip("198.18.11.1"), false);
+        r.now = 5_000;
+        c.reconcile(&mut r).unwrap();
+        assert_eq!((info(&r).pool_gen, info(&r).flags & service_flags::POOL_DRAIN_OVER), (1, 0));
+        let end = 5_000 + POOL_CHANGE_DRAIN_NS;
+        assert_eq!(c.next_pool_drain_end(), Some(end));
+        r.now = end - 1;
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(info(&r).flags & service_flags::POOL_DRAIN_OVER, 0, "still draining");
+        r.now = end;
+        c.reconcile(&mut r).unwrap();
+        assert_ne!(info(&r).flags & service_flags::POOL_DRAIN_OVER, 0, "drain over: the data plane voids generation-0 entries");
+        assert_eq!(c.next_pool_drain_end(), None);
+        // With disable_connection_drain_on_failover the flush is immediate and no drain runs.
+        let flush = FAILOVER.to_owned() + "disable_connection_drain_on_failover = true\n";
+        let mut c = Controller::new(Config::parse(&flush).unwrap());
+        c.reconcile(&mut r).unwrap();
+        c.set_checked("db", ip("198.18.11.1"), false);
+        c.reconcile(&mut r).unwrap();
+        assert_ne!(info(&r).flags & service_flags::FLUSH_ON_POOL_CHANGE, 0);
+        assert_eq!(c.next_pool_drain_end(), None);
     }
 
     #[test]

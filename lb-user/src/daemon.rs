@@ -216,10 +216,15 @@ type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio:
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
 async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>, signals: Signals) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
+    // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
+    // checked this often: within seconds of ten minutes is close enough.
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     eprintln!("lb: running; control socket {}", d.args.socket.display());
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
+            _ = tick.tick() => d.on_tick(),
             conn = listener.accept() => {
                 if let Ok((stream, _)) = conn {
                     if let Some((req, mut w)) = api::read_request(stream).await {
@@ -294,6 +299,16 @@ impl Daemon {
         }
         // Traffic Manager `[service.monitor]` probes report through the same channel.
         self.checkers.extend(health::spawn_monitors(&cfg, &|s, a| self.ctl.checker_verdict(s, a), &self.events));
+    }
+
+    /// A pool-change drain that has ended is written to the data plane.
+    fn on_tick(&mut self) {
+        let Some(end) = self.ctl.next_pool_drain_end() else { return };
+        if self.dp.now_ns().is_ok_and(|now| now >= end) {
+            if let Err(e) = self.reconcile() {
+                eprintln!("lb: error ending a pool-change drain: {e:#}");
+            }
+        }
     }
 
     fn on_health(&mut self, ev: HealthEvent) {

@@ -279,6 +279,23 @@ fn pool_change_flushes_entries_only_when_configured() {
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the new entry carries the new generation");
 }
 
+/// Without the flush, an entry of the previous pool generation lives through the 10-minute
+/// drain and is void once the controller marks the drain over (POOL_DRAIN_OVER).
+#[test]
+fn pool_change_drain_ends_entries_of_the_previous_pool() {
+    let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = setup(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    move_table_to_b2(&mut dp);
+    info.pool_gen = 1;
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "during the drain");
+    info.flags |= service_flags::POOL_DRAIN_OVER;
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "after the drain");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_POOL_FLUSHED), 1);
+}
+
 #[test]
 fn reserved_backend_id_drops_new_flows_but_not_established_ones() {
     let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));

@@ -82,6 +82,9 @@ pub fn attach(args: &DecapArgs) -> Result<()> {
 }
 
 pub fn detach(args: &DecapArgs) -> Result<()> {
+    if !args.addresses.is_empty() {
+        bail!("--address applies to `lb decap attach` only: detach removes the program from the interface, whatever it decapsulated for");
+    }
     if dataplane::detach_pinned(&link_pin(args)?)? {
         println!("lb_decap detached from {}", args.interface);
         Ok(())

@@ -8,7 +8,7 @@
 
 use crate::compile::{self, Compiled, CompiledService, Ids};
 use crate::config::Config;
-use crate::model::MonitorStatus;
+use crate::model::{AdminStatus, MonitorStatus};
 use crate::policy::Pool;
 use crate::tm::ProbeStatuses;
 use ipnet::IpNet;
@@ -264,10 +264,21 @@ impl Controller {
         Ok(())
     }
 
-    /// Replace the configuration (already validated). State of backends that remain is kept.
+    /// Replace the configuration (already validated). State of backends that remain is kept,
+    /// except the probe verdict of a Traffic Manager endpoint that was Disabled (itself or its
+    /// profile) and is enabled now: it starts over as CheckingEndpoint (spec §2.3, "new/just
+    /// enabled endpoints are CheckingEndpoint until the first result").
     pub fn replace_config(&mut self, cfg: Config) {
         let still = |(s, a): &(String, IpAddr)| cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a));
-        self.checked.retain(|k, _| still(k));
+        let disabled = |c: &Config, (s, a): &(String, IpAddr)| {
+            c.services.iter().find(|x| &x.name == s).is_some_and(|x| {
+                x.routing_method.is_traffic_manager()
+                    && (x.profile_status() == AdminStatus::Disabled
+                        || x.backends.iter().any(|b| &b.address == a && b.endpoint_status == AdminStatus::Disabled))
+            })
+        };
+        let old = &self.cfg;
+        self.checked.retain(|k, _| still(k) && !(disabled(old, k) && !disabled(&cfg, k)));
         self.overrides.retain(|k, _| still(k));
         self.drained.retain(|k| still(k));
         self.cfg = cfg;
@@ -768,6 +779,25 @@ mod tests {
         c.reconcile(&mut r).unwrap();
         assert_ne!(info(&r).flags & service_flags::FLUSH_ON_POOL_CHANGE, 0);
         assert_eq!(c.next_pool_drain_end(), None);
+    }
+
+    #[test]
+    fn a_re_enabled_endpoint_starts_over_as_checking_endpoint() {
+        let profile = |status: &str| {
+            format!(
+                "[[service]]\nname = \"tm\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\nrouting_method = \"PRIORITY\"\n\
+                 [[service.backend]]\nname = \"e1\"\naddress = \"198.18.11.1\"\npriority = 1\n{status}\n\
+                 [[service.backend]]\nname = \"e2\"\naddress = \"198.18.11.2\"\npriority = 2\n"
+            )
+        };
+        let mut c = Controller::new(Config::parse(&profile("")).unwrap());
+        c.set_checked("tm", ip("198.18.11.1"), false);
+        c.set_checked("tm", ip("198.18.11.2"), true);
+        assert_eq!(c.monitor_status("tm", ip("198.18.11.1")), MonitorStatus::Degraded);
+        c.replace_config(Config::parse(&profile("endpoint_status = \"Disabled\"")).unwrap());
+        c.replace_config(Config::parse(&profile("")).unwrap());
+        assert_eq!(c.monitor_status("tm", ip("198.18.11.1")), MonitorStatus::CheckingEndpoint, "just enabled");
+        assert_eq!(c.monitor_status("tm", ip("198.18.11.2")), MonitorStatus::Online, "the other keeps its verdict");
     }
 
     #[test]

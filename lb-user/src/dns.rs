@@ -63,13 +63,27 @@ impl RoutingView {
     }
 }
 
+/// How long a DNS-over-TCP connection may sit without a complete query before it is closed.
+const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The daemon's handle: publishes views to the running server tasks.
 pub type ViewSender = watch::Sender<Arc<RoutingView>>;
 pub type ViewReceiver = watch::Receiver<Arc<RoutingView>>;
 
-/// Answers one query message received from `source`. None = nothing to send (not a query,
-/// or too short to carry an id).
+/// Answers one query message received from `source` over TCP. None = nothing to send (not a
+/// query, or too short to carry an id).
 pub fn answer(view: &RoutingView, query: &[u8], source: IpAddr, rng: &mut impl Rng) -> Option<Vec<u8>> {
+    answer_within(view, query, source, rng, false)
+}
+
+/// [`answer`] for a UDP query: an answer longer than the client takes (512 bytes, or its EDNS
+/// payload size) goes out without records and with TC set, so that it retries over TCP
+/// (RFC 1035 §4.2.1, RFC 6891 §6.2.5).
+pub fn answer_udp(view: &RoutingView, query: &[u8], source: IpAddr, rng: &mut impl Rng) -> Option<Vec<u8>> {
+    answer_within(view, query, source, rng, true)
+}
+
+fn answer_within(view: &RoutingView, query: &[u8], source: IpAddr, rng: &mut impl Rng, udp: bool) -> Option<Vec<u8>> {
     let req = match Message::from_vec(query) {
         Ok(m) => m,
         Err(_) => {
@@ -81,8 +95,18 @@ pub fn answer(view: &RoutingView, query: &[u8], source: IpAddr, rng: &mut impl R
     if req.metadata.message_type != MessageType::Query {
         return None;
     }
-    let resp = respond(view, &req, source, rng);
-    resp.to_vec().ok()
+    let mut resp = respond(view, &req, source, rng);
+    let out = resp.to_vec().ok()?;
+    let limit = match &req.edns {
+        Some(e) => usize::from(e.max_payload()).max(512),
+        None => 512,
+    };
+    if udp && out.len() > limit {
+        resp.answers.clear();
+        resp.metadata.truncation = true;
+        return resp.to_vec().ok();
+    }
+    Some(out)
 }
 
 fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng) -> Message {
@@ -129,7 +153,9 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
         // is Disabled, which `resolve_dns` turns into NXDOMAIN for every type).
         _ => QueryType::Cname,
     };
-    let ecs_net = ecs.and_then(|cs| IpNet::new(cs.addr(), cs.source_prefix()).ok()).map(|n| n.trunc());
+    // Source prefix 0: the resolver gives no client information (RFC 7871 §7.1.2), so the
+    // resolver's own address locates the client, as without the option.
+    let ecs_net = ecs.filter(|cs| cs.source_prefix() > 0).and_then(|cs| IpNet::new(cs.addr(), cs.source_prefix()).ok()).map(|n| n.trunc());
     let location = location_address(source.to_canonical(), ecs_net);
     let client = Client::locate(&view.cfg, location);
     let svc = &view.cfg.services[si];
@@ -169,7 +195,7 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(S
         loop {
             let Ok((n, peer)) = udp.recv_from(&mut buf).await else { continue };
             let current = udp_view.borrow().clone();
-            if let Some(out) = answer(&current, &buf[..n], peer.ip(), &mut rng) {
+            if let Some(out) = answer_udp(&current, &buf[..n], peer.ip(), &mut rng) {
                 let _ = udp.send_to(&out, peer).await;
             }
         }
@@ -180,13 +206,16 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(S
             let view = view.clone();
             tokio::spawn(async move {
                 let mut rng = seeded_rng();
-                // RFC 1035 §4.2.2: two-byte length prefix; several queries per connection.
+                // RFC 1035 §4.2.2: two-byte length prefix; several queries per connection. A
+                // connection idle (or stalled mid-query) for TCP_IDLE is closed (RFC 7766 §6.2.3).
                 loop {
-                    let Ok(len) = stream.read_u16().await else { return };
-                    let mut msg = vec![0u8; len as usize];
-                    if stream.read_exact(&mut msg).await.is_err() {
-                        return;
-                    }
+                    let read = async {
+                        let len = stream.read_u16().await?;
+                        let mut msg = vec![0u8; len as usize];
+                        stream.read_exact(&mut msg).await?;
+                        Ok::<_, std::io::Error>(msg)
+                    };
+                    let Ok(Ok(msg)) = tokio::time::timeout(TCP_IDLE, read).await else { return };
                     let current = view.borrow().clone();
                     let Some(out) = answer(&current, &msg, peer.ip(), &mut rng) else { return };
                     let Ok(out_len) = u16::try_from(out.len()) else { return };
@@ -314,6 +343,39 @@ mod tests {
         }
         let m = ask(&v, &query("sub.tm.example.", RecordType::A, None), "10.1.2.3");
         assert_eq!(addrs(&m), ["198.18.11.1"], "no ECS: the source address locates the client");
+        // Source prefix 0 carries no client information: the resolver's address counts.
+        let m = ask(&v, &query("sub.tm.example.", RecordType::A, Some("0.0.0.0/0")), "10.1.2.3");
+        assert_eq!(addrs(&m), ["198.18.11.1"], "ECS /0: as without the option");
+    }
+
+    #[test]
+    fn udp_answer_beyond_512_bytes_is_truncated_without_edns() {
+        // Ten AAAA records under a 240-character name: about 560 bytes.
+        let label = "a".repeat(60);
+        let name = format!("{label}.{label}.{label}.{}.example", &label[..48]);
+        let backends: String = (1..=10).map(|i| format!("[[service.backend]]\naddress = \"2001:db8:20::{i}\"\n")).collect();
+        let cfg = Config::parse(&format!(
+            "[[service]]\nname = \"mv\"\nvip = \"2001:db8::9\"\nprotocol = \"TCP\"\nrouting_method = \"MULTIVALUE\"\nmax_return = 10\ndns_name = \"{name}\"\n{backends}"
+        ))
+        .unwrap();
+        let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
+        let v = RoutingView::new(cfg, probes);
+        let q = query(&format!("{name}."), RecordType::AAAA, None);
+        let src = "127.0.0.1".parse().unwrap();
+        let tcp = Message::from_vec(&answer(&v, &q, src, &mut SplitMix64(1)).unwrap()).unwrap();
+        assert_eq!((tcp.answers.len(), tcp.metadata.truncation), (10, false), "TCP carries it whole");
+        let out = answer_udp(&v, &q, src, &mut SplitMix64(1)).unwrap();
+        assert!(out.len() <= 512, "{} bytes", out.len());
+        let udp = Message::from_vec(&out).unwrap();
+        assert_eq!((udp.answers.len(), udp.metadata.truncation), (0, true), "TC: retry over TCP");
+        // With EDNS the client's (larger) payload size applies.
+        let mut m = Message::from_vec(&q).unwrap();
+        let mut e = Edns::new();
+        e.set_max_payload(1232);
+        m.set_edns(e);
+        let q = m.to_vec().unwrap();
+        let udp = Message::from_vec(&answer_udp(&v, &q, src, &mut SplitMix64(1)).unwrap()).unwrap();
+        assert_eq!((udp.answers.len(), udp.metadata.truncation), (10, false));
     }
 
     #[test]

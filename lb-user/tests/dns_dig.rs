@@ -329,3 +329,17 @@ async fn disabled_profile_nxdomain_and_unknown_name_refused() {
     assert_eq!(one(f.addr, "off.tm.test", "A", &[]).await.status, "NXDOMAIN", "O6");
     assert_eq!(one(f.addr, "nothere.tm.test", "A", &[]).await.status, "REFUSED");
 }
+
+/// A TCP client that sends a length prefix and then nothing is disconnected (RFC 7766
+/// §6.2.3) instead of holding its connection and task for good; queries still get answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_tcp_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = Front::start().await;
+    let mut stalled = tokio::net::TcpStream::connect(f.addr).await.unwrap();
+    stalled.write_all(&[0, 30]).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(60), stalled.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the server closes the stalled connection: {read:?}");
+    assert_eq!(one(f.addr, "prio.tm.test", "A", &["+tcp"]).await.addrs(), ["198.18.10.1"]);
+}

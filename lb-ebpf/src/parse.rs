@@ -18,10 +18,10 @@ const IPV6_HDR_LEN: usize = 40;
 /// Extension headers skipped at most; more is treated as malformed.
 const MAX_EXT_HEADERS: usize = 6;
 
-/// What the parser found out about a VIP packet.
 /// The identification and DF bits of an IPv4 header's second word (read as a little-endian u32).
 const ID_DF: u32 = 0x0040_ffff;
 
+/// What the parser found out about a VIP packet.
 pub struct Packet {
     pub family: u8,
     /// Offset of the IP header (14, or 18 behind a VLAN tag).

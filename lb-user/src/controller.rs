@@ -20,6 +20,9 @@ use std::net::IpAddr;
 /// `disable_connection_drain_on_failover` is false: "a fixed 10-minute drain" (spec §1.2).
 pub const POOL_CHANGE_DRAIN_NS: u64 = 600 * 1_000_000_000;
 
+/// A pool change restored without its time (see `Controller::restore`).
+const CHANGE_TIME_UNKNOWN: u64 = u64::MAX;
+
 /// Where the controller writes. Implemented by the BPF data plane and by test recorders.
 pub trait Tables {
     fn set_backend(&mut self, id: u32, backend: &Backend) -> anyhow::Result<()>;
@@ -134,6 +137,13 @@ impl Controller {
         self.overrides = st.overrides.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
         self.drained = st.drained.iter().cloned().collect();
         self.pool_changed_ns = st.pool_changed_ns.iter().cloned().collect();
+        // An older daemon's state has generations but no change times: a changed pool's drain
+        // then counts from this daemon's first reconcile (not as over already).
+        for (name, _, generation) in &st.pools {
+            if *generation != 0 && !self.pool_changed_ns.contains_key(name) {
+                self.pool_changed_ns.insert(name.clone(), CHANGE_TIME_UNKNOWN);
+            }
+        }
         // Of backends the (possibly changed) configuration still has.
         let cfg = self.cfg.clone();
         self.replace_config(cfg);
@@ -357,6 +367,9 @@ impl Controller {
                 changed.insert(svc.name.clone(), now);
             }
             svc.info.pool_gen = entry.1;
+            if let Some(t) = changed.get_mut(&svc.name).filter(|t| **t == CHANGE_TIME_UNKNOWN) {
+                *t = now;
+            }
             let drain_over = changed.get(&svc.name).is_none_or(|&t| now >= t.saturating_add(POOL_CHANGE_DRAIN_NS));
             if svc.info.flags & service_flags::FLUSH_ON_POOL_CHANGE == 0 && drain_over {
                 svc.info.flags |= service_flags::POOL_DRAIN_OVER;
@@ -454,6 +467,19 @@ impl Controller {
             sink.set_backend(*id, &record)?;
             report.backends_departed += 1;
             self.departed.insert((service, addr), Departed { id: *id, record, deadline_ns });
+        }
+        // 5. A drained backend is still configured and probed: its health during the drain
+        //    reaches its record (a flow that does not persist on an unhealthy backend leaves it).
+        let health: Vec<((String, IpAddr), bool)> =
+            self.departed.keys().filter(|(s, a)| self.is_drained(s, *a)).map(|k| (k.clone(), self.healthy(&k.0, k.1))).collect();
+        for (key, healthy) in health {
+            let d = self.departed.get_mut(&key).expect("listed above");
+            let flags = if healthy { d.record.flags | backend_flags::HEALTHY } else { d.record.flags & !backend_flags::HEALTHY };
+            if flags != d.record.flags && !new_backends.contains_key(&d.id) {
+                d.record.flags = flags;
+                sink.set_backend(d.id, &d.record)?;
+                report.backends_written += 1;
+            }
         }
         Ok(())
     }
@@ -629,6 +655,14 @@ mod tests {
         let b = r.backends[&1];
         assert_eq!(b.flags, backend_flags::REMOVED | backend_flags::HEALTHY, "a healthy backend drains as healthy (P9 for every protocol)");
         assert_eq!(b.drain_deadline_ns, 1_000 + 300 * 1_000_000_000);
+        // Still probed while it drains: a failure reaches its record, a recovery too.
+        c.set_checked("web", ip("198.18.11.2"), false);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(r.backends[&1].flags, backend_flags::REMOVED);
+        c.set_checked("web", ip("198.18.11.2"), true);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(r.backends[&1].flags, backend_flags::REMOVED | backend_flags::HEALTHY);
+        assert_eq!(r.backends[&1].drain_deadline_ns, 1_000 + 300 * 1_000_000_000, "the deadline stays");
         // One that was unhealthy when it left stays unhealthy (the persistence table applies).
         c.set_checked("web", ip("198.18.11.1"), false);
         c.reconcile(&mut r).unwrap();
@@ -732,6 +766,14 @@ mod tests {
         // An older daemon's state has neither field.
         let old: PersistentState = serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[]}"#).unwrap();
         assert!(old.overrides.is_empty() && old.drained.is_empty() && old.ids.generations.is_empty());
+        // Nor pool change times: a changed pool's drain counts from the first reconcile.
+        let old: PersistentState =
+            serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[["web","All",3]],"checked":[]}"#).unwrap();
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        c.restore(&old);
+        let mut r = Recorder { now: 7_000, ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(c.next_pool_drain_end(), Some(7_000 + POOL_CHANGE_DRAIN_NS));
     }
 
     const FAILOVER: &str = r#"

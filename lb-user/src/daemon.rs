@@ -45,13 +45,13 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     let classes = crate::compile::classes_per_service(cfg);
     let classes_per_service = classes.max(8).next_power_of_two();
     // The service table holds 16 keys (ports) per service id and CLIENT_CLASS 16 prefixes per
-    // (service, class): more ids than services when the configuration has many ports or
-    // prefixes, with room for twice what it has.
+    // (service, class): more ids than services when the configuration has more ports or
+    // prefixes than that. (Only then: a configuration that fits keeps the sizes, so a restart
+    // after an upgrade still adopts its pinned maps. A reload beyond the room is refused by
+    // the data plane's admission check, asking for a restart.)
     let (keys, prefixes) = crate::compile::installed_counts(cfg);
     let mut max_services = (services * 2).max(16).next_power_of_two();
-    while (max_services as u64 * 16) < 2 * keys as u64
-        || (max_services as u64 * classes_per_service as u64 * 16) < 2 * prefixes as u64
-    {
+    while (max_services as u64 * 16) < keys as u64 || (max_services as u64 * classes_per_service as u64 * 16) < prefixes as u64 {
         max_services *= 2;
     }
     // Active tables plus a standby slot each, and some room for a reload that adds tables.
@@ -111,7 +111,7 @@ struct Daemon {
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::dns::ViewSender,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
-    _lock: std::fs::File,
+    lock: Option<std::fs::File>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -135,36 +135,59 @@ pub async fn run(args: RunArgs) -> Result<()> {
             return Err(e);
         }
     };
-    let (d, _dns_tasks, health_rx) = match start(args.clone(), cfg, lock).await {
+    let (mut d, _dns_tasks, health_rx) = match start(args.clone(), cfg).await {
         Ok(started) => started,
-        Err((e, adopted)) => {
+        Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
-            // What this start made goes; a running data plane it adopted keeps running.
-            if !adopted {
-                for ifname in &args.interfaces {
-                    let _ = dataplane::detach_pinned(&pinning::link_pin(&args.pin_dir, ifname));
+            // What this start made goes (still under the lock); what it found stays: an adopted
+            // data plane keeps running, and so does the program of a discarded one, still
+            // attached through its pinned link.
+            match found {
+                Found::Nothing => {
+                    for ifname in &args.interfaces {
+                        let _ = dataplane::detach_pinned(&pinning::link_pin(&args.pin_dir, ifname));
+                    }
+                    let _ = pinning::remove_map_pins(&args.pin_dir);
+                    let _ = std::fs::remove_dir(&args.pin_dir);
                 }
-                let _ = pinning::remove_map_pins(&args.pin_dir);
-                let _ = std::fs::remove_dir(&args.pin_dir);
+                Found::Discarded => {
+                    let _ = pinning::remove_map_pins(&args.pin_dir);
+                }
+                Found::Adopted | Found::Unknown => {}
             }
+            drop(lock);
             return Err(e);
         }
     };
+    d.lock = Some(lock);
     serve(d, listener, health_rx, (hup, term, int)).await
+}
+
+/// What a start found in the pin directory: what its clean-up after a failure may remove.
+#[derive(Clone, Copy)]
+enum Found {
+    /// No pins: everything there is this start's.
+    Nothing,
+    /// Pins of other sizes or layout, whose maps it unpinned; its own map pins are its.
+    Discarded,
+    /// A data plane it adopted: left as it is.
+    Adopted,
+    /// Failed before it knew: nothing is removed.
+    Unknown,
 }
 
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
 /// error also says whether it had adopted a pinned data plane (which is then left running).
-async fn start(
-    args: RunArgs,
-    cfg: Config,
-    lock: std::fs::File,
-) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, bool)> {
+async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, Found)> {
     let sizes = sizes_for(&cfg);
     let mut ctl = Controller::new(cfg);
-    let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, false))?;
-    let adopted = matches!(reuse, PinState::Reused);
-    let fail = |e: anyhow::Error| (e, adopted);
+    let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, Found::Unknown))?;
+    let found = match reuse {
+        PinState::Fresh => Found::Nothing,
+        PinState::Reused => Found::Adopted,
+        PinState::Discarded(_) => Found::Discarded,
+    };
+    let fail = |e: anyhow::Error| (e, found);
     match reuse {
         PinState::Fresh => {}
         PinState::Reused => {
@@ -205,7 +228,7 @@ async fn start(
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view, _lock: lock };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view, lock: None };
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
@@ -549,11 +572,13 @@ mod tests {
     fn sizes_hold_every_port_and_class_prefix_with_room() {
         let cfg = Config::parse(&service(1)).unwrap();
         assert_eq!(sizes_for(&cfg).max_services, 16);
-        // 300 keys: the service table (16 keys per service id) grows to twice that.
+        // 256 keys fit the 16 service ids' 16 keys each: the sizes stay (pinned maps of a
+        // version before this rule are still adopted); 300 do not, and the table grows.
+        assert_eq!(sizes_for(&Config::parse(&service(256)).unwrap()).max_services, 16);
         let cfg = Config::parse(&service(300)).unwrap();
         let s = sizes_for(&cfg);
-        assert!(s.max_services * 16 >= 600, "{s:?}");
-        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 600);
+        assert!(s.max_services * 16 >= 300, "{s:?}");
+        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 300);
         // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
         let zones: String = (0..2)
             .map(|z| {
@@ -565,6 +590,6 @@ mod tests {
         let cfg = Config::parse(&(zones + &services)).unwrap();
         let s = sizes_for(&cfg);
         let prefixes = s.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").unwrap().1;
-        assert!(prefixes >= 2 * 2080, "{s:?}: CLIENT_CLASS holds {prefixes}");
+        assert!(prefixes >= 2080, "{s:?}: CLIENT_CLASS holds {prefixes}");
     }
 }

@@ -24,8 +24,6 @@ fn is_bpffs(path: &Path) -> bool {
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 
-/// Make sure `pin_dir` exists on a bpffs, mounting bpffs at /sys/fs/bpf if that is where it
-/// belongs and nothing is mounted there yet.
 /// An exclusive lock on the pin directory, held by the running daemon: a second daemon with
 /// another control socket but the same pins is refused instead of taking over the first one's
 /// maps and links. Released when the file closes (also when the process dies).
@@ -43,6 +41,8 @@ pub fn lock_pin_dir(pin_dir: &Path) -> Result<std::fs::File> {
     Ok(dir)
 }
 
+/// Make sure `pin_dir` exists on a bpffs, mounting bpffs at /sys/fs/bpf if that is where it
+/// belongs and nothing is mounted there yet.
 pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
     let sys_bpf = Path::new("/sys/fs/bpf");
     if pin_dir.starts_with(sys_bpf) && !is_bpffs(sys_bpf) {

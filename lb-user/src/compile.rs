@@ -81,6 +81,11 @@ impl Ids {
         id
     }
 
+    /// Takes the generations `other` (a copy of these ids that handed out more) reached.
+    pub fn keep_generations(&mut self, other: &Ids) {
+        self.generations.extend(other.generations.iter().map(|(i, g)| (*i, *g)));
+    }
+
     /// The generation of the backend that holds `id` (0 for an id never handed out here).
     pub fn backend_generation(&self, id: u32) -> u16 {
         self.generations.get(&id).copied().unwrap_or(0)

@@ -248,7 +248,7 @@ impl Controller {
     /// sink ([`Tables::admit`]) nothing is written and nothing changes here. If a write fails
     /// midway (a failed syscall), the previous configuration and every backend's health
     /// verdict, override and drain are put back and the previous state is reconciled again,
-    /// which rewrites what it knows to differ (see [`Controller::reconcile`]).
+    /// which rewrites or removes whatever the failed change wrote (see `repair_picture`).
     pub fn reload(&mut self, cfg: Config, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
         let saved = (self.cfg.clone(), self.checked.clone(), self.overrides.clone(), self.drained.clone());
         self.replace_config(cfg);
@@ -304,8 +304,9 @@ impl Controller {
         cfg
     }
 
-    /// Recompute everything and write what changed. On error the sink may hold a partial
-    /// update of *tables* (each one still whole and atomic); the next reconcile repairs it.
+    /// Recompute everything and write what changed. A change the sink does not admit writes
+    /// nothing. A write error midway leaves part of the change live (each table still whole
+    /// and atomic); the next reconcile repairs it (see `repair_picture`).
     pub fn reconcile(&mut self, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
         let eff = self.effective_config();
         let health: Vec<Vec<bool>> = eff
@@ -342,8 +343,12 @@ impl Controller {
                 Ok(report)
             }
             Err(e) => {
-                // Keep the previous picture so the next attempt diffs against what may still be live.
-                self.applied = old;
+                // Part of `new` may be live over `old`: the next reconcile diffs against a
+                // picture of both that differs from any target wherever this one wrote, so it
+                // rewrites or removes all of that. Ids handed out here keep their bumped
+                // generations: flows may have been made for them while their tables were live.
+                self.applied = Some(repair_picture(old.as_ref(), &new));
+                self.ids.keep_generations(&ids);
                 Err(e)
             }
         }
@@ -463,7 +468,7 @@ impl Controller {
             // HEALTHY stays as last seen: a removed backend's tracked flows keep going to it
             // until the deadline (spec §1.4, P9), whatever their protocol; only one that was
             // unhealthy already is subject to the persistence table as before.
-            let record = Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, ..*b };
+            let record = Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, _pad: [0; 4], ..*b };
             sink.set_backend(*id, &record)?;
             report.backends_departed += 1;
             self.departed.insert((service, addr), Departed { id: *id, record, deadline_ns });
@@ -483,6 +488,62 @@ impl Controller {
         }
         Ok(())
     }
+}
+
+/// What may be live after a write of `new` over `old` failed midway, for the next diff: the
+/// services and backend records of both, with whatever `new` changed marked so that it
+/// compares unequal to anything a reconcile would write (the marks are never written): tables
+/// by flags no table has, backend records by their padding, a service's keys and value by its
+/// pool generation, prefixes by their class. So the next reconcile rewrites what it wants of
+/// those and removes the rest (keys and prefixes of both, backends and services of `new` only).
+fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
+    const MARK: u32 = 0x8000_0000;
+    let mut picture = old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: new.classes_per_service });
+    for svc in &new.services {
+        let Some(p) = picture.services.iter_mut().find(|p| p.name == svc.name) else {
+            // A service only `new` has: it goes at the next reconcile (keys, prefixes, tables).
+            picture.services.push(svc.clone());
+            continue;
+        };
+        if p == svc {
+            continue;
+        }
+        for t in &svc.tables {
+            match p.tables.iter_mut().find(|pt| pt.class == t.class) {
+                Some(pt) => pt.flags = u32::MAX,
+                None => p.tables.push(compile::ClassTable { flags: u32::MAX, ..t.clone() }),
+            }
+        }
+        for k in &svc.keys {
+            if !p.keys.contains(k) {
+                p.keys.push(*k);
+            }
+        }
+        p.info.pool_gen ^= MARK;
+        for pre in &svc.class_prefixes {
+            if !p.class_prefixes.iter().any(|(n, _)| *n == pre.0) {
+                p.class_prefixes.push(*pre);
+            }
+        }
+        for (net, class) in p.class_prefixes.iter_mut() {
+            let _ = net;
+            *class ^= MARK;
+        }
+        for (id, addr) in svc.backend_ids.iter().zip(&svc.backend_addrs) {
+            if !p.backend_ids.contains(id) {
+                p.backend_ids.push(*id);
+                p.backend_addrs.push(*addr);
+            }
+        }
+    }
+    for (id, b) in &new.backends {
+        match picture.backends.iter_mut().find(|(i, _)| i == id) {
+            Some((_, pb)) if pb == b => {}
+            Some((_, pb)) => pb._pad = [0xff; 4],
+            None => picture.backends.push((*id, Backend { _pad: [0xff; 4], ..*b })),
+        }
+    }
+    picture
 }
 
 fn find_backend(c: &Compiled, id: u32) -> Option<(String, IpAddr)> {
@@ -517,6 +578,8 @@ mod tests {
         now: u64,
         /// Service ids the recorder holds (`admit` refuses others); None = any.
         max_services: Option<u32>,
+        /// Table writes left before one fails (a failed syscall midway through a change).
+        fail_table_write_in: Option<usize>,
     }
 
     impl Tables for Recorder {
@@ -526,6 +589,13 @@ mod tests {
             Ok(())
         }
         fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()> {
+            if let Some(n) = self.fail_table_write_in.as_mut() {
+                if *n == 0 {
+                    self.fail_table_write_in = None;
+                    anyhow::bail!("injected failure writing table ({service}, {class})");
+                }
+                *n -= 1;
+            }
             self.writes += 1;
             self.tables.insert((service, class), (flags, entries.to_vec()));
             Ok(())
@@ -840,6 +910,36 @@ mod tests {
         c.replace_config(Config::parse(&profile("")).unwrap());
         assert_eq!(c.monitor_status("tm", ip("198.18.11.1")), MonitorStatus::CheckingEndpoint, "just enabled");
         assert_eq!(c.monitor_status("tm", ip("198.18.11.2")), MonitorStatus::Online, "the other keeps its verdict");
+    }
+
+    #[test]
+    fn a_reload_that_fails_midway_is_repaired_to_the_previous_state() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        let before = (r.tables.clone(), r.services.clone(), r.prefixes.clone(), r.backends.clone());
+        // The reload adds a backend to web (its tables change) and a service; the second table
+        // write of the change fails, after the first one is live.
+        let next = CFG.to_owned()
+            + "\n[[service.backend]]\naddress = \"198.18.12.2\"\nzone = \"zone-b\"\n\
+               [[service]]\nname = \"api\"\nvip = \"198.18.0.101\"\nprotocol = \"TCP\"\nports = [443]\n\
+               [[service.backend]]\naddress = \"198.18.13.1\"\nzone = \"zone-a\"\n";
+        r.fail_table_write_in = Some(1);
+        let err = c.reload(Config::parse(&next).unwrap(), &mut r).unwrap_err();
+        assert!(format!("{err:#}").contains("injected failure"), "{err:#}");
+        assert_eq!(c.config().services.len(), 1, "the previous configuration is back");
+        // (The recorder keeps an empty prefix list for a service whose prefixes were removed.)
+        r.prefixes.retain(|_, p| !p.is_empty());
+        assert_eq!((&r.tables, &r.services, &r.prefixes), (&before.0, &before.1, &before.2), "the repair rewrote what was written");
+        for (id, b) in &r.backends {
+            match before.3.get(id) {
+                Some(was) => assert_eq!(b, was, "backend {id}"),
+                None => assert_ne!(b.flags & backend_flags::REMOVED, 0, "a record written for the failed change is flagged removed: {id}"),
+            }
+        }
+        // And the change applies when it can.
+        c.reload(Config::parse(&next).unwrap(), &mut r).unwrap();
+        assert_eq!(r.services.len(), 2);
     }
 
     #[test]

@@ -507,8 +507,11 @@ impl Dataplane {
         if !self.class_prefixes.iter().any(|(s, _)| *s == service) {
             self.classed_services.set(service, 0, 0).context("writing CLASSED_SERVICES")?;
         }
-        self.client_class.remove(&key).context("removing from CLIENT_CLASS")?;
-        Ok(())
+        match self.client_class.remove(&key) {
+            // Not there (a repair after a failed write removes what may have been added): done.
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r.context("removing from CLIENT_CLASS"),
+        }
     }
 
     fn table_index_of(&self, service: u32, class: u32) -> Result<u32> {

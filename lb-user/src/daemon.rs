@@ -8,11 +8,10 @@ use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::explain::{self, Flow};
-use crate::health::{self, HealthEvent, ProbeSpec};
+use crate::health::{self, HealthEvent};
 use crate::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -106,7 +105,8 @@ struct Daemon {
     args: RunArgs,
     ctl: Controller,
     dp: Dataplane,
-    checkers: Vec<JoinHandle<()>>,
+    /// The probe tasks running, with what each one probes.
+    checkers: Vec<(health::Probe, JoinHandle<()>)>,
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::dns::ViewSender,
@@ -297,31 +297,27 @@ impl Daemon {
         }
     }
 
+    /// Runs the probes the configuration asks for: one that runs already with the same target
+    /// and settings keeps running (a reload does not reset its streak of results); the others
+    /// stop, and new ones start from the last verdict known.
     fn start_checkers(&mut self) {
-        for h in self.checkers.drain(..) {
-            h.abort();
-        }
-        let cfg = self.ctl.config().clone();
-        for svc in &cfg.services {
-            let Some(hc) = &svc.health_check else { continue };
-            let Some(port) = svc.health_check_port() else { continue };
-            let spec = ProbeSpec::from_config(hc, port);
-            let n = svc.backends.len() as u32;
-            for (i, b) in svc.backends.iter().enumerate() {
-                let initially = self.ctl.checker_verdict(&svc.name, b.address).unwrap_or(true);
-                self.checkers.push(health::spawn_checker(
-                    svc.name.clone(),
-                    SocketAddr::new(b.address, spec.port),
-                    spec.clone(),
-                    initially,
-                    i as u32,
-                    n,
-                    self.events.clone(),
-                ));
+        let wanted = health::probes_for(self.ctl.config());
+        let mut running = std::mem::take(&mut self.checkers);
+        running.retain(|(probe, task)| {
+            let keep = !task.is_finished() && wanted.iter().any(|w| w.same_as(probe));
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for probe in wanted {
+            if !running.iter().any(|(p, _)| p.same_as(&probe)) {
+                let (service, backend) = probe.target();
+                let task = probe.spawn(self.ctl.checker_verdict(service, backend), &self.events);
+                running.push((probe, task));
             }
         }
-        // Traffic Manager `[service.monitor]` probes report through the same channel.
-        self.checkers.extend(health::spawn_monitors(&cfg, &|s, a| self.ctl.checker_verdict(s, a), &self.events));
+        self.checkers = running;
     }
 
     /// A pool-change drain that has ended is written to the data plane.
@@ -518,7 +514,7 @@ impl Daemon {
     }
 
     fn shutdown(mut self) -> Result<()> {
-        for h in self.checkers.drain(..) {
+        for (_, h) in self.checkers.drain(..) {
             h.abort();
         }
         let _ = std::fs::remove_file(&self.args.socket);

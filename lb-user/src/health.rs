@@ -253,12 +253,71 @@ pub fn spawn_monitor(
 /// Monitor tasks for every probed endpoint of the Traffic Manager services with a
 /// `[service.monitor]`: not nested (derived from the child), not Disabled (never probed),
 /// not alwaysServe (Unmonitored), not in a Disabled profile (Inactive).
-pub fn spawn_monitors(
-    cfg: &Config,
-    verdict: &dyn Fn(&str, IpAddr) -> Option<bool>,
-    events: &mpsc::Sender<HealthEvent>,
-) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
+/// One probe task the configuration asks for: a health check of a backend, or a Traffic
+/// Manager monitor of an endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Probe {
+    /// `slot` of `of`: where in the interval the first probe goes (spreads a service's probes).
+    Check { service: String, backend: IpAddr, spec: ProbeSpec, slot: u32, of: u32 },
+    Monitor { service: String, backend: IpAddr, settings: MonitorSettings },
+}
+
+impl Probe {
+    /// The same probe (target and settings; not its place in the interval): a reload keeps it
+    /// running, with its streak of results, instead of starting over.
+    pub fn same_as(&self, other: &Probe) -> bool {
+        match (self, other) {
+            (Probe::Check { service: s, backend: b, spec, .. }, Probe::Check { service: s2, backend: b2, spec: spec2, .. }) => {
+                (s, b, spec) == (s2, b2, spec2)
+            }
+            (Probe::Monitor { .. }, Probe::Monitor { .. }) => self == other,
+            _ => false,
+        }
+    }
+
+    /// Starts it, from the last verdict known for its target (`verdict`).
+    pub fn spawn(&self, verdict: Option<bool>, events: &mpsc::Sender<HealthEvent>) -> JoinHandle<()> {
+        match self {
+            Probe::Check { service, backend, spec, slot, of } => spawn_checker(
+                service.clone(),
+                SocketAddr::new(*backend, spec.port),
+                spec.clone(),
+                verdict.unwrap_or(true),
+                *slot,
+                *of,
+                events.clone(),
+            ),
+            Probe::Monitor { service, backend, settings } => spawn_monitor(
+                service.clone(),
+                SocketAddr::new(*backend, settings.port),
+                settings.clone(),
+                verdict,
+                Duration::from_secs(u64::from(settings.interval_sec)),
+                events.clone(),
+            ),
+        }
+    }
+
+    pub fn target(&self) -> (&str, IpAddr) {
+        match self {
+            Probe::Check { service, backend, .. } | Probe::Monitor { service, backend, .. } => (service, *backend),
+        }
+    }
+}
+
+/// Every probe `cfg` asks for: `[service.health_check]` of each backend, and
+/// `[service.monitor]` of each Traffic Manager endpoint that is not nested (derived from the
+/// child), not Disabled (never probed) and not always-serve.
+pub fn probes_for(cfg: &Config) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    for svc in &cfg.services {
+        let (Some(hc), Some(port)) = (&svc.health_check, svc.health_check_port()) else { continue };
+        let spec = ProbeSpec::from_config(hc, port);
+        let of = svc.backends.len() as u32;
+        for (i, b) in svc.backends.iter().enumerate() {
+            probes.push(Probe::Check { service: svc.name.clone(), backend: b.address, spec: spec.clone(), slot: i as u32, of });
+        }
+    }
     for svc in &cfg.services {
         if !svc.routing_method.is_traffic_manager() || svc.profile_status() == AdminStatus::Disabled {
             continue;
@@ -268,17 +327,10 @@ pub fn spawn_monitors(
             if b.is_nested() || b.always_serve || b.endpoint_status == AdminStatus::Disabled {
                 continue;
             }
-            tasks.push(spawn_monitor(
-                svc.name.clone(),
-                SocketAddr::new(b.address, settings.port),
-                settings.clone(),
-                verdict(&svc.name, b.address),
-                Duration::from_secs(u64::from(settings.interval_sec)),
-                events.clone(),
-            ));
+            probes.push(Probe::Monitor { service: svc.name.clone(), backend: b.address, settings: settings.clone() });
         }
     }
-    tasks
+    probes
 }
 
 #[cfg(test)]
@@ -297,6 +349,29 @@ mod tests {
             healthy_threshold: 2,
             unhealthy_threshold: 3,
         }
+    }
+
+    #[test]
+    fn a_reload_keeps_probes_whose_target_and_settings_stay() {
+        let svc = |backends: &str, interval: u32| {
+            format!(
+                "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\
+                 [service.health_check]\ncheck_interval_sec = {interval}\n{backends}"
+            )
+        };
+        let one = "[[service.backend]]\naddress = \"198.18.11.1\"\n";
+        let two = format!("{one}[[service.backend]]\naddress = \"198.18.11.2\"\n");
+        let before = probes_for(&Config::parse(&svc(one, 5)).unwrap());
+        assert_eq!(before.len(), 1);
+        // A backend added: the first one's probe is the same (only its place in the interval
+        // moved), so it keeps running; the new one starts.
+        let after = probes_for(&Config::parse(&svc(&two, 5)).unwrap());
+        assert_eq!(after.len(), 2);
+        assert!(after[0].same_as(&before[0]) && after[0] != before[0]);
+        assert!(!after[1].same_as(&before[0]));
+        // Other settings: another probe.
+        let slower = probes_for(&Config::parse(&svc(one, 10)).unwrap());
+        assert!(!slower[0].same_as(&before[0]));
     }
 
     #[test]

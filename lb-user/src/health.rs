@@ -327,7 +327,9 @@ pub fn probes_for(cfg: &Config) -> Vec<Probe> {
             if b.is_nested() || b.always_serve || b.endpoint_status == AdminStatus::Disabled {
                 continue;
             }
-            probes.push(Probe::Monitor { service: svc.name.clone(), backend: b.address, settings: settings.clone() });
+            // Endpoint headers are validated with the configuration.
+            let own = crate::tm::monitor::parse_custom_headers(&b.custom_headers).unwrap_or_default();
+            probes.push(Probe::Monitor { service: svc.name.clone(), backend: b.address, settings: settings.for_endpoint(&own) });
         }
     }
     probes

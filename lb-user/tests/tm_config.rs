@@ -603,6 +603,33 @@ fn o2_monitor_settings_out_of_range() {
     accept(&monitored(&format!("{http}custom_headers = [\"Host:example.com\"]\nexpected_status_ranges = [\"200-299\", \"301\"]")));
 }
 
+/// Spec §2.3: custom headers at the profile and/or the endpoint level, the endpoint's winning.
+#[test]
+fn endpoint_custom_headers_need_an_http_monitor_and_win() {
+    let with = |monitor: &str, headers: &str| {
+        format!(
+            "{}\n[service.monitor]\n{monitor}\n{}",
+            svc("tm", "PRIORITY", "", &[]),
+            ep("e1", "192.0.2.1", &format!("custom_headers = [{headers}]"))
+        )
+    };
+    let http = "protocol = \"HTTP\"\nport = 80\npath = \"/\"\ncustom_headers = [\"Host:profile.example\", \"X-Env:prod\"]";
+    let cfg = accept(&with(http, "\"host:endpoint.example\""));
+    let probes = lb_user::health::probes_for(&cfg);
+    match &probes[..] {
+        [lb_user::health::Probe::Monitor { settings, .. }] => assert_eq!(
+            settings.custom_headers,
+            [("X-Env".to_string(), "prod".to_string()), ("host".to_string(), "endpoint.example".to_string())],
+            "the endpoint's Host replaces the profile's"
+        ),
+        other => panic!("{other:?}"),
+    }
+    reject(&with("protocol = \"TCP\"\nport = 80", "\"Host:x\""), TM, "backend[0].custom_headers", &["HTTP or HTTPS"]);
+    reject(&with(http, "\"novalue\""), TM, "backend[0].custom_headers", &["name:value"]);
+    let nine: Vec<String> = (0..9).map(|i| format!("\"X-{i}:v\"")).collect();
+    reject(&with(http, &nine.join(",")), TM, "backend[0].custom_headers", &["at most 8"]);
+}
+
 // ---------------------------------------------------------------- method vs. fields
 
 #[test]

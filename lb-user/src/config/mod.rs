@@ -327,6 +327,10 @@ pub struct Backend {
     /// `alwaysServe`: never probed, monitor status Unmonitored (counted as Online).
     #[serde(default)]
     pub always_serve: bool,
+    /// Endpoint-level monitor headers ("name:value", at most 8): added to the profile's
+    /// `[service.monitor] custom_headers`, replacing one of the same name (endpoint wins).
+    #[serde(default)]
+    pub custom_headers: Vec<String>,
 }
 
 impl Backend {

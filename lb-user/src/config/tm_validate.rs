@@ -163,6 +163,7 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
                 "min_child_endpoints_ipv6",
             ),
             (b.always_serve, "always_serve"),
+            (!b.custom_headers.is_empty(), "custom_headers"),
         ] {
             if set {
                 only_tm(format!("backend[{i}].{field}"), r);
@@ -389,6 +390,17 @@ fn check_subnets(svc: &Service, r: &mut Report) {
 
 fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Report) {
     let method = svc.routing_method;
+    if !b.custom_headers.is_empty() {
+        let http = svc.monitor.as_ref().is_some_and(|m| matches!(m.protocol, MonitorProtocol::Http | MonitorProtocol::Https));
+        if !http {
+            r.push(
+                format!("backend[{i}].custom_headers"),
+                "only allowed with a [service.monitor] of protocol = HTTP or HTTPS (headers go with its probes)",
+            );
+        } else if let Err(e) = crate::tm::monitor::parse_custom_headers(&b.custom_headers) {
+            r.push(format!("backend[{i}].custom_headers"), e);
+        }
+    }
     if b.zone.is_some() {
         r.push(
             format!("backend[{i}].zone"),

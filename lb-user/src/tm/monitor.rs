@@ -177,16 +177,9 @@ impl MonitorSettings {
                 ),
             ));
         } else {
-            for h in &m.custom_headers {
-                match h.split_once(':') {
-                    Some((name, value)) if !name.trim().is_empty() => {
-                        custom_headers.push((name.trim().to_string(), value.trim().to_string()))
-                    }
-                    _ => problems.push((
-                        "custom_headers",
-                        format!("{h:?} is malformed: expected \"name:value\""),
-                    )),
-                }
+            match parse_custom_headers(&m.custom_headers) {
+                Ok(h) => custom_headers = h,
+                Err(e) => problems.push(("custom_headers", e)),
             }
         }
         if problems.is_empty() {
@@ -203,6 +196,15 @@ impl MonitorSettings {
         } else {
             Err(problems)
         }
+    }
+
+    /// These settings for one endpoint: its own `custom_headers` (already validated) added,
+    /// replacing a profile header of the same name (spec §2.3: "endpoint wins").
+    pub fn for_endpoint(&self, endpoint_headers: &[(String, String)]) -> MonitorSettings {
+        let mut s = self.clone();
+        s.custom_headers.retain(|(n, _)| !endpoint_headers.iter().any(|(e, _)| e.eq_ignore_ascii_case(n)));
+        s.custom_headers.extend(endpoint_headers.iter().cloned());
+        s
     }
 
     /// Whether one probe succeeded. HTTP(S): a status in the expected ranges within the
@@ -318,4 +320,17 @@ pub fn nested_endpoint_status(
         _ if online + checking >= min => MonitorStatus::CheckingEndpoint,
         _ => MonitorStatus::Degraded,
     }
+}
+
+/// `custom_headers` entries ("name:value", at most [`MAX_CUSTOM_HEADERS`]) as pairs.
+pub fn parse_custom_headers(list: &[String]) -> Result<Vec<(String, String)>, String> {
+    if list.len() > MAX_CUSTOM_HEADERS {
+        return Err(format!("{} headers given: at most {MAX_CUSTOM_HEADERS}", list.len()));
+    }
+    list.iter()
+        .map(|h| match h.split_once(':') {
+            Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_string(), value.trim().to_string())),
+            _ => Err(format!("{h:?} is malformed: expected \"name:value\"")),
+        })
+        .collect()
 }

@@ -81,8 +81,15 @@ impl Ids {
         id
     }
 
-    /// Takes the generations `other` (a copy of these ids that handed out more) reached.
-    pub fn keep_generations(&mut self, other: &Ids) {
+    /// Adds what `other` (a copy of these ids that handed out more) has and these lack: its
+    /// new services and backends, with the generations it reached.
+    pub fn absorb(&mut self, other: &Ids) {
+        for (name, id) in &other.services {
+            self.services.entry(name.clone()).or_insert(*id);
+        }
+        for (key, id) in &other.backends {
+            self.backends.entry(key.clone()).or_insert(*id);
+        }
         self.generations.extend(other.generations.iter().map(|(i, g)| (*i, *g)));
     }
 

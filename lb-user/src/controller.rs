@@ -344,11 +344,11 @@ impl Controller {
             }
             Err(e) => {
                 // Part of `new` may be live over `old`: the next reconcile diffs against a
-                // picture of both that differs from any target wherever this one wrote, so it
-                // rewrites or removes all of that. Ids handed out here keep their bumped
-                // generations: flows may have been made for them while their tables were live.
+                // picture of both that differs from any target, so it rewrites or removes all of
+                // it. Ids handed out here stay reserved (with their bumped generations) while
+                // the repair departs their backends: flows may have been made for them.
                 self.applied = Some(repair_picture(old.as_ref(), &new));
-                self.ids.keep_generations(&ids);
+                self.ids.absorb(&ids);
                 Err(e)
             }
         }
@@ -491,27 +491,25 @@ impl Controller {
 }
 
 /// What may be live after a write of `new` over `old` failed midway, for the next diff: the
-/// services and backend records of both, with whatever `new` changed marked so that it
-/// compares unequal to anything a reconcile would write (the marks are never written): tables
-/// by flags no table has, backend records by their padding, a service's keys and value by its
-/// pool generation, prefixes by their class. So the next reconcile rewrites what it wants of
-/// those and removes the rest (keys and prefixes of both, backends and services of `new` only).
+/// services and backend records of both, every one of them marked so that it compares unequal
+/// to anything a reconcile would write (the marks are never written): tables by flags no table
+/// has, backend records by their padding, a service's value by its pool generation, prefixes
+/// by their class. So the next reconcile rewrites everything it wants (a full rewrite, after a
+/// rare failure) and removes the rest (keys and prefixes of both, services and backends that
+/// only the failed change had).
 fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
     const MARK: u32 = 0x8000_0000;
-    let mut picture = old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: new.classes_per_service });
+    let mut picture = old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: 0 });
+    // Tables of the larger class row are removed with a service.
+    picture.classes_per_service = picture.classes_per_service.max(new.classes_per_service);
     for svc in &new.services {
         let Some(p) = picture.services.iter_mut().find(|p| p.name == svc.name) else {
-            // A service only `new` has: it goes at the next reconcile (keys, prefixes, tables).
             picture.services.push(svc.clone());
             continue;
         };
-        if p == svc {
-            continue;
-        }
         for t in &svc.tables {
-            match p.tables.iter_mut().find(|pt| pt.class == t.class) {
-                Some(pt) => pt.flags = u32::MAX,
-                None => p.tables.push(compile::ClassTable { flags: u32::MAX, ..t.clone() }),
+            if !p.tables.iter().any(|pt| pt.class == t.class) {
+                p.tables.push(t.clone());
             }
         }
         for k in &svc.keys {
@@ -519,15 +517,10 @@ fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
                 p.keys.push(*k);
             }
         }
-        p.info.pool_gen ^= MARK;
         for pre in &svc.class_prefixes {
             if !p.class_prefixes.iter().any(|(n, _)| *n == pre.0) {
                 p.class_prefixes.push(*pre);
             }
-        }
-        for (net, class) in p.class_prefixes.iter_mut() {
-            let _ = net;
-            *class ^= MARK;
         }
         for (id, addr) in svc.backend_ids.iter().zip(&svc.backend_addrs) {
             if !p.backend_ids.contains(id) {
@@ -537,11 +530,21 @@ fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
         }
     }
     for (id, b) in &new.backends {
-        match picture.backends.iter_mut().find(|(i, _)| i == id) {
-            Some((_, pb)) if pb == b => {}
-            Some((_, pb)) => pb._pad = [0xff; 4],
-            None => picture.backends.push((*id, Backend { _pad: [0xff; 4], ..*b })),
+        if !picture.backends.iter().any(|(i, _)| i == id) {
+            picture.backends.push((*id, *b));
         }
+    }
+    for p in &mut picture.services {
+        p.info.pool_gen ^= MARK;
+        for t in &mut p.tables {
+            t.flags = u32::MAX;
+        }
+        for (_, class) in &mut p.class_prefixes {
+            *class ^= MARK;
+        }
+    }
+    for (_, b) in &mut picture.backends {
+        b._pad = [0xff; 4];
     }
     picture
 }
@@ -578,24 +581,34 @@ mod tests {
         now: u64,
         /// Service ids the recorder holds (`admit` refuses others); None = any.
         max_services: Option<u32>,
-        /// Table writes left before one fails (a failed syscall midway through a change).
-        fail_table_write_in: Option<usize>,
+        /// (operation, how many of them succeed first): that operation then fails once (a
+        /// failed syscall midway through a change).
+        fail: Option<(&'static str, usize)>,
+    }
+
+    impl Recorder {
+        fn maybe_fail(&mut self, op: &'static str) -> anyhow::Result<()> {
+            if let Some((what, n)) = self.fail.as_mut().filter(|(what, _)| *what == op) {
+                if *n == 0 {
+                    let what = *what;
+                    self.fail = None;
+                    anyhow::bail!("injected failure of {what}");
+                }
+                *n -= 1;
+            }
+            Ok(())
+        }
     }
 
     impl Tables for Recorder {
         fn set_backend(&mut self, id: u32, b: &Backend) -> anyhow::Result<()> {
+            self.maybe_fail("set_backend")?;
             self.writes += 1;
             self.backends.insert(id, *b);
             Ok(())
         }
         fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()> {
-            if let Some(n) = self.fail_table_write_in.as_mut() {
-                if *n == 0 {
-                    self.fail_table_write_in = None;
-                    anyhow::bail!("injected failure writing table ({service}, {class})");
-                }
-                *n -= 1;
-            }
+            self.maybe_fail("write_table")?;
             self.writes += 1;
             self.tables.insert((service, class), (flags, entries.to_vec()));
             Ok(())
@@ -618,6 +631,7 @@ mod tests {
             Ok(())
         }
         fn remove_tables(&mut self, service: u32, _classes: u32) -> anyhow::Result<()> {
+            self.maybe_fail("remove_tables")?;
             self.tables.retain(|(s, _), _| *s != service);
             Ok(())
         }
@@ -924,7 +938,7 @@ mod tests {
             + "\n[[service.backend]]\naddress = \"198.18.12.2\"\nzone = \"zone-b\"\n\
                [[service]]\nname = \"api\"\nvip = \"198.18.0.101\"\nprotocol = \"TCP\"\nports = [443]\n\
                [[service.backend]]\naddress = \"198.18.13.1\"\nzone = \"zone-a\"\n";
-        r.fail_table_write_in = Some(1);
+        r.fail = Some(("write_table", 1));
         let err = c.reload(Config::parse(&next).unwrap(), &mut r).unwrap_err();
         assert!(format!("{err:#}").contains("injected failure"), "{err:#}");
         assert_eq!(c.config().services.len(), 1, "the previous configuration is back");
@@ -940,6 +954,31 @@ mod tests {
         // And the change applies when it can.
         c.reload(Config::parse(&next).unwrap(), &mut r).unwrap();
         assert_eq!(r.services.len(), 2);
+    }
+
+    /// Failures late in a change (after keys were removed, after backends were flagged
+    /// removed) are repaired too: what the failed change took away comes back.
+    #[test]
+    fn a_reload_that_fails_late_gets_back_what_it_removed() {
+        let api = "\n[[service]]\nname = \"api\"\nvip = \"198.18.0.101\"\nprotocol = \"TCP\"\nports = [443]\n\
+                   [[service.backend]]\naddress = \"198.18.13.1\"\nzone = \"zone-a\"\n";
+        let both = CFG.to_owned() + api;
+        // web without two of its backends, api gone.
+        let smaller = CFG.replace("[[service.backend]]\n        address = \"198.18.11.1\"\n        zone = \"zone-a\"\n", "")
+            .replace("[[service.backend]]\n        address = \"198.18.11.2\"\n        zone = \"zone-a\"\n", "");
+        assert_eq!(Config::parse(&smaller).unwrap().services[0].backends.len(), 1, "{smaller}");
+        for fail in [("remove_tables", 0), ("set_backend", 1)] {
+            let mut c = Controller::new(Config::parse(&both).unwrap());
+            let mut r = Recorder { now: 1_000, ..Default::default() };
+            c.reconcile(&mut r).unwrap();
+            let before = (r.tables.clone(), r.services.clone(), r.backends.clone());
+            r.fail = Some(fail);
+            let err = c.reload(Config::parse(&smaller).unwrap(), &mut r).unwrap_err();
+            assert!(format!("{err:#}").contains("injected failure"), "{fail:?}: {err:#}");
+            assert_eq!(r.services, before.1, "{fail:?}: api's keys are back");
+            assert_eq!(r.tables, before.0, "{fail:?}: every table as before");
+            assert_eq!(r.backends, before.2, "{fail:?}: no backend left flagged removed");
+        }
     }
 
     #[test]

@@ -219,7 +219,12 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(S
                     let current = view.borrow().clone();
                     let Some(out) = answer(&current, &msg, peer.ip(), &mut rng) else { return };
                     let Ok(out_len) = u16::try_from(out.len()) else { return };
-                    if stream.write_u16(out_len).await.is_err() || stream.write_all(&out).await.is_err() {
+                    // A client that does not read its answers is closed as well.
+                    let write = async {
+                        stream.write_u16(out_len).await?;
+                        stream.write_all(&out).await
+                    };
+                    if !matches!(tokio::time::timeout(TCP_IDLE, write).await, Ok(Ok(()))) {
                         return;
                     }
                 }

@@ -196,7 +196,8 @@ pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeO
             MonitorProtocol::Tcp => Some(ProbeOutcome::Connected),
             MonitorProtocol::Http => http_get_status(&mut stream, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus),
             MonitorProtocol::Https => {
-                let host = m.custom_headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("host")).map(|(_, v)| v.as_str());
+                // The Host header's name, without a port ("app.example:8443").
+                let host = m.custom_headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("host")).map(|(_, v)| v.rsplit_once(':').map_or(v.as_str(), |(h, _)| h));
                 let name = host
                     .and_then(|h| tokio_rustls::rustls::pki_types::ServerName::try_from(h.to_owned()).ok())
                     .unwrap_or_else(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));

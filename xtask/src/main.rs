@@ -54,20 +54,19 @@ fn main() -> Result<()> {
 
 /// Ctrl-C reaches the whole foreground process group: the command running under xtask (the
 /// demo, a test binary) handles it or dies of it, and xtask goes on to its clean-up (the bpffs
-/// guard) instead of dying first. A handler rather than SIG_IGN, so that the commands it starts
-/// begin with the default disposition.
+/// guard) instead of dying first. SIGINT only: a SIGTERM sent to xtask alone still stops it. A
+/// handler rather than SIG_IGN, so that the commands it starts begin with the default
+/// disposition.
 fn survive_interrupts() {
     extern "C" fn noted(_: libc::c_int) {}
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: installing an async-signal-safe (empty) handler.
-        unsafe { libc::signal(sig, noted as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-    }
+    // SAFETY: installing an async-signal-safe (empty) handler.
+    unsafe { libc::signal(libc::SIGINT, noted as extern "C" fn(libc::c_int) as libc::sighandler_t) };
 }
 
 /// The tests and the demo run `ip`, `sysctl` and `ethtool` by name; a non-login root shell's
 /// PATH may lack the sbin directories they live in.
 fn add_sbin_to_path() {
-    let path = std::env::var("PATH").unwrap_or_default();
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".to_owned());
     let mut dirs: Vec<&str> = path.split(':').filter(|d| !d.is_empty()).collect();
     for d in ["/usr/local/sbin", "/usr/sbin", "/sbin"] {
         if !dirs.contains(&d) {

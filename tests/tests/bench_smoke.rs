@@ -16,6 +16,8 @@ fn dp_bench_quick_run_passes_its_own_checks() {
         "CONNTRACK4 insert, new key, filled table",
         "lb L2 DSR, conntrack hit, incl. wrapper",
         "two bpf_xdp_adjust_head calls, delta 0",
+        "the wrapper's own overhead on an IPIP case, estimated",
+        "target IPv4 conntrack hit <= 70 ns above the floor",
     ] {
         assert!(text.contains(row), "missing row {row:?} in:\n{text}");
     }

@@ -449,9 +449,25 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     let verdict = |above: f64, target: f64| if above <= target { "met" } else { "MISSED" };
     let hit = v4.ct_hit - v4.floor;
     let new = v4.new_flow - v4.floor;
+    // The wrapper's own share of an IPIP figure: the wrapper alone (a head growth like the
+    // encapsulation's, then the restore) minus the one head adjustment the encapsulation
+    // makes anyway (half of the two-call figure). Derived from three medians: an estimate.
+    let overhead = (v4.restore_only - v4.floor) - (ops.helper_calls - v4.floor) / 2.0;
+    println!("  the wrapper's own overhead on an IPIP case, estimated: wrapper alone - one head adjustment = {overhead:.0} ns");
+    println!();
     println!("  targets, judged on the medians:");
-    println!("  target IPv4 conntrack hit <= 70 ns above the floor: {hit:.0} ns (wrapper included) -> {}", verdict(hit, 70.0));
-    println!("  target IPv4 new flow      <= 180 ns above the floor: {new:.0} ns (wrapper included) -> {}", verdict(new, 180.0));
+    println!(
+        "  target IPv4 conntrack hit <= 70 ns above the floor: {hit:.0} ns with the wrapper -> {}; {:.0} ns with its overhead subtracted -> {}",
+        verdict(hit, 70.0),
+        hit - overhead,
+        verdict(hit - overhead, 70.0)
+    );
+    println!(
+        "  target IPv4 new flow      <= 180 ns above the floor: {new:.0} ns with the wrapper -> {}; {:.0} ns with its overhead subtracted -> {}",
+        verdict(new, 180.0),
+        new - overhead,
+        verdict(new - overhead, 180.0)
+    );
 }
 
 fn main() -> Result<()> {

@@ -105,8 +105,10 @@ struct Daemon {
     args: RunArgs,
     ctl: Controller,
     dp: Dataplane,
-    /// The probe tasks running, with what each one probes.
-    checkers: Vec<(health::Probe, JoinHandle<()>)>,
+    /// The probe tasks running, with what each one probes and its number.
+    checkers: Vec<(health::Probe, JoinHandle<()>, u64)>,
+    /// The number the next probe task gets.
+    next_probe: u64,
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::dns::ViewSender,
@@ -228,7 +230,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), events, dns_view, lock: None };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, events, dns_view, lock: None };
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
@@ -303,7 +305,7 @@ impl Daemon {
     fn start_checkers(&mut self) {
         let wanted = health::probes_for(self.ctl.config());
         let mut running = std::mem::take(&mut self.checkers);
-        running.retain(|(probe, task)| {
+        running.retain(|(probe, task, _)| {
             let keep = !task.is_finished() && wanted.iter().any(|w| w.same_as(probe));
             if !keep {
                 task.abort();
@@ -311,10 +313,12 @@ impl Daemon {
             keep
         });
         for probe in wanted {
-            if !running.iter().any(|(p, _)| p.same_as(&probe)) {
+            if !running.iter().any(|(p, _, _)| p.same_as(&probe)) {
                 let (service, backend) = probe.target();
-                let task = probe.spawn(self.ctl.checker_verdict(service, backend), &self.events);
-                running.push((probe, task));
+                let id = self.next_probe;
+                self.next_probe += 1;
+                let task = probe.spawn(self.ctl.checker_verdict(service, backend), &self.events, id);
+                running.push((probe, task, id));
             }
         }
         self.checkers = running;
@@ -331,6 +335,11 @@ impl Daemon {
     }
 
     fn on_health(&mut self, ev: HealthEvent) {
+        // A report of a probe stopped since (a reload changed it) is stale: its replacement
+        // started from the verdict known then and reports changes from there.
+        if !self.checkers.iter().any(|(_, _, id)| *id == ev.probe) {
+            return;
+        }
         eprintln!(
             "lb: health: service {} backend {} is now {} ({})",
             ev.service,
@@ -514,7 +523,7 @@ impl Daemon {
     }
 
     fn shutdown(mut self) -> Result<()> {
-        for (_, h) in self.checkers.drain(..) {
+        for (_, h, _) in self.checkers.drain(..) {
             h.abort();
         }
         let _ = std::fs::remove_file(&self.args.socket);

@@ -146,6 +146,9 @@ pub struct HealthEvent {
     pub backend: std::net::IpAddr,
     pub healthy: bool,
     pub reason: String,
+    /// The probe task that reports it (its number when started): the daemon ignores a report
+    /// of a task it has stopped since, which may still sit in the channel.
+    pub probe: u64,
 }
 
 /// Probe one backend forever, sending verdict changes. `slot`/`of` spread the first probe.
@@ -157,6 +160,7 @@ pub fn spawn_checker(
     slot: u32,
     of: u32,
     events: mpsc::Sender<HealthEvent>,
+    probe: u64,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let offset = spec.interval.mul_f64(slot as f64 / of.max(1) as f64);
@@ -172,7 +176,7 @@ pub fn spawn_checker(
                 Err(e) => e.clone(),
             };
             if let Some(healthy) = verdict.record(result.is_ok(), &spec) {
-                let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason };
+                let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason, probe };
                 if events.send(event).await.is_err() {
                     return; // the daemon is shutting down
                 }
@@ -277,6 +281,7 @@ pub fn spawn_monitor(
     initially: Option<bool>,
     interval: Duration,
     events: mpsc::Sender<HealthEvent>,
+    probe: u64,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut monitor = EndpointMonitor::new(settings.tolerated_failures);
@@ -304,7 +309,7 @@ pub fn spawn_monitor(
             reported = status;
             let healthy = status == MonitorStatus::Online;
             let reason = format!("monitor: {status} after probe result {outcome:?}");
-            let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason };
+            let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason, probe };
             if events.send(event).await.is_err() {
                 return;
             }
@@ -337,8 +342,8 @@ impl Probe {
         }
     }
 
-    /// Starts it, from the last verdict known for its target (`verdict`).
-    pub fn spawn(&self, verdict: Option<bool>, events: &mpsc::Sender<HealthEvent>) -> JoinHandle<()> {
+    /// Starts it as task number `id`, from the last verdict known for its target (`verdict`).
+    pub fn spawn(&self, verdict: Option<bool>, events: &mpsc::Sender<HealthEvent>, id: u64) -> JoinHandle<()> {
         match self {
             Probe::Check { service, backend, spec, slot, of } => spawn_checker(
                 service.clone(),
@@ -348,6 +353,7 @@ impl Probe {
                 *slot,
                 *of,
                 events.clone(),
+                id,
             ),
             Probe::Monitor { service, backend, settings } => spawn_monitor(
                 service.clone(),
@@ -356,6 +362,7 @@ impl Probe {
                 verdict,
                 Duration::from_secs(u64::from(settings.interval_sec)),
                 events.clone(),
+                id,
             ),
         }
     }
@@ -505,7 +512,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, mut rx) = mpsc::channel(8);
-        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, 0, 1, tx);
+        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, 0, 1, tx, 7);
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("web", addr.ip(), true));
         drop(listener);
@@ -622,7 +629,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (tx, mut rx) = mpsc::channel(8);
         let settings = monitor(MonitorProtocol::Tcp, addr.port(), vec![(200, 200)]);
-        let task = spawn_monitor("tm".into(), addr, settings, None, Duration::from_millis(50), tx);
+        let task = spawn_monitor("tm".into(), addr, settings, None, Duration::from_millis(50), tx, 7);
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("tm", addr.ip(), true), "CheckingEndpoint -> Online");
         drop(listener);

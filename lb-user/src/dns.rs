@@ -18,8 +18,8 @@ use crate::config::{canonical_dns_name, Config};
 use crate::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
-use hickory_proto::rr::rdata::{A, AAAA};
-use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::rr::rdata::{A, AAAA, SOA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -161,8 +161,13 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
     let svc = &view.cfg.services[si];
     let ttl = svc.ttl.unwrap_or(DEFAULT_TTL);
     match resolve_dns(&Statuses::new(&view.cfg, &view.probes), si, &client, qtype, rng) {
-        DnsAnswer::NxDomain => resp.metadata.response_code = ResponseCode::NXDomain,
-        DnsAnswer::NoData => {}
+        DnsAnswer::NxDomain => {
+            resp.metadata.response_code = ResponseCode::NXDomain;
+            resp.add_authority(negative_soa(q.name(), ttl));
+        }
+        DnsAnswer::NoData => {
+            resp.add_authority(negative_soa(q.name(), ttl));
+        }
         DnsAnswer::Records(records) => {
             for r in records {
                 let data = match r.address {
@@ -174,6 +179,15 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
         }
     }
     resp
+}
+
+/// The SOA record a negative answer carries (RFC 2308 §3), so that resolvers may cache it for
+/// the service's TTL: the name is its own zone apex here; the SOA's fields other than the
+/// negative TTL only need to be well formed.
+fn negative_soa(name: &Name, ttl: u32) -> Record {
+    let apex = name.to_lowercase();
+    let rname = Name::from_ascii("hostmaster").ok().and_then(|h| h.append_domain(&apex).ok()).unwrap_or_else(|| apex.clone());
+    Record::from_rdata(apex.clone(), ttl, RData::SOA(SOA::new(apex, rname, 1, 3600, 600, 86400, ttl)))
 }
 
 fn seeded_rng() -> SplitMix64 {
@@ -333,6 +347,23 @@ mod tests {
     fn o6_disabled_profile_is_nxdomain() {
         let m = ask(&view(), &query("off.tm.example.", RecordType::A, None), "127.0.0.1");
         assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    }
+
+    /// RFC 2308: negative answers carry the SOA whose minimum is the negative-caching TTL.
+    #[test]
+    fn negative_answers_carry_an_soa_with_the_service_ttl() {
+        let v = view();
+        let nodata = ask(&v, &query("prio.tm.example.", RecordType::AAAA, None), "127.0.0.1");
+        let nx = ask(&v, &query("off.tm.example.", RecordType::A, None), "127.0.0.1");
+        for (m, ttl) in [(&nodata, 30), (&nx, 60)] {
+            let [soa] = m.authorities.as_slice() else { panic!("one SOA: {m:?}") };
+            match &soa.data {
+                RData::SOA(s) => assert_eq!((s.minimum, soa.ttl, s.mname.to_ascii()), (ttl, ttl, soa.name.to_ascii())),
+                other => panic!("{other:?}"),
+            }
+        }
+        let found = ask(&v, &query("prio.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert!(found.authorities.is_empty(), "a positive answer has no SOA");
     }
 
     #[test]

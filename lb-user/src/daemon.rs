@@ -109,6 +109,8 @@ struct Daemon {
     checkers: Vec<(health::Probe, JoinHandle<()>, u64)>,
     /// The number the next probe task gets.
     next_probe: u64,
+    /// The last error of the tick's reconcile (logged once).
+    tick_error: Option<String>,
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::dns::ViewSender,
@@ -230,7 +232,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, events, dns_view, lock: None };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None };
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
@@ -324,12 +326,20 @@ impl Daemon {
         self.checkers = running;
     }
 
-    /// A pool-change drain that has ended is written to the data plane.
+    /// A pool-change drain that has ended is written to the data plane. A failure is retried
+    /// at every tick but logged once per distinct error.
     fn on_tick(&mut self) {
         let Some(end) = self.ctl.next_pool_drain_end() else { return };
         if self.dp.now_ns().is_ok_and(|now| now >= end) {
-            if let Err(e) = self.reconcile() {
-                eprintln!("lb: error ending a pool-change drain: {e:#}");
+            match self.reconcile() {
+                Ok(()) => self.tick_error = None,
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    if self.tick_error.as_deref() != Some(text.as_str()) {
+                        eprintln!("lb: error ending a pool-change drain (retried every few seconds): {text}");
+                        self.tick_error = Some(text);
+                    }
+                }
             }
         }
     }

@@ -211,6 +211,15 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
     // Tables first, then attach: the first packet already finds them.
     ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
+    if matches!(found, Found::Adopted) {
+        // What the predecessor's configuration had and this one does not.
+        let applied = ctl.applied().expect("written just above");
+        let now = dp.now_ns().map_err(fail)?;
+        let (keys, prefixes, tables, backends) = dp.sweep_unowned(applied, now).context("removing what the previous configuration left").map_err(fail)?;
+        if keys + prefixes + tables + backends > 0 {
+            eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables, {backends} backends (flagged removed)");
+        }
+    }
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;

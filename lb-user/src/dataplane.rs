@@ -443,12 +443,21 @@ impl Dataplane {
             self.take_back_vips(&added);
             return Err(e.context("writing the service table"));
         }
-        let now = vip_refs(&self.services);
-        for vip in self.vip_refs.keys().filter(|v| !now.contains_key(v)) {
-            self.vips.remove(vip).context("writing VIPS")?;
+        let mut now = vip_refs(&self.services);
+        let gone: Vec<AddrKey> = self.vip_refs.keys().filter(|v| !now.contains_key(v)).copied().collect();
+        let mut failed = None;
+        for vip in gone {
+            if let Err(e) = self.vips.remove(&vip) {
+                // Still in VIPS: kept in the count (with none left), so a later change retries.
+                now.insert(vip, 0);
+                failed.get_or_insert(e);
+            }
         }
         self.vip_refs = now;
-        Ok(())
+        match failed {
+            Some(e) => Err(anyhow::Error::from(e).context("removing from VIPS")),
+            None => Ok(()),
+        }
     }
 
     /// Removes VIPs added for a batch that was not published.
@@ -492,9 +501,10 @@ impl Dataplane {
         let (addr, len) = class_prefix(prefix.trunc());
         let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
         self.client_class.insert(&key, class, 0).context("writing CLIENT_CLASS")?;
-        // After the prefix: a packet that sees the flag finds it.
-        if self.class_prefixes.insert((service, prefix.trunc())) {
+        // After the prefix: a packet that sees the flag finds it. Recorded once both are in.
+        if !self.class_prefixes.contains(&(service, prefix.trunc())) {
             self.classed_services.set(service, 1, 0).context("writing CLASSED_SERVICES")?;
+            self.class_prefixes.insert((service, prefix.trunc()));
         }
         Ok(())
     }
@@ -592,25 +602,55 @@ impl Dataplane {
         if vips.len() > vip_capacity as usize {
             bail!("{} VIP addresses (old and new while the change is applied) exceed the {vip_capacity} the data plane holds", vips.len());
         }
-        // Prefixes are added before the ones that go are removed.
-        let added: usize = new
-            .services
-            .iter()
-            .map(|svc| {
-                let prev = old.and_then(|o| o.services.iter().find(|p| p.id == svc.id));
-                let had = |net: &IpNet| prev.is_some_and(|p| p.class_prefixes.iter().any(|(n, _)| n == net));
-                svc.class_prefixes.iter().filter(|(net, _)| !had(net)).count()
-            })
-            .sum();
+        // Prefixes are added before the ones that go are removed: at most the installed ones
+        // and the new ones at once.
+        let mut prefixes = self.class_prefixes.clone();
+        prefixes.extend(new.services.iter().flat_map(|svc| svc.class_prefixes.iter().map(move |(net, _)| (svc.id, net.trunc()))));
         let prefix_capacity = self.sizes.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").map_or(0, |(_, c)| *c);
-        if self.class_prefixes.len() + added > prefix_capacity as usize {
+        if prefixes.len() > prefix_capacity as usize {
             bail!(
-                "{} client-class prefixes ({} installed, {added} to add) exceed the {prefix_capacity} the data plane holds",
-                self.class_prefixes.len() + added,
+                "{} client-class prefixes (installed and new while the change is applied; {} installed) exceed the {prefix_capacity} the data plane holds",
+                prefixes.len(),
                 self.class_prefixes.len()
             );
         }
         Ok(())
+    }
+
+    /// After the first reconcile on an adopted data plane: removes what the predecessor left
+    /// that `kept` (what the controller wrote) does not have, which the controller, starting
+    /// without a picture of it, cannot diff away: service keys (and with them VIPs), client-class
+    /// prefixes, tables; and flags the backend records of ids `kept` does not use as REMOVED
+    /// with the deadline `now` (a backend dropped while no daemon ran has no drain window left;
+    /// one that was draining already keeps its deadline). Returns (keys, prefixes, tables,
+    /// backends) removed.
+    pub fn sweep_unowned(&mut self, kept: &crate::compile::Compiled, now: u64) -> Result<(usize, usize, usize, usize)> {
+        let keys: HashSet<[u32; 5]> = kept.services.iter().flat_map(|s| s.keys.iter().map(|k| k.words())).collect();
+        let stale_keys: Vec<ServiceKey> = self.services.installed().map(|(k, _)| *k).filter(|k| !keys.contains(&k.words())).collect();
+        if !stale_keys.is_empty() {
+            self.update_services(&[], &stale_keys)?;
+        }
+        let prefixes: HashSet<(u32, IpNet)> =
+            kept.services.iter().flat_map(|s| s.class_prefixes.iter().map(move |(n, _)| (s.id, n.trunc()))).collect();
+        let stale_prefixes: Vec<(u32, IpNet)> = self.class_prefixes.iter().filter(|p| !prefixes.contains(p)).copied().collect();
+        for (service, net) in &stale_prefixes {
+            self.remove_class_prefix(*service, *net)?;
+        }
+        let tables: HashSet<(u32, u32)> = kept.services.iter().flat_map(|s| s.tables.iter().map(move |t| (s.id, t.class))).collect();
+        let stale_tables: Vec<(u32, u32)> = self.active_slots.keys().filter(|p| !tables.contains(p)).copied().collect();
+        for (service, class) in &stale_tables {
+            self.remove_table(*service, *class)?;
+        }
+        let used: HashSet<u32> = kept.backends.iter().map(|(id, _)| *id).collect();
+        let mut backends = 0;
+        for id in (0..self.sizes.max_backends).filter(|id| !used.contains(id)) {
+            let b = self.backend(id)?;
+            if b.family != 0 && b.flags & lb_common::backend_flags::REMOVED == 0 {
+                self.set_backend_state(id, b.flags | lb_common::backend_flags::REMOVED, now)?;
+                backends += 1;
+            }
+        }
+        Ok((stale_keys.len(), stale_prefixes.len(), stale_tables.len(), backends))
     }
 
     /// Changes the flags of the active table of (service, class) without rewriting it.
@@ -636,8 +676,12 @@ impl Dataplane {
     /// Deactivates the table of (service, class) and frees its slot.
     pub fn remove_table(&mut self, service: u32, class: u32) -> Result<()> {
         let index = self.table_index_of(service, class)?;
-        if let Some(slot) = self.active_slots.remove(&(service, class)) {
-            self.table_index.set(index, TableRef { slot: 0, flags: 0 }, 0)?;
+        if let Some(&slot) = self.active_slots.get(&(service, class)) {
+            // The slot stays in the entry, only ACTIVE goes: the kernel reads the flags and the
+            // slot as two loads, so one that saw ACTIVE still reads this table's slot (which
+            // the FIFO of free slots keeps intact for a long while).
+            self.table_index.set(index, TableRef { slot, flags: 0 }, 0)?;
+            self.active_slots.remove(&(service, class));
             self.free_slots.push_back(slot);
         }
         Ok(())

@@ -705,7 +705,9 @@ impl Dataplane {
     }
 
     /// The connection-table entry of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`; IPv4 flows
-    /// live in `CONNTRACK4`, keyed by the packed form of `key`).
+    /// live in `CONNTRACK4`, keyed by the packed form of `key`). For tests and inspection: the
+    /// bucket is copied with one syscall and not re-checked against the slot's state word, so
+    /// a packet writing the same slot at that instant can make the copy inconsistent.
     pub fn conntrack_get(&self, family: u8, key: &CtKey) -> Option<CtEntry> {
         match family {
             FAMILY_V4 => table_get(&self.conntrack4, &CtKey4::new(&key.tuple, key.service), self.ct_seed),

@@ -93,6 +93,16 @@ impl Ids {
         self.generations.extend(other.generations.iter().map(|(i, g)| (*i, *g)));
     }
 
+    /// Every backend's (service, address) and id.
+    pub fn backends(&self) -> impl Iterator<Item = (&(String, IpAddr), u32)> {
+        self.backends.iter().map(|(k, id)| (k, *id))
+    }
+
+    /// The (service, address) that holds backend id `id`.
+    pub fn owner_of(&self, id: u32) -> Option<(&str, IpAddr)> {
+        self.backends.iter().find(|(_, i)| **i == id).map(|((s, a), _)| (s.as_str(), *a))
+    }
+
     /// The generation of the backend that holds `id` (0 for an id never handed out here).
     pub fn backend_generation(&self, id: u32) -> u16 {
         self.generations.get(&id).copied().unwrap_or(0)

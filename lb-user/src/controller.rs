@@ -153,6 +153,35 @@ impl Controller {
         &self.cfg
     }
 
+    /// After a restart that adopted the pinned data plane (before the first reconcile): the
+    /// backends the restored state has and the configuration no longer does are departing now,
+    /// with their service's draining time, so their ids stay reserved (their flows may still
+    /// run) until the drain ends, as for a backend a reload removes.
+    pub fn depart_unconfigured(&mut self, now: u64) {
+        let cfg = &self.cfg;
+        let gone: Vec<((String, IpAddr), u32)> = self
+            .ids
+            .backends()
+            .filter(|((s, a), _)| !cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a)))
+            .map(|(k, id)| (k.clone(), id))
+            .collect();
+        for (key, id) in gone {
+            let deadline_ns = now + self.drain_ns_of(id);
+            self.departed.insert(key, Departed { id, record: Backend::default(), deadline_ns });
+        }
+    }
+
+    /// The draining time a backend id the restored state knew gets when it leaves now: its
+    /// service's `draining_timeout_sec` if the configuration still has the service, else none.
+    pub fn drain_ns_of(&self, id: u32) -> u64 {
+        let Some((service, _)) = self.ids.owner_of(id) else { return 0 };
+        self.cfg
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .map_or(0, |s| u64::from(s.connection_draining.draining_timeout_sec) * 1_000_000_000)
+    }
+
     pub fn applied(&self) -> Option<&Compiled> {
         self.applied.as_ref()
     }
@@ -308,6 +337,23 @@ impl Controller {
     /// nothing. A write error midway leaves part of the change live (each table still whole
     /// and atomic); the next reconcile repairs it (see `repair_picture`).
     pub fn reconcile(&mut self, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
+        let now = sink.now_ns()?;
+        let (mut new, ids) = self.next_state(now)?;
+        let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
+        sink.admit(self.applied.as_ref(), &new)?;
+        self.write_next(new, ids, pools, pool_changed_ns, now, sink)
+    }
+
+    /// What the next reconcile at `now` would write (nothing is committed). A daemon that
+    /// adopted a pinned data plane sweeps against it before its first reconcile.
+    pub fn preview(&mut self, now: u64) -> anyhow::Result<Compiled> {
+        let (mut new, _) = self.next_state(now)?;
+        let _ = self.pool_generations(&mut new, now);
+        Ok(new)
+    }
+
+    /// The compiled state for the current configuration and health, and the ids it uses.
+    fn next_state(&mut self, now: u64) -> anyhow::Result<(Compiled, Ids)> {
         let eff = self.effective_config();
         let health: Vec<Vec<bool>> = eff
             .services
@@ -315,7 +361,6 @@ impl Controller {
             .map(|s| s.backends.iter().map(|b| self.healthy(&s.name, b.address)).collect())
             .collect();
         // Ids of departed backends stay reserved until their deadline.
-        let now = sink.now_ns()?;
         self.departed.retain(|_, d| d.deadline_ns > now);
         let mut ids = self.ids.clone();
         let applied = self.applied.as_ref();
@@ -327,10 +372,20 @@ impl Controller {
                 || applied.is_some_and(|c| c.services.iter().any(|x| x.name == s && x.backend_addrs.contains(&a)))
         });
         let probes = self.probe_statuses(&eff);
-        let mut new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
+        let new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
         self.table_cache.sweep();
-        let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
-        sink.admit(self.applied.as_ref(), &new)?;
+        Ok((new, ids))
+    }
+
+    fn write_next(
+        &mut self,
+        new: Compiled,
+        ids: Ids,
+        pools: BTreeMap<String, (Pool, u32)>,
+        pool_changed_ns: BTreeMap<String, u64>,
+        now: u64,
+        sink: &mut dyn Tables,
+    ) -> anyhow::Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
         let old = self.applied.take();
         let result = self.write_diff(old.as_ref(), &new, now, sink, &mut report);

@@ -209,17 +209,20 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     // An older version's maps: the program that still uses them keeps them alive until it is
     // replaced below; the pins themselves would only leak.
     pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
-    // Tables first, then attach: the first packet already finds them.
-    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if matches!(found, Found::Adopted) {
-        // What the predecessor's configuration had and this one does not.
-        let applied = ctl.applied().expect("written just above");
+        // What the predecessor's configuration had and this one does not: removed first, so
+        // that it neither stays live nor takes room the new tables need.
         let now = dp.now_ns().map_err(fail)?;
-        let (keys, prefixes, tables, backends) = dp.sweep_unowned(applied, now).context("removing what the previous configuration left").map_err(fail)?;
+        ctl.depart_unconfigured(now);
+        let next = ctl.preview(now).map_err(fail)?;
+        let (keys, prefixes, tables, backends) =
+            dp.sweep_unowned(&next, now, &|id| ctl.drain_ns_of(id)).context("removing what the previous configuration left").map_err(fail)?;
         if keys + prefixes + tables + backends > 0 {
-            eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables, {backends} backends (flagged removed)");
+            eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables, {backends} backends (draining)");
         }
     }
+    // Tables first, then attach: the first packet already finds them.
+    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
@@ -338,7 +341,10 @@ impl Daemon {
     /// A pool-change drain that has ended is written to the data plane. A failure is retried
     /// at every tick but logged once per distinct error.
     fn on_tick(&mut self) {
-        let Some(end) = self.ctl.next_pool_drain_end() else { return };
+        let Some(end) = self.ctl.next_pool_drain_end() else {
+            self.tick_error = None;
+            return;
+        };
         if self.dp.now_ns().is_ok_and(|now| now >= end) {
             match self.reconcile() {
                 Ok(()) => self.tick_error = None,

@@ -256,6 +256,13 @@ fn class_prefix(net: IpNet) -> ([u32; 4], u32) {
     }
 }
 
+/// The form the writer keeps a client prefix in (what reading it back from the trie gives):
+/// `::ffff:198.19.0.0/112` and `198.19.0.0/16` are one trie key, so one prefix.
+fn canonical_prefix(net: IpNet) -> IpNet {
+    let (addr, len) = class_prefix(net.trunc());
+    trie_prefix(addr, len)
+}
+
 /// The client prefix of a trie key (inverse of [`class_prefix`]).
 fn trie_prefix(addr: [u32; 4], len: u32) -> IpNet {
     let bytes: Vec<u8> = addr.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -502,9 +509,9 @@ impl Dataplane {
         let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
         self.client_class.insert(&key, class, 0).context("writing CLIENT_CLASS")?;
         // After the prefix: a packet that sees the flag finds it. Recorded once both are in.
-        if !self.class_prefixes.contains(&(service, prefix.trunc())) {
+        if !self.class_prefixes.contains(&(service, canonical_prefix(prefix))) {
             self.classed_services.set(service, 1, 0).context("writing CLASSED_SERVICES")?;
-            self.class_prefixes.insert((service, prefix.trunc()));
+            self.class_prefixes.insert((service, canonical_prefix(prefix)));
         }
         Ok(())
     }
@@ -512,7 +519,7 @@ impl Dataplane {
     pub fn remove_class_prefix(&mut self, service: u32, prefix: IpNet) -> Result<()> {
         let (addr, len) = class_prefix(prefix.trunc());
         let key = LpmKey::new(CLASS_KEY_SERVICE_BITS + len, ClassKey { service_be: service.to_be(), addr });
-        self.class_prefixes.remove(&(service, prefix.trunc()));
+        self.class_prefixes.remove(&(service, canonical_prefix(prefix)));
         // The flag goes before the last prefix does.
         if !self.class_prefixes.iter().any(|(s, _)| *s == service) {
             self.classed_services.set(service, 0, 0).context("writing CLASSED_SERVICES")?;
@@ -605,7 +612,7 @@ impl Dataplane {
         // Prefixes are added before the ones that go are removed: at most the installed ones
         // and the new ones at once.
         let mut prefixes = self.class_prefixes.clone();
-        prefixes.extend(new.services.iter().flat_map(|svc| svc.class_prefixes.iter().map(move |(net, _)| (svc.id, net.trunc()))));
+        prefixes.extend(new.services.iter().flat_map(|svc| svc.class_prefixes.iter().map(move |(net, _)| (svc.id, canonical_prefix(*net)))));
         let prefix_capacity = self.sizes.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").map_or(0, |(_, c)| *c);
         if prefixes.len() > prefix_capacity as usize {
             bail!(
@@ -617,21 +624,21 @@ impl Dataplane {
         Ok(())
     }
 
-    /// After the first reconcile on an adopted data plane: removes what the predecessor left
-    /// that `kept` (what the controller wrote) does not have, which the controller, starting
-    /// without a picture of it, cannot diff away: service keys (and with them VIPs), client-class
-    /// prefixes, tables; and flags the backend records of ids `kept` does not use as REMOVED
-    /// with the deadline `now` (a backend dropped while no daemon ran has no drain window left;
-    /// one that was draining already keeps its deadline). Returns (keys, prefixes, tables,
-    /// backends) removed.
-    pub fn sweep_unowned(&mut self, kept: &crate::compile::Compiled, now: u64) -> Result<(usize, usize, usize, usize)> {
+    /// Before the first reconcile on an adopted data plane: removes what the predecessor left
+    /// that `kept` (what the controller is about to write) does not have, which the controller,
+    /// starting without a picture of it, cannot diff away, and which would otherwise take room
+    /// the new configuration needs: service keys (and with them VIPs), client-class prefixes,
+    /// tables; and flags the backend records of ids `kept` does not use as REMOVED, draining
+    /// until `now + drain_ns(id)` (one that was draining already keeps its deadline). Returns
+    /// (keys, prefixes, tables, backends) removed.
+    pub fn sweep_unowned(&mut self, kept: &crate::compile::Compiled, now: u64, drain_ns: &dyn Fn(u32) -> u64) -> Result<(usize, usize, usize, usize)> {
         let keys: HashSet<[u32; 5]> = kept.services.iter().flat_map(|s| s.keys.iter().map(|k| k.words())).collect();
         let stale_keys: Vec<ServiceKey> = self.services.installed().map(|(k, _)| *k).filter(|k| !keys.contains(&k.words())).collect();
         if !stale_keys.is_empty() {
             self.update_services(&[], &stale_keys)?;
         }
         let prefixes: HashSet<(u32, IpNet)> =
-            kept.services.iter().flat_map(|s| s.class_prefixes.iter().map(move |(n, _)| (s.id, n.trunc()))).collect();
+            kept.services.iter().flat_map(|s| s.class_prefixes.iter().map(move |(n, _)| (s.id, canonical_prefix(*n)))).collect();
         let stale_prefixes: Vec<(u32, IpNet)> = self.class_prefixes.iter().filter(|p| !prefixes.contains(p)).copied().collect();
         for (service, net) in &stale_prefixes {
             self.remove_class_prefix(*service, *net)?;
@@ -646,7 +653,7 @@ impl Dataplane {
         for id in (0..self.sizes.max_backends).filter(|id| !used.contains(id)) {
             let b = self.backend(id)?;
             if b.family != 0 && b.flags & lb_common::backend_flags::REMOVED == 0 {
-                self.set_backend_state(id, b.flags | lb_common::backend_flags::REMOVED, now)?;
+                self.set_backend_state(id, b.flags | lb_common::backend_flags::REMOVED, now + drain_ns(id))?;
                 backends += 1;
             }
         }

@@ -1,27 +1,44 @@
 //! A daemon that adopts its predecessor's pinned data plane starts without a picture of what
-//! that one wrote: its first reconcile writes its own configuration over the maps, and
-//! `Dataplane::sweep_unowned` then removes what only the previous configuration had (keys,
-//! VIPs, prefixes, tables) and flags the backends it no longer uses as removed. The admission
-//! check counts prefixes that are installed already once.
+//! that one wrote. Before its first reconcile it departs the backends its configuration no
+//! longer has (they drain like ones a reload removes) and sweeps what only the previous
+//! configuration had (`Dataplane::sweep_unowned`: keys and VIPs, prefixes, tables), so that
+//! nothing stale stays live and the new configuration finds the room it needs.
 
 use lb_common::backend_flags;
 use lb_user::config::Config;
-use lb_user::controller::Controller;
+use lb_user::controller::{Controller, PersistentState};
 use lb_user::daemon::sizes_for;
-use lb_user::dataplane::Dataplane;
+use lb_user::dataplane::{Dataplane, DataplaneSizes};
 
-/// Two services on their own VIPs, one zone of `prefixes` client prefixes (installed for each).
-fn config(services: &[&str], prefixes: usize) -> String {
-    let list: Vec<String> = (0..prefixes).map(|i| format!("\"198.19.{}.{}/32\"", i / 250, i % 250)).collect();
+/// Services on their own VIPs (service `i`'s backends are 198.18.1i.1, .2, ... up to
+/// `backends`), one zone of `prefixes` client prefixes in 198.19+`set`.x.y, installed for each.
+fn config(services: &[&str], backends: usize, prefixes: usize, set: u8) -> String {
+    let list: Vec<String> = (0..prefixes).map(|i| format!("\"198.{}.{}.{}/32\"", 19 + set, i / 250, i % 250)).collect();
     let mut text = format!("[[zone]]\nname = \"z\"\nclient_prefixes = [{}]\n", list.join(", "));
     for (i, name) in services.iter().enumerate() {
         text += &format!(
             "[[service]]\nname = \"{name}\"\nvip = \"198.18.0.{}\"\nprotocol = \"TCP\"\nports = [80]\n\
-             [[service.backend]]\naddress = \"198.18.1{i}.1\"\nzone = \"z\"\n",
+             [service.connection_draining]\ndraining_timeout_sec = 300\n",
             100 + i
         );
+        for b in 1..=backends {
+            text += &format!("[[service.backend]]\naddress = \"198.18.1{i}.{b}\"\nzone = \"z\"\n");
+        }
     }
     text
+}
+
+/// What `lb run` does on adopted pins: restore, depart what left, sweep, reconcile.
+fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &PersistentState) -> (Dataplane, Controller, (usize, usize, usize, usize), u64) {
+    let mut dp = Dataplane::load_with(sizes, Some(pins)).unwrap();
+    let mut ctl = Controller::new(Config::parse(cfg).unwrap());
+    ctl.restore(state);
+    let now = dp.now_ns().unwrap();
+    ctl.depart_unconfigured(now);
+    let next = ctl.preview(now).unwrap();
+    let swept = dp.sweep_unowned(&next, now, &|id| ctl.drain_ns_of(id)).unwrap();
+    ctl.reconcile(&mut dp).expect("the configuration fits the data plane it is written to");
+    (dp, ctl, swept, now)
 }
 
 #[test]
@@ -29,41 +46,64 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     lb_tests::fixture_net::enter_lo_routed_netns();
     let pins = lb_tests::fixture::PinDir::new("adopt");
     // 550 prefixes for each of two services: 1100 installed, more than half of CLIENT_CLASS.
-    let both = Config::parse(&config(&["web", "api"], 550)).unwrap();
-    let sizes = sizes_for(&both);
-    {
+    let both = config(&["web", "api"], 2, 550, 0);
+    let sizes = sizes_for(&Config::parse(&both).unwrap());
+    let state = {
         let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
-        Controller::new(both.clone()).reconcile(&mut dp).unwrap();
+        let mut ctl = Controller::new(Config::parse(&both).unwrap());
+        ctl.reconcile(&mut dp).unwrap();
         assert_eq!(dp.installed_services().len(), 2);
-    }
-    // The same configuration again: admitted (the installed prefixes are not counted twice),
-    // and nothing to sweep.
-    {
-        let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
-        let mut ctl = Controller::new(both.clone());
-        ctl.reconcile(&mut dp).expect("the same configuration fits the data plane it was written to");
-        assert_eq!(dp.sweep_unowned(ctl.applied().unwrap(), dp.now_ns().unwrap()).unwrap(), (0, 0, 0, 0));
-    }
-    // Only web now: api's key, prefixes and tables go, its backend is flagged removed.
-    let web = Config::parse(&config(&["web"], 550)).unwrap();
-    assert_eq!(sizes_for(&web), sizes, "the sizes stay, so the pins are adopted");
-    let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
-    let mut ctl = Controller::new(web);
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
-    let api_id = applied.services.iter().map(|s| s.id).max().unwrap() + 1;
-    let now = dp.now_ns().unwrap();
-    let (keys, prefixes, tables, backends) = dp.sweep_unowned(&applied, now).unwrap();
-    assert_eq!((keys, prefixes, tables, backends), (1, 550, 2, 1));
+        ctl.persistent_state()
+    };
+    // The same configuration: nothing to sweep, and the installed prefixes are not counted twice.
+    let (dp, ctl, swept, _) = restart(pins.path(), sizes, &both, &state);
+    assert_eq!(swept, (0, 0, 0, 0));
+    let state = ctl.persistent_state();
+    drop(dp);
+    // Every prefix replaced by another (1100 new ones; old and new would not fit together).
+    let replaced = config(&["web", "api"], 2, 550, 1);
+    assert_eq!(sizes_for(&Config::parse(&replaced).unwrap()), sizes, "same sizes: the pins are adopted");
+    let (dp, ctl, swept, _) = restart(pins.path(), sizes, &replaced, &state);
+    assert_eq!(swept, (0, 1100, 0, 0), "the old prefixes are swept before the new ones go in");
+    let state = ctl.persistent_state();
+    drop(dp);
+    // Only web, with one backend: api's key, prefixes and tables go; its backends and web's
+    // second one drain for their service's 300 s (api is gone: no drain), ids kept meanwhile.
+    let web = config(&["web"], 1, 550, 1);
+    assert_eq!(sizes_for(&Config::parse(&web).unwrap()), sizes);
+    let (dp, ctl, swept, now) = restart(pins.path(), sizes, &web, &state);
+    let applied = ctl.applied().unwrap();
+    assert_eq!(swept, (1, 550, 2, 3));
     let installed = dp.installed_services();
-    assert_eq!(installed.len(), 1);
-    assert_eq!(installed[0].1.id, applied.services[0].id, "web's key stays");
+    assert_eq!((installed.len(), installed[0].1.id), (1, applied.services[0].id), "web's key stays");
+    let api_id = state.ids.services.iter().find(|(n, _)| n == "api").unwrap().1;
     assert!(dp.read_table(api_id, 0).unwrap().is_none(), "api's tables are inactive");
-    let api_backend = (0..sizes.max_backends).find(|id| !applied.backends.iter().any(|(b, _)| b == id) && dp.backend(*id).unwrap().family != 0).unwrap();
-    let b = dp.backend(api_backend).unwrap();
-    assert_eq!((b.flags & backend_flags::REMOVED, b.drain_deadline_ns), (backend_flags::REMOVED, now));
-    // A second sweep finds nothing.
-    assert_eq!(dp.sweep_unowned(&applied, now).unwrap(), (0, 0, 0, 0));
+    let id_of = |addr: &str| state.ids.backends.iter().find(|(_, a, _)| a.to_string() == addr).unwrap().2;
+    let web2 = dp.backend(id_of("198.18.10.2")).unwrap();
+    assert_eq!((web2.flags & backend_flags::REMOVED, web2.drain_deadline_ns), (backend_flags::REMOVED, now + 300_000_000_000), "web's removed backend drains");
+    let api1 = dp.backend(id_of("198.18.11.1")).unwrap();
+    assert_eq!((api1.flags & backend_flags::REMOVED, api1.drain_deadline_ns), (backend_flags::REMOVED, now), "a removed service's backends do not");
+    assert_eq!(applied.backends.len(), 1);
+    drop(dp);
+    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+}
+
+/// `::ffff:198.19.0.0/112` and `198.19.0.0/16` are one trie key: read back after a restart, the
+/// prefix is the same one the configuration names, not a stale one to sweep.
+#[test]
+fn an_ipv4_mapped_prefix_survives_adoption() {
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let pins = lb_tests::fixture::PinDir::new("adopt-mapped");
+    let cfg = config(&["web"], 1, 0, 0).replace("client_prefixes = []", "client_prefixes = [\"::ffff:198.19.0.0/112\"]");
+    let sizes = sizes_for(&Config::parse(&cfg).unwrap());
+    let state = {
+        let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
+        let mut ctl = Controller::new(Config::parse(&cfg).unwrap());
+        ctl.reconcile(&mut dp).unwrap();
+        ctl.persistent_state()
+    };
+    let (dp, _, swept, _) = restart(pins.path(), sizes, &cfg, &state);
+    assert_eq!(swept, (0, 0, 0, 0));
     drop(dp);
     lb_user::pinning::remove_map_pins(pins.path()).unwrap();
 }

@@ -209,20 +209,30 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     // An older version's maps: the program that still uses them keeps them alive until it is
     // replaced below; the pins themselves would only leak.
     pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
-    if matches!(found, Found::Adopted) {
-        // What the predecessor's configuration had and this one does not: removed first, so
-        // that it neither stays live nor takes room the new tables need.
-        let now = dp.now_ns().map_err(fail)?;
-        ctl.depart_unconfigured(now);
-        let next = ctl.preview(now).map_err(fail)?;
-        let (keys, prefixes, tables, backends) =
-            dp.sweep_unowned(&next, now, &|id| ctl.drain_ns_of(id)).context("removing what the previous configuration left").map_err(fail)?;
-        if keys + prefixes + tables + backends > 0 {
-            eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables, {backends} backends (draining)");
+    let adopted_at = match found {
+        Found::Adopted => {
+            // What the predecessor's configuration had and this one does not: removed first, so
+            // that it neither stays live nor takes room the new tables need.
+            let now = dp.now_ns().map_err(fail)?;
+            ctl.depart_unconfigured(now);
+            let next = ctl.preview(now).map_err(fail)?;
+            let (keys, prefixes, tables) = dp.sweep_unowned(&next).context("removing what the previous configuration left").map_err(fail)?;
+            if keys + prefixes + tables > 0 {
+                eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
+            }
+            Some(now)
         }
-    }
+        _ => None,
+    };
     // Tables first, then attach: the first packet already finds them.
     ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
+    if let Some(now) = adopted_at {
+        let applied = ctl.applied().expect("written just above");
+        let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        if backends > 0 {
+            eprintln!("lb: {backends} backends the configuration no longer has are draining");
+        }
+    }
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;

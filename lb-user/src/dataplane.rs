@@ -628,10 +628,10 @@ impl Dataplane {
     /// that `kept` (what the controller is about to write) does not have, which the controller,
     /// starting without a picture of it, cannot diff away, and which would otherwise take room
     /// the new configuration needs: service keys (and with them VIPs), client-class prefixes,
-    /// tables; and flags the backend records of ids `kept` does not use as REMOVED, draining
-    /// until `now + drain_ns(id)` (one that was draining already keeps its deadline). Returns
-    /// (keys, prefixes, tables, backends) removed.
-    pub fn sweep_unowned(&mut self, kept: &crate::compile::Compiled, now: u64, drain_ns: &dyn Fn(u32) -> u64) -> Result<(usize, usize, usize, usize)> {
+    /// tables. Returns (keys, prefixes, tables) removed. (Its backends are flagged only once the
+    /// new tables are written, [`Dataplane::depart_unused_backends`]: if the start fails before,
+    /// their flows go on.)
+    pub fn sweep_unowned(&mut self, kept: &crate::compile::Compiled) -> Result<(usize, usize, usize)> {
         let keys: HashSet<[u32; 5]> = kept.services.iter().flat_map(|s| s.keys.iter().map(|k| k.words())).collect();
         let stale_keys: Vec<ServiceKey> = self.services.installed().map(|(k, _)| *k).filter(|k| !keys.contains(&k.words())).collect();
         if !stale_keys.is_empty() {
@@ -648,6 +648,13 @@ impl Dataplane {
         for (service, class) in &stale_tables {
             self.remove_table(*service, *class)?;
         }
+        Ok((stale_keys.len(), stale_prefixes.len(), stale_tables.len()))
+    }
+
+    /// After the first reconcile on an adopted data plane: flags the backend records of ids
+    /// `kept` (what the controller wrote) does not use as REMOVED, draining until
+    /// `now + drain_ns(id)`; one that was draining already keeps its deadline. Returns how many.
+    pub fn depart_unused_backends(&mut self, kept: &crate::compile::Compiled, now: u64, drain_ns: &dyn Fn(u32) -> u64) -> Result<usize> {
         let used: HashSet<u32> = kept.backends.iter().map(|(id, _)| *id).collect();
         let mut backends = 0;
         for id in (0..self.sizes.max_backends).filter(|id| !used.contains(id)) {
@@ -657,7 +664,7 @@ impl Dataplane {
                 backends += 1;
             }
         }
-        Ok((stale_keys.len(), stale_prefixes.len(), stale_tables.len(), backends))
+        Ok(backends)
     }
 
     /// Changes the flags of the active table of (service, class) without rewriting it.
@@ -1076,13 +1083,15 @@ impl crate::controller::Tables for Dataplane {
     }
     fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> Result<()> {
         // Add and update first, then remove: a source never falls back to class 0 in between.
+        // Compared in the trie's form (two spellings of one prefix are one key).
+        let same = |a: &IpNet, b: &IpNet| canonical_prefix(*a) == canonical_prefix(*b);
         for (net, class) in new {
-            if !old.contains(&(*net, *class)) {
+            if !old.iter().any(|(n, c)| same(n, net) && c == class) {
                 self.set_class_prefix(service, *net, *class)?;
             }
         }
         for (net, _) in old {
-            if !new.iter().any(|(n, _)| n == net) {
+            if !new.iter().any(|(n, _)| same(n, net)) {
                 self.remove_class_prefix(service, *net)?;
             }
         }

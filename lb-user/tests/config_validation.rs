@@ -350,6 +350,20 @@ fn bare_address_is_a_host_prefix() {
 }
 
 #[test]
+fn ipv4_mapped_prefix_is_the_ipv4_prefix() {
+    let text = format!("{ZONES}\n[[zone]]\nname = \"zone-3\"\nclient_prefixes = [\"::ffff:198.19.0.0/112\", \"2001:db8:3::/48\"]\n");
+    let cfg = Config::parse(&text).expect("an IPv4-mapped prefix is accepted");
+    assert_eq!(
+        cfg.zones[2].client_prefixes,
+        vec!["198.19.0.0/16".parse::<ipnet::IpNet>().unwrap(), "2001:db8:3::/48".parse().unwrap()],
+        "read as the IPv4 prefix it covers; other IPv6 prefixes as they are"
+    );
+    // So it overlaps an IPv4 spelling of the same addresses, which validation reports.
+    let twice = format!("{ZONES}\n[[zone]]\nname = \"zone-3\"\nclient_prefixes = [\"::ffff:198.18.1.0/120\"]\n");
+    assert!(Config::parse(&twice).is_err(), "zone-1 has 198.18.1.0/24 already");
+}
+
+#[test]
 fn malformed_prefix_rejected() {
     let msg = syntax_error(&ZONES.replace("198.18.1.0/24", "198.18.1.0/33"));
     assert!(

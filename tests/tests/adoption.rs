@@ -1,8 +1,8 @@
 //! A daemon that adopts its predecessor's pinned data plane starts without a picture of what
-//! that one wrote. Before its first reconcile it departs the backends its configuration no
-//! longer has (they drain like ones a reload removes) and sweeps what only the previous
-//! configuration had (`Dataplane::sweep_unowned`: keys and VIPs, prefixes, tables), so that
-//! nothing stale stays live and the new configuration finds the room it needs.
+//! that one wrote. Before its first reconcile it sweeps what only the previous configuration
+//! had (`Dataplane::sweep_unowned`: keys and VIPs, prefixes, tables), so that nothing stale
+//! stays live and the new configuration finds the room it needs; after it, the backends its
+//! configuration no longer has drain like ones a reload removes (`depart_unused_backends`).
 
 use lb_common::backend_flags;
 use lb_user::config::Config;
@@ -36,9 +36,10 @@ fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &Per
     let now = dp.now_ns().unwrap();
     ctl.depart_unconfigured(now);
     let next = ctl.preview(now).unwrap();
-    let swept = dp.sweep_unowned(&next, now, &|id| ctl.drain_ns_of(id)).unwrap();
+    let (keys, prefixes, tables) = dp.sweep_unowned(&next).unwrap();
     ctl.reconcile(&mut dp).expect("the configuration fits the data plane it is written to");
-    (dp, ctl, swept, now)
+    let backends = dp.depart_unused_backends(ctl.applied().unwrap(), now, &|id| ctl.drain_ns_of(id)).unwrap();
+    (dp, ctl, (keys, prefixes, tables, backends), now)
 }
 
 #[test]

@@ -18,12 +18,25 @@ fn parse(text: &str) -> Result<IpNet, String> {
     }
 }
 
+/// A list of client prefixes. An IPv4-mapped IPv6 prefix (`::ffff:198.19.0.0/112`) is read as
+/// the IPv4 prefix it covers (`198.19.0.0/16`): IPv4 clients are matched as IPv4 addresses,
+/// and the data plane keys both spellings the same way.
 pub(super) fn prefix_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
     let texts = Vec::<String>::deserialize(d)?;
     texts
         .iter()
-        .map(|t| parse(t).map_err(serde::de::Error::custom))
+        .map(|t| parse(t).map(unmap).map_err(serde::de::Error::custom))
         .collect()
+}
+
+fn unmap(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(n) if n.prefix_len() >= 96 => match n.network().to_ipv4_mapped() {
+            Some(v4) => IpNet::V4(ipnet::Ipv4Net::new(v4, n.prefix_len() - 96).expect("at most 32 bits")),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 pub(super) fn opt_prefix<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpNet>, D::Error> {

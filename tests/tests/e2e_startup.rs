@@ -1,6 +1,7 @@
 //! End to end: `lb run` beside a running daemon (same pin directory, another control socket)
 //! is refused before it touches that daemon's data plane, and a start that fails after loading
-//! (an interface that does not exist) removes what it made: no pins, no socket.
+//! (an interface that does not exist) removes what it made: no pins, no socket. A restart that
+//! adopts the pinned data plane with a configuration that dropped a service stops serving it.
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
 use std::process::Command;
@@ -52,4 +53,28 @@ fn second_daemon_is_refused_and_a_failed_start_leaves_nothing() {
     assert!(!pins.exists(), "a failed start left {} behind", pins.display());
     assert!(!socket.exists(), "a failed start left its socket behind");
     assert_eq!(d.status().unwrap(), status);
+}
+
+#[test]
+fn a_restart_with_a_service_dropped_stops_serving_it() {
+    let topo = Topology::build(&TopologySpec { prefix: "su2".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let _servers: Vec<_> = topo.backends.iter().flat_map(|b| [start_server(b, 80).unwrap(), start_server(b, 8080).unwrap()]).collect();
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-su2-decap")).unwrap();
+    let service = |name: &str, port: u16| {
+        format!(
+            "[[service]]\nname = \"{name}\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [{port}]\n\n{}",
+            backends_toml(&topo, false, &|_| false)
+        )
+    };
+    let both = format!("{}{}{}", zones_toml(1), service("web", 80), service("alt", 8080));
+    let mut d = Daemon::start_keeping(&topo, "su2", &both).unwrap();
+    let client = topo.clients_in_zone(1).next().unwrap();
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.log()) };
+    tcp_spread(client, vip(false, 8080), 4).unwrap_or_else(|e| fail(e, &d));
+    // Restart on the pinned data plane with `alt` gone from the configuration.
+    d.rewrite_config(&format!("{}{}", zones_toml(1), service("web", 80))).unwrap();
+    d.restart().unwrap_or_else(|e| fail(e, &d));
+    assert!(d.log().contains("removed what the previous configuration left: 1 service keys"), "{}", d.log());
+    assert!(tcp_spread(client, vip(false, 8080), 1).is_err(), "port 8080 is no longer balanced");
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4, "web still is");
 }

@@ -535,21 +535,14 @@ mod tests {
         }
     }
 
-    /// Answers `status` to GET /healthz carrying the custom header, 404 otherwise.
+    /// Serves `answer_probe` on plain TCP.
     async fn header_server(status: u16) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 1024];
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                    let ok = req.starts_with("GET /healthz ") && req.contains("\r\nX-Probe: tm\r\n");
-                    let code = if ok { status } else { 404 };
-                    let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
-                });
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(answer_probe(s, status));
             }
         });
         addr
@@ -570,6 +563,17 @@ mod tests {
         let closed = listener.local_addr().unwrap();
         drop(listener);
         assert_eq!(monitor_probe_once(closed, &tcp).await, ProbeOutcome::Failed);
+    }
+
+    /// Answers `status` to GET /healthz carrying the custom header, 404 otherwise.
+    async fn answer_probe<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, status: u16) {
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        let req = String::from_utf8_lossy(&buf[..n]).to_string();
+        let ok = req.starts_with("GET /healthz ") && req.contains("\r\nX-Probe: tm\r\n");
+        let code = if ok { status } else { 404 };
+        let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+        let _ = s.shutdown().await;
     }
 
     /// `header_server` behind TLS, with a self-signed certificate (which the probe accepts,
@@ -593,14 +597,9 @@ mod tests {
                 let (s, _) = listener.accept().await.unwrap();
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let Ok(mut s) = acceptor.accept(s).await else { return };
-                    let mut buf = [0u8; 1024];
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                    let ok = req.starts_with("GET /healthz ") && req.contains("\r\nX-Probe: tm\r\n");
-                    let code = if ok { status } else { 404 };
-                    let _ = s.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
-                    let _ = s.shutdown().await;
+                    if let Ok(s) = acceptor.accept(s).await {
+                        answer_probe(s, status).await;
+                    }
                 });
             }
         });

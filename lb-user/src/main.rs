@@ -66,32 +66,25 @@ enum BackendAction {
     /// Override a backend's health (auto = back to the health checker's verdict).
     Set {
         #[command(flatten)]
-        common: Common,
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        address: IpAddr,
+        backend: BackendRef,
         #[arg(long, value_enum)]
         health: HealthOverride,
     },
     /// No new flows; existing flows continue until the service's draining timeout.
-    Drain {
-        #[command(flatten)]
-        common: Common,
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        address: IpAddr,
-    },
+    Drain(BackendRef),
     /// Ends a drain: the backend takes new flows again (its tracked flows stay).
-    Undrain {
-        #[command(flatten)]
-        common: Common,
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        address: IpAddr,
-    },
+    Undrain(BackendRef),
+}
+
+/// One backend of one service, on the daemon behind the control socket.
+#[derive(clap::Args)]
+struct BackendRef {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    service: String,
+    #[arg(long)]
+    address: IpAddr,
 }
 
 #[derive(Subcommand)]
@@ -112,13 +105,13 @@ fn main() -> std::process::ExitCode {
         Command::Explain { common, service, client, sport, dport, proto } => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, lb_user::render::explain)
         }
-        Command::Backend { action: BackendAction::Set { common, service, address, health } } => {
+        Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
             call(&common, Request::BackendSet { service, address, health }, lb_user::render::done)
         }
-        Command::Backend { action: BackendAction::Drain { common, service, address } } => {
+        Command::Backend { action: BackendAction::Drain(BackendRef { common, service, address }) } => {
             call(&common, Request::BackendDrain { service, address }, lb_user::render::done)
         }
-        Command::Backend { action: BackendAction::Undrain { common, service, address } } => {
+        Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
             call(&common, Request::BackendUndrain { service, address }, lb_user::render::done)
         }
         Command::Reload(c) => call(&c, Request::Reload, lb_user::render::done),

@@ -104,9 +104,7 @@ fn syn_on_tracked_five_tuple_starts_a_new_flow() {
 #[test]
 fn s7_client_ip_per_connection_second_syn_rehashes() {
     let info = dsr(affinity::CLIENT_IP, tracking::PER_CONNECTION);
-    let mut dp = setup(info);
-    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
-    move_table_to_b2(&mut dp);
+    let dp = flow_on_b1_table_on_b2(info);
     assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "second SYN re-hashed");
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "first connection keeps its entry");
     assert!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).is_some());
@@ -116,9 +114,7 @@ fn s7_client_ip_per_connection_second_syn_rehashes() {
 #[test]
 fn s8_client_ip_per_session_syn_follows_existing_entry() {
     let info = dsr(affinity::CLIENT_IP, tracking::PER_SESSION);
-    let mut dp = setup(info);
-    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
-    move_table_to_b2(&mut dp);
+    let dp = flow_on_b1_table_on_b2(info);
     assert_eq!(backend_of(&dp, &tcp(40002, TCP_SYN)), B1, "SYN is not new: follows the 2-tuple entry");
     // S5: the UDP flow of the same client shares the one 2-tuple entry.
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
@@ -214,9 +210,7 @@ fn idle_entry_expires_and_flow_is_rehashed() {
 #[test]
 fn p9_removed_backend_drains_until_deadline() {
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
-    let mut dp = setup(info);
-    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
-    move_table_to_b2(&mut dp);
+    let mut dp = flow_on_b1_table_on_b2(info);
     let seen = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
     // Removed with 300 s of draining left: tracked packets still reach b1.
     dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, seen + 300_000_000_000).unwrap();
@@ -262,12 +256,18 @@ fn p9_removed_backend_drains_udp_flows_unless_it_was_unhealthy() {
     assert_eq!(dp.stats().unwrap().get(stat::CT_REROUTED_UNHEALTHY), 1);
 }
 
-#[test]
-fn pool_change_flushes_entries_only_when_configured() {
-    let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+/// A TCP flow established on B1, then the table moved to B2 (a new pick would land there).
+fn flow_on_b1_table_on_b2(info: ServiceInfo) -> Dataplane {
     let mut dp = setup(info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     move_table_to_b2(&mut dp);
+    dp
+}
+
+#[test]
+fn pool_change_flushes_entries_only_when_configured() {
+    let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = flow_on_b1_table_on_b2(info);
     info.pool_gen = 1;
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "without the flag, entries survive a pool change");
@@ -284,9 +284,7 @@ fn pool_change_flushes_entries_only_when_configured() {
 #[test]
 fn pool_change_drain_ends_entries_of_the_previous_pool() {
     let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
-    let mut dp = setup(info);
-    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
-    move_table_to_b2(&mut dp);
+    let mut dp = flow_on_b1_table_on_b2(info);
     info.pool_gen = 1;
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "during the drain");

@@ -22,7 +22,9 @@
 //!
 //! Also: the fastest of the runs next to the medians (the machine is shared; the targets are
 //! judged on the medians); an IPv4 service forwarded by L2 DSR (MAC rewrite, no head
-//! adjustment, so neither the balancer nor the wrapper calls a helper); and two
+//! adjustment, so neither the balancer nor the wrapper calls a helper), also measured on the
+//! production program `lb` without any wrapper (its MAC rewrite leaves a frame that takes the
+//! same path again, so none is needed); and two
 //! `bpf_xdp_adjust_head` calls alone (`bench_helper_calls`), the price of the IPIP hit path's
 //! two helper calls.
 //!
@@ -103,8 +105,20 @@ struct Expect {
     action: u32,
     /// (stat index, increments per iteration); counters not listed must not move.
     per_iteration: &'static [(u32, u64)],
-    /// The buffer must hold the input frame after the run.
-    frame_unchanged: bool,
+    /// What the buffer must hold after the run.
+    frame: FrameCheck,
+}
+
+#[derive(Clone, Copy)]
+enum FrameCheck {
+    /// The input frame (the wrapper restored it, or nothing wrote to it).
+    Restored,
+    /// Not checked (a single run of `lb` leaves the encapsulated frame).
+    Any,
+    /// The input frame with this destination MAC and any source MAC: what the production
+    /// program leaves after L2 DSR iterations (each rewrites only the two addresses, so every
+    /// iteration parses the same packet and takes the same path).
+    DestinationRewritten([u8; 6]),
 }
 
 const NOTHING_COUNTED: &[(u32, u64)] = &[];
@@ -229,8 +243,13 @@ impl Bench {
                 bail!("{prog}: counter {name} moved by {delta} in {repeat} iterations, expected {}: not the intended path", per * repeat as u64);
             }
         }
-        if expect.frame_unchanged && out != frame {
-            bail!("{prog}: the frame after {repeat} iterations differs from the input");
+        let as_expected = match expect.frame {
+            FrameCheck::Restored => out == frame,
+            FrameCheck::Any => true,
+            FrameCheck::DestinationRewritten(mac) => out.len() == frame.len() && out[..6] == mac && out[12..] == frame[12..],
+        };
+        if !as_expected {
+            bail!("{prog}: the frame after {repeat} iterations is not the expected one");
         }
         Ok(ns)
     }
@@ -325,14 +344,23 @@ struct Family {
 struct L2Dsr {
     ct_hit: f64,
     new_flow: f64,
+    /// The production program `lb` itself, no wrapper: an L2 DSR iteration rewrites only the
+    /// MAC addresses, which the balancer does not read, so the next iteration takes the same
+    /// path on the buffer as it is (the counters prove it).
+    lb_ct_hit: f64,
+    lb_new_flow: f64,
 }
 
 fn measure_l2(b: &Bench, p: &Params) -> Result<L2Dsr> {
-    let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
-    let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
-    let new_flow = b.median_ns("bench_lb", &frame4_to(L2_PORT, TCP_SYN), p, new)?;
-    let ct_hit = b.median_ns("bench_lb", &frame4_to(L2_PORT, TCP_ACK), p, hit)?;
-    Ok(L2Dsr { ct_hit, new_flow })
+    let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
+    let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
+    let (syn, ack) = (frame4_to(L2_PORT, TCP_SYN), frame4_to(L2_PORT, TCP_ACK));
+    let new_flow = b.median_ns("bench_lb", &syn, p, new)?;
+    let ct_hit = b.median_ns("bench_lb", &ack, p, hit)?;
+    let rewritten = FrameCheck::DestinationRewritten(BACKEND_MAC);
+    let lb_new_flow = b.median_ns("lb", &syn, p, Expect { frame: rewritten, ..new })?;
+    let lb_ct_hit = b.median_ns("lb", &ack, p, Expect { frame: rewritten, ..hit })?;
+    Ok(L2Dsr { ct_hit, new_flow, lb_ct_hit, lb_new_flow })
 }
 
 /// The connection table's operations alone (IPv4 table), ns per packet.
@@ -349,10 +377,10 @@ struct MapOps {
 /// parts of the balancer's new-flow and hit costs; an insert of a new key, what a real new
 /// flow's insert costs (the bench's SYN repeats one flow); and the hit path's two helper calls.
 fn measure_map_ops(b: &Bench, p: &Params, frame: &[u8]) -> Result<MapOps> {
-    let inserted = Expect { action: XDP_PASS, per_iteration: &[(stat::NEW_FLOW, 1)], frame_unchanged: true };
-    let found = Expect { action: XDP_PASS, per_iteration: &[(stat::CT_HIT, 1)], frame_unchanged: true };
+    let inserted = Expect { action: XDP_PASS, per_iteration: &[(stat::NEW_FLOW, 1)], frame: FrameCheck::Restored };
+    let found = Expect { action: XDP_PASS, per_iteration: &[(stat::CT_HIT, 1)], frame: FrameCheck::Restored };
     // The insert runs first: the lookup finds the entry it left.
-    let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
+    let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
     let helper_calls = b.median_ns("bench_helper_calls", frame, p, pass)?;
     let insert = b.median_ns("bench_ct_insert", frame, p, inserted)?;
     let lookup = b.median_ns("bench_ct_lookup", frame, p, found)?;
@@ -367,14 +395,14 @@ fn measure_map_ops(b: &Bench, p: &Params, frame: &[u8]) -> Result<MapOps> {
 }
 
 fn measure(b: &Bench, p: &Params, syn: &[u8], ack: &[u8]) -> Result<Family> {
-    let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
-    let tx_uncounted = Expect { action: XDP_TX, per_iteration: NOTHING_COUNTED, frame_unchanged: false };
-    let restored = Expect { action: XDP_TX, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
-    let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
-    let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
+    let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
+    let tx_uncounted = Expect { action: XDP_TX, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Any };
+    let restored = Expect { action: XDP_TX, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
+    let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
+    let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
     // Single runs of `lb` leave the encapsulated frame: not compared with the input.
-    let hit_once = Expect { frame_unchanged: false, ..hit };
-    let new_once = Expect { frame_unchanged: false, ..new };
+    let hit_once = Expect { frame: FrameCheck::Any, ..hit };
+    let new_once = Expect { frame: FrameCheck::Any, ..new };
 
     let (floor, floor_min) = b.median_min_ns("bench_empty", ack, p, pass)?;
     let mac_swap = b.median_ns("bench_mac_swap", ack, p, tx_uncounted)?;
@@ -437,6 +465,9 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     println!("  IPv4 with L2 DSR forwarding (MAC rewrite; no head adjustment in balancer or wrapper)");
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, conntrack hit, incl. wrapper", l2.ct_hit, l2.ct_hit - v4.floor);
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, new flow, incl. wrapper", l2.new_flow, l2.new_flow - v4.floor);
+    println!("  the production program `lb` itself, no wrapper (its L2 rewrite leaves a frame that takes the same path):");
+    println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, conntrack hit, no wrapper", l2.lb_ct_hit, l2.lb_ct_hit - v4.floor);
+    println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, new flow, no wrapper", l2.lb_new_flow, l2.lb_new_flow - v4.floor);
     println!();
     println!("  the connection table's work alone (IPv4 table, 16-byte key), part of the figures above");
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 lookup, entry found", ops.lookup, ops.lookup - v4.floor);
@@ -451,22 +482,23 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     let new = v4.new_flow - v4.floor;
     // The wrapper's own share of an IPIP figure: the wrapper alone (a head growth like the
     // encapsulation's, then the restore) minus the one head adjustment the encapsulation
-    // makes anyway (half of the two-call figure). Derived from three medians: an estimate.
+    // makes anyway (half of the two-call figure). Derived from three medians, and an upper
+    // bound: inside the balancer the out-of-order core hides part of the restore's helper
+    // call (BENCHMARKS.md, round 8), so the targets are judged on measured figures only.
     let overhead = (v4.restore_only - v4.floor) - (ops.helper_calls - v4.floor) / 2.0;
-    println!("  the wrapper's own overhead on an IPIP case, estimated: wrapper alone - one head adjustment = {overhead:.0} ns");
+    println!("  the wrapper's own overhead on an IPIP case, estimated (an upper bound): wrapper alone - one head adjustment = {overhead:.0} ns");
     println!();
+    let (l2_hit, l2_new) = (l2.lb_ct_hit - v4.floor, l2.lb_new_flow - v4.floor);
     println!("  targets, judged on the medians:");
     println!(
-        "  target IPv4 conntrack hit <= 70 ns above the floor: {hit:.0} ns with the wrapper -> {}; {:.0} ns with its overhead subtracted -> {}",
+        "  target IPv4 conntrack hit <= 70 ns above the floor: IPIP incl. wrapper {hit:.0} ns -> {}; the production program alone (L2 DSR, no wrapper) {l2_hit:.0} ns -> {}",
         verdict(hit, 70.0),
-        hit - overhead,
-        verdict(hit - overhead, 70.0)
+        verdict(l2_hit, 70.0)
     );
     println!(
-        "  target IPv4 new flow      <= 180 ns above the floor: {new:.0} ns with the wrapper -> {}; {:.0} ns with its overhead subtracted -> {}",
+        "  target IPv4 new flow      <= 180 ns above the floor: IPIP incl. wrapper {new:.0} ns -> {}; the production program alone (L2 DSR, no wrapper) {l2_new:.0} ns -> {}",
         verdict(new, 180.0),
-        new - overhead,
-        verdict(new - overhead, 180.0)
+        verdict(l2_new, 180.0)
     );
 }
 
@@ -520,8 +552,8 @@ fn profile(case: &str, secs: u64) -> Result<()> {
     in_netns(move |topo| -> Result<()> {
         let b = Bench::load(topo.lbv0)?;
         let frame = |flags| if family == 4 { frame4(flags) } else { frame6(flags) };
-        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
-        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
+        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
+        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
         // One SYN run leaves the entry the ACK runs hit.
         b.run("bench_lb", &frame(TCP_SYN), 1000, new)?;
         let (f, e) = if syn { (frame(TCP_SYN), new) } else { (frame(TCP_ACK), hit) };
@@ -580,9 +612,9 @@ fn compare(other: &str, rounds: usize) -> Result<()> {
     in_netns(move |topo| -> Result<()> {
         let objs = [Bench::load(topo.lbv0)?, Bench::load_object(topo.lbv0, &other_bytes)?];
         let p = FULL;
-        let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame_unchanged: true };
-        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame_unchanged: true };
-        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame_unchanged: true };
+        let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
+        let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
+        let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
         println!("A = this build's object (or LB_EBPF_OBJ), B = {other}; {rounds} interleaved rounds of {} iterations", p.repeat);
         println!("ns above each object's floor: median / minimum; B - A: median of the per-round differences");
         for (name, frame, expect) in [

@@ -482,11 +482,11 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     let new = v4.new_flow - v4.floor;
     // The wrapper's own share of an IPIP figure: the wrapper alone (a head growth like the
     // encapsulation's, then the restore) minus the one head adjustment the encapsulation
-    // makes anyway (half of the two-call figure). Derived from three medians, and an upper
-    // bound: inside the balancer the out-of-order core hides part of the restore's helper
-    // call (BENCHMARKS.md, round 8), so the targets are judged on measured figures only.
+    // makes anyway (half of the two-call figure). Derived from three medians, an estimate
+    // the machine's noise cannot confirm (BENCHMARKS.md, round 8), so the targets are judged
+    // on measured figures only: the IPIP case with the wrapper, and `lb` alone on L2 DSR.
     let overhead = (v4.restore_only - v4.floor) - (ops.helper_calls - v4.floor) / 2.0;
-    println!("  the wrapper's own overhead on an IPIP case, estimated (an upper bound): wrapper alone - one head adjustment = {overhead:.0} ns");
+    println!("  the wrapper's own overhead on an IPIP case, estimated from three medians: wrapper alone - one head adjustment = {overhead:.0} ns");
     println!();
     let (l2_hit, l2_new) = (l2.lb_ct_hit - v4.floor, l2.lb_new_flow - v4.floor);
     println!("  targets, judged on the medians:");

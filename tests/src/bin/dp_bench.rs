@@ -32,9 +32,9 @@
 //!        dp_bench --compare OTHER_OBJECT [ROUNDS]
 //! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check;
 //! --stages: the cost split by stage of the balancer; --profile: run one case, `v4-hit`,
-//! `v4-syn`, `v6-hit` or `v6-syn`, for SECONDS without reporting, so that `perf record -a` sees
-//! only that path; --compare: A/B of this build's object (or `LB_EBPF_OBJ`) against another
-//! build's, loaded side by side in one process, runs interleaved round by round, so that the
+//! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
+//! SECONDS without reporting, so that `perf record -a` sees only that path; --compare: A/B of
+//! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one process, runs interleaved round by round, so that the
 //! machine's slow drift hits both alike; the other object must have this build's map layout)
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -542,24 +542,29 @@ fn main() -> Result<()> {
 
 /// Runs one case for `secs` seconds (each run still checked), for `perf record`.
 fn profile(case: &str, secs: u64) -> Result<()> {
-    let (family, syn) = match case {
-        "v4-hit" => (4, false),
-        "v4-syn" => (4, true),
-        "v6-hit" => (6, false),
-        "v6-syn" => (6, true),
-        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, not {case:?}"),
+    let (family, syn, l2) = match case {
+        "v4-hit" => (4, false, false),
+        "v4-syn" => (4, true, false),
+        "v6-hit" => (6, false, false),
+        "v6-syn" => (6, true, false),
+        "l2-hit" => (4, false, true),
+        "l2-syn" => (4, true, true),
+        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, l2-hit, l2-syn, not {case:?}"),
     };
     in_netns(move |topo| -> Result<()> {
         let b = Bench::load(topo.lbv0)?;
-        let frame = |flags| if family == 4 { frame4(flags) } else { frame6(flags) };
+        let port = if l2 { L2_PORT } else { 80 };
+        let frame = |flags| if family == 4 { frame4_to(port, flags) } else { frame6(flags) };
         let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
         let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
         // One SYN run leaves the entry the ACK runs hit.
         b.run("bench_lb", &frame(TCP_SYN), 1000, new)?;
         let (f, e) = if syn { (frame(TCP_SYN), new) } else { (frame(TCP_ACK), hit) };
+        // The L2 DSR cases run the production program itself (see `L2Dsr`).
+        let (prog, e) = if l2 { ("lb", Expect { frame: FrameCheck::DestinationRewritten(BACKEND_MAC), ..e }) } else { ("bench_lb", e) };
         let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         while std::time::Instant::now() < end {
-            b.run("bench_lb", &f, 1_000_000, e)?;
+            b.run(prog, &f, 1_000_000, e)?;
         }
         Ok(())
     })

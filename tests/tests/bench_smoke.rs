@@ -1,6 +1,6 @@
 //! `cargo xtask bench` keeps working: `dp_bench --quick --no-single` loads every bench program
 //! of the object (the wrapper, the stage programs) and checks each run's verdict, counter
-//! deltas and restored frame itself, failing if any iteration took another path.
+//! deltas and the frame it leaves itself, failing if any iteration took another path.
 
 #[test]
 fn dp_bench_quick_run_passes_its_own_checks() {

@@ -535,17 +535,26 @@ mod tests {
         }
     }
 
-    /// Serves `answer_probe` on plain TCP.
-    async fn header_server(status: u16) -> SocketAddr {
+    /// Accepts connections on a loopback port and runs `serve` on each, in its own task.
+    async fn spawn_server<F, Fut>(serve: F) -> SocketAddr
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(answer_probe(s, status));
+                tokio::spawn(serve(s));
             }
         });
         addr
+    }
+
+    /// Serves `answer_probe` on plain TCP.
+    async fn header_server(status: u16) -> SocketAddr {
+        spawn_server(move |s| answer_probe(s, status)).await
     }
 
     #[tokio::test]
@@ -590,20 +599,15 @@ mod tests {
             .with_single_cert(vec![cert.cert.der().clone()], key)
             .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (s, _) = listener.accept().await.unwrap();
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    if let Ok(s) = acceptor.accept(s).await {
-                        answer_probe(s, status).await;
-                    }
-                });
+        spawn_server(move |s| {
+            let acceptor = acceptor.clone();
+            async move {
+                if let Ok(s) = acceptor.accept(s).await {
+                    answer_probe(s, status).await;
+                }
             }
-        });
-        addr
+        })
+        .await
     }
 
     #[tokio::test]

@@ -256,6 +256,12 @@ fn p9_removed_backend_drains_udp_flows_unless_it_was_unhealthy() {
     assert_eq!(dp.stats().unwrap().get(stat::CT_REROUTED_UNHEALTHY), 1);
 }
 
+/// Writes the service's record again (its key unchanged), as the controller does when its
+/// pool generation or flags change.
+fn republish(dp: &mut Dataplane, info: ServiceInfo) {
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+}
+
 /// A TCP flow established on B1, then the table moved to B2 (a new pick would land there).
 fn flow_on_b1_table_on_b2(info: ServiceInfo) -> Dataplane {
     let mut dp = setup(info);
@@ -269,11 +275,11 @@ fn pool_change_flushes_entries_only_when_configured() {
     let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = flow_on_b1_table_on_b2(info);
     info.pool_gen = 1;
-    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    republish(&mut dp, info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "without the flag, entries survive a pool change");
     info.pool_gen = 2;
     info.flags |= service_flags::FLUSH_ON_POOL_CHANGE;
-    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    republish(&mut dp, info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2);
     assert_eq!(dp.stats().unwrap().get(stat::CT_POOL_FLUSHED), 1);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the new entry carries the new generation");
@@ -286,10 +292,10 @@ fn pool_change_drain_ends_entries_of_the_previous_pool() {
     let mut info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = flow_on_b1_table_on_b2(info);
     info.pool_gen = 1;
-    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    republish(&mut dp, info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "during the drain");
     info.flags |= service_flags::POOL_DRAIN_OVER;
-    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP)], info).unwrap();
+    republish(&mut dp, info);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "after the drain");
     assert_eq!(dp.stats().unwrap().get(stat::CT_POOL_FLUSHED), 1);
 }

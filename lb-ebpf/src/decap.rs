@@ -4,13 +4,11 @@
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{stat, AddrKey, FAMILY_V4, FAMILY_V6};
+use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6};
+use lb_ebpf::packet::{parse_eth, ptr_at, read};
 
 use crate::maps::DECAP_ADDRS;
-use crate::parse::{parse_eth, ptr_at, read, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
-use crate::stats;
-
-const IPPROTO_IPIP: u8 = 4;
-const IPPROTO_IPV6: u8 = 41;
+use crate::stats::{self, drop};
 
 #[inline(always)]
 fn is_local(addr: [u32; 4], family: u8) -> bool {
@@ -85,11 +83,10 @@ pub fn run(ctx: &XdpContext) -> u32 {
     h[0..12].copy_from_slice(&eth);
     h[12..14].copy_from_slice(&inner_type.to_be_bytes());
     unsafe { core::ptr::write_unaligned(p, h) };
-    stats::inc(stat::DECAP);
+    stats::counters().inc(stat::DECAP);
     xdp_action::XDP_PASS
 }
 
 fn malformed() -> u32 {
-    stats::inc(stat::DECAP_DROP_MALFORMED);
-    xdp_action::XDP_DROP
+    drop(stat::DECAP_DROP_MALFORMED, stats::counters())
 }

@@ -26,11 +26,13 @@ use lb_common::{
     flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
     FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
+use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
+use lb_ebpf::packet::{as_key, parse_eth, Verdict};
 
 use crate::conntrack::FlowKey;
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
-use crate::stats::Counters;
+use crate::parse::Packet;
+use crate::stats::{drop, Counters};
 
 // `#[xdp]` wraps the function in the program's entry point; `inline(always)` makes it part
 // of that entry instead of a BPF-to-BPF call (a call and a return per packet, and returns
@@ -45,12 +47,6 @@ pub fn lb(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn lb_decap(ctx: XdpContext) -> u32 {
     decap::run(&ctx)
-}
-
-#[inline(always)]
-fn drop(reason: u32, counters: Counters) -> u32 {
-    counters.inc(reason);
-    xdp_action::XDP_DROP
 }
 
 /// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address
@@ -77,7 +73,7 @@ fn balance(ctx: &XdpContext) -> u32 {
 #[inline(always)]
 pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
-    let counters = Counters::get();
+    let counters = stats::counters();
     counters.inc(stat::RX_PACKETS);
     // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
     // copy has no IPv6 address words and no family tests (fewer instructions).
@@ -85,7 +81,7 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // Both IPv4 parsers feed the one IPv4 copy of `forward`.
     let v4 = match parse::parse_v4_fast(ctx) {
         Some(pkt) => Ok(pkt),
-        None => match parse::parse_eth(ctx) {
+        None => match parse_eth(ctx) {
             Ok((l3_off, ETH_P_IP)) => parse::parse_v4(ctx, l3_off),
             Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
                 Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
@@ -202,10 +198,4 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
         _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
     }
-}
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
 }

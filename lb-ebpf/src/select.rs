@@ -6,11 +6,12 @@ use lb_common::{
     find_service, maglev_slot, table_flags, ClassKey, ServiceInfo, ServiceTableRef, TableRef,
     CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_V4, PROTO_ANY,
 };
+use lb_ebpf::packet::as_key;
 
 use crate::maps::{
     CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
 };
-use crate::parse::{as_key, is_vip, Packet};
+use crate::parse::{is_vip, Packet};
 
 /// The active half of the service table (copied: 8 bytes), and its slot mask; None before
 /// the load-time size is set (never, once loaded by `lb_user::dataplane`).

@@ -1,4 +1,6 @@
-//! XDP programs of the load balancer: `lb` (the balancer) and `lb_decap` (backend side).
+//! The balancer's XDP object: the program `lb`, `clock_probe` (the daemon's reading of the
+//! data-plane clock, see `clock`) and the bench programs. The backend side (`lb_decap`) is an
+//! object of its own (src/decap.rs).
 //!
 //! Per packet: parse -> service -> connection table -> (new flow) client class -> class table
 //! -> backend -> encapsulate or rewrite -> transmit. No policy here: the controller has
@@ -11,9 +13,11 @@
 #![no_main]
 
 mod bench;
+// `clock_probe` stays in this object: it must read the clock exactly as `lb` computes it,
+// from this object's load-time `NS_PER_JIFFY`, and the daemon loads this object anyway (an
+// object of its own would need the same constant set apart, and one more load).
 mod clock;
 mod conntrack;
-mod decap;
 mod encap;
 mod maps;
 mod nexthop;
@@ -41,12 +45,6 @@ use crate::stats::{drop, Counters};
 #[inline(always)]
 pub fn lb(ctx: XdpContext) -> u32 {
     balance(&ctx)
-}
-
-#[xdp]
-#[inline(always)]
-pub fn lb_decap(ctx: XdpContext) -> u32 {
-    decap::run(&ctx)
 }
 
 /// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address

@@ -1,5 +1,5 @@
-//! The maps and load-time constants of the data plane. Every `max_entries` here is a placeholder:
-//! `lb_user::dataplane` sets the real sizes before load, from the configuration.
+//! The maps and load-time constants of the balancer's object. Every `max_entries` here is a
+//! placeholder: `lb_user::dataplane` sets the real sizes before load, from the configuration.
 
 use aya_ebpf::{
     macros::map,
@@ -61,9 +61,6 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 /// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
 #[map]
 pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
-/// `lb_decap`: this host's tunnel endpoint addresses.
-#[map]
-pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 
 /// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
 #[map]

@@ -29,13 +29,13 @@ use crate::service_table::{self, ServiceTable};
 
 /// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
 /// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 14] = [
+pub const MAP_NAMES: [&str; 13] = [
     "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CT_SEED_STORE", "CLIENT_CLASS",
-    "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
+    "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
 ];
 
-/// The compiled XDP object (built by `build.rs`).
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+/// The balancer's XDP object (built by `build.rs`).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
 
 /// Map sizes, fixed when the object is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 15] {
+    pub fn map_max_entries(&self) -> [(&'static str, u32); 14] {
         let pairs = self.max_services * self.classes_per_service;
         [
             // Two halves of S slots, S >= twice the key capacity (16 keys per service).
@@ -75,7 +75,6 @@ impl DataplaneSizes {
             ("STATS", 1),
             ("CLASS_STATS", pairs),
             ("NEXT_HOPS", self.max_backends),
-            ("DECAP_ADDRS", 64),
         ]
     }
 
@@ -117,13 +116,12 @@ impl DataplaneSizes {
     }
 }
 
-/// Which of the two XDP programs.
+/// The programs of the balancer's object. (The backend-side decapsulator is an object of its
+/// own, `crate::decap::Decapsulator`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Program {
     /// The balancer.
     Lb,
-    /// The backend-side decapsulator.
-    Decap,
     /// Writes the data-plane clock for [`Dataplane::now_ns`]; never attached.
     ClockProbe,
 }
@@ -132,7 +130,6 @@ impl Program {
     fn name(self) -> &'static str {
         match self {
             Program::Lb => "lb",
-            Program::Decap => "lb_decap",
             Program::ClockProbe => "clock_probe",
         }
     }
@@ -224,7 +221,6 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
-    decap_addrs: HashMap<MapData, AddrKey, u32>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -235,7 +231,7 @@ pub struct Dataplane {
     free_slots: VecDeque<u32>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
+pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
 }
@@ -244,7 +240,7 @@ fn take_raw(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))
 }
 
-fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
+pub(crate) fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
     AddrKey { addr, family, _pad: [0; 3] }
 }
 
@@ -313,7 +309,8 @@ impl LoadSettings {
 }
 
 impl Dataplane {
-    /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
+    /// Loads the balancer's object (`lb`, `clock_probe`) with the given map sizes. Needs
+    /// CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load(sizes: DataplaneSizes) -> Result<Self> {
         Self::load_with(sizes, None)
     }
@@ -337,12 +334,8 @@ impl Dataplane {
             .apply(&mut loader)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
-        for p in [Program::Lb, Program::Decap, Program::ClockProbe] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(p.name())
-                .ok_or_else(|| anyhow!("program {} missing", p.name()))?
-                .try_into()?;
-            load_program(prog).with_context(|| format!("verifying program {}", p.name()))?;
+        for p in [Program::Lb, Program::ClockProbe] {
+            verify(&mut ebpf, p.name())?;
         }
         let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
         seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
@@ -361,7 +354,6 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
-            decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -711,13 +703,6 @@ impl Dataplane {
         self.free_slots.len()
     }
 
-    /// Adds an address this host decapsulates for (`lb_decap`).
-    pub fn add_decap_address(&mut self, addr: IpAddr) -> Result<()> {
-        let (words, family) = addr_words(addr);
-        self.decap_addrs.insert(addr_key(words, family), 1, 0).context("writing DECAP_ADDRS")?;
-        Ok(())
-    }
-
     /// The connection-table entry of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`; IPv4 flows
     /// live in `CONNTRACK4`, keyed by the packed form of `key`). For tests and inspection: the
     /// bucket is copied with one syscall and not re-checked against the slot's state word, so
@@ -752,12 +737,7 @@ impl Dataplane {
 
     /// All counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats> {
-        let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
-        for cpu in self.stats.get(&0, 0)?.iter() {
-            for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
-                *sum += v;
-            }
-        }
+        let global = global_counters(&self.stats)?;
         let mut classes = Vec::new();
         let cps = self.sizes.classes_per_service;
         for service in 0..self.sizes.max_services {
@@ -778,49 +758,17 @@ impl Dataplane {
         Ok(Stats { global, classes })
     }
 
-    fn program(&self, p: Program) -> Result<&Xdp> {
-        Ok(self.ebpf.program(p.name()).ok_or_else(|| anyhow!("program {} missing", p.name()))?.try_into()?)
-    }
-
     /// Attaches a program to an interface, native (driver) mode first, else generic.
     /// Returns the mode used. The attachment lives as long as this `Dataplane`.
     pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
-        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
-        match prog.attach(ifname, XdpMode::Driver) {
-            Ok(_) => Ok(XdpMode::Driver),
-            Err(native) => {
-                prog.attach(ifname, XdpMode::Skb)
-                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
-                Ok(XdpMode::Skb)
-            }
-        }
+        attach(&mut self.ebpf, p.name(), ifname)
     }
 
     /// Attaches a program to an interface through a bpf_link pinned at `link_pin`, so that it
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
-        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
-        if link_pin.exists() {
-            let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
-            let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
-            let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
-            // The pin keeps the link (and so the attachment); our fd to it can go.
-            drop(prog.take_link(id)?);
-            return Ok(XdpMode::Default);
-        }
-        let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
-            Ok(id) => (id, XdpMode::Driver),
-            Err(native) => {
-                let id = prog
-                    .attach(ifname, XdpMode::Skb)
-                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
-                (id, XdpMode::Skb)
-            }
-        };
-        let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
-        link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
-        Ok(mode)
+        attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)
     }
 
     /// The data-plane clock now (ns; jiffies times the tick length, the kernel's jiffies epoch),
@@ -834,23 +782,91 @@ impl Dataplane {
     /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
     /// the loopback device of the calling thread's network namespace.
     pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-        // Room for the headers an encapsulation adds.
-        let mut out = vec![0u8; packet.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ctx_in: if ingress_ifindex != 0 { Some(&ctx) } else { None },
-            repeat: 1,
-            ..Default::default()
-        };
-        let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-        out.truncate(r.data_size_out as usize);
-        Ok(TestOutput { action: r.return_value, data: out })
+        run_test(&self.ebpf, p.name(), packet, ingress_ifindex)
     }
+}
+
+/// The global counters of an object's `STATS` record, summed over CPUs.
+pub(crate) fn global_counters(stats: &PerCpuArray<MapData, GlobalStats>) -> Result<Vec<u64>> {
+    let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
+    for cpu in stats.get(&0, 0)?.iter() {
+        for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
+            *sum += v;
+        }
+    }
+    Ok(global)
+}
+
+/// Verifies (loads into the kernel) the XDP program `name` of `ebpf`.
+pub(crate) fn verify(ebpf: &mut Ebpf, name: &str) -> Result<()> {
+    load_program(xdp_mut(ebpf, name)?).with_context(|| format!("verifying program {name}"))
+}
+
+fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    Ok(ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?)
+}
+
+/// Attaches the program `name` of `ebpf` to an interface, native (driver) mode first, else
+/// generic. Returns the mode used. The attachment lives as long as `ebpf`.
+pub(crate) fn attach(ebpf: &mut Ebpf, name: &str, ifname: &str) -> Result<XdpMode> {
+    let prog = xdp_mut(ebpf, name)?;
+    match prog.attach(ifname, XdpMode::Driver) {
+        Ok(_) => Ok(XdpMode::Driver),
+        Err(native) => {
+            prog.attach(ifname, XdpMode::Skb)
+                .with_context(|| format!("attaching {name} to {ifname} (native mode failed: {native})"))?;
+            Ok(XdpMode::Skb)
+        }
+    }
+}
+
+/// Attaches the program `name` of `ebpf` to an interface through a bpf_link pinned at
+/// `link_pin`, so that it stays attached when this process exits. If a link is already pinned
+/// there, its program is replaced atomically: no packet sees the interface without XDP.
+pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin: &Path) -> Result<XdpMode> {
+    let prog = xdp_mut(ebpf, name)?;
+    if link_pin.exists() {
+        let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
+        let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
+        let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
+        // The pin keeps the link (and so the attachment); our fd to it can go.
+        drop(prog.take_link(id)?);
+        return Ok(XdpMode::Default);
+    }
+    let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
+        Ok(id) => (id, XdpMode::Driver),
+        Err(native) => {
+            let id = prog
+                .attach(ifname, XdpMode::Skb)
+                .with_context(|| format!("attaching {name} to {ifname} (native mode failed: {native})"))?;
+            (id, XdpMode::Skb)
+        }
+    };
+    let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+    link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
+    Ok(mode)
+}
+
+/// Runs the program `name` of `ebpf` once on `packet` with `BPF_PROG_TEST_RUN`.
+/// `ingress_ifindex` 0 means the loopback device of the calling thread's network namespace.
+pub(crate) fn run_test(ebpf: &Ebpf, name: &str, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    // Room for the headers an encapsulation adds.
+    let mut out = vec![0u8; packet.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        ctx_in: if ingress_ifindex != 0 { Some(&ctx) } else { None },
+        repeat: 1,
+        ..Default::default()
+    };
+    let prog: &Xdp = ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
+    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    out.truncate(r.data_size_out as usize);
+    Ok(TestOutput { action: r.return_value, data: out })
 }
 
 /// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in

@@ -118,8 +118,9 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
 }
 
 /// Maps earlier versions pinned that this one no longer has (`SERVICES`: the service hash
-/// map before `SERVICE_TABLE`); removed with the others, and when a daemon starts.
-pub const LEGACY_MAP_NAMES: [&str; 1] = ["SERVICES"];
+/// map before `SERVICE_TABLE`; `DECAP_ADDRS`: `lb_decap`'s addresses, when the decapsulator
+/// was part of the balancer's object); removed with the others, and when a daemon starts.
+pub const LEGACY_MAP_NAMES: &[&str] = &["SERVICES", "DECAP_ADDRS"];
 
 /// Remove every map pin (the maps themselves go when no program uses them any more).
 pub fn remove_map_pins(pin_dir: &Path) -> Result<()> {

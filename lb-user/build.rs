@@ -1,8 +1,12 @@
 //! Builds the XDP objects (`lb-ebpf`) with the nightly toolchain for `bpfel-unknown-none` and
 //! hands their paths to the crate (embedded with `include_bytes_aligned!`):
-//! - `LB_EBPF_OBJ`: the balancer's object (`lb`, `clock_probe`, the bench programs);
-//! - `LB_EBPF_DECAP_OBJ`: the decapsulator's object (`lb_decap`, for `lb decap attach`).
+//! - `LB_EBPF_OBJ`: the balancer's production object (`lb`, `clock_probe`);
+//! - `LB_EBPF_DECAP_OBJ`: the decapsulator's object (`lb_decap`, for `lb decap attach`);
+//! - `LB_EBPF_BENCH_OBJ`: the bench build of the balancer's object (feature `bench`: `lb` plus
+//!   the bench programs), not embedded, only its path: lb-tests' `dp_bench` loads it.
 //!
+//! The bench build has a target directory of its own (`target/bpf-bench`), so that neither
+//! build overwrites the other's `lb`; the two builds run side by side.
 //! The toolchain (nightly + rust-src + bpf-linker) is installed by `cargo xtask setup`.
 use std::{
     env,
@@ -38,8 +42,10 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
     let production_dir = root.join("target").join("bpf");
+    let bench_dir = root.join("target").join("bpf-bench");
     let builds = [
         ("the production objects", start_build(&ebpf_dir, &production_dir, &[])),
+        ("the bench object", start_build(&ebpf_dir, &bench_dir, &["--features", "bench", "--bin", "lb"])),
     ];
     for (what, mut child) in builds {
         let status = child.wait().unwrap_or_else(|e| panic!("waiting for cargo +nightly for lb-ebpf: {e}"));
@@ -53,4 +59,5 @@ fn main() {
     let obj = |dir: &Path, bin: &str| dir.join("bpfel-unknown-none/release").join(bin).display().to_string();
     println!("cargo:rustc-env=LB_EBPF_OBJ={}", obj(&production_dir, "lb"));
     println!("cargo:rustc-env=LB_EBPF_DECAP_OBJ={}", obj(&production_dir, "lb-decap"));
+    println!("cargo:rustc-env=LB_EBPF_BENCH_OBJ={}", obj(&bench_dir, "lb"));
 }

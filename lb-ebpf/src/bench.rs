@@ -1,8 +1,8 @@
 //! Bench-only XDP programs for `BPF_PROG_TEST_RUN` with `repeat > 1` (`dp_bench` in lb-tests).
 //!
-//! They live in the same object so that they share the balancer's maps, but the data-plane
-//! writer never loads them: the production program `lb` is compiled and verified exactly as
-//! without them (`balance` is `#[inline(always)]`, nothing here is called from `lb`).
+//! They exist only in the bench build of the balancer's object (feature `bench`, built by
+//! lb-user's build.rs into `target/bpf-bench`), where they share the balancer's maps; the
+//! production object, which the data plane loads, holds `lb` and `clock_probe` only.
 //!
 //! With `repeat > 1` the kernel runs every iteration on the same buffer, so after the first
 //! encapsulation the next iterations would see the encapsulated frame. `bench_lb` therefore

@@ -1,6 +1,7 @@
-//! The balancer's XDP object: the program `lb`, `clock_probe` (the daemon's reading of the
-//! data-plane clock, see `clock`) and the bench programs. The backend side (`lb_decap`) is an
-//! object of its own (src/decap.rs).
+//! The balancer's XDP object: the program `lb` and `clock_probe` (the daemon's reading of the
+//! data-plane clock, see `clock`), nothing else. The backend side (`lb_decap`) is an object of
+//! its own (src/decap.rs); the bench programs are in the bench build of this object only
+//! (feature `bench`, loaded by lb-tests' `dp_bench`).
 //!
 //! Per packet: parse -> service -> connection table -> (new flow) client class -> class table
 //! -> backend -> encapsulate or rewrite -> transmit. No policy here: the controller has
@@ -12,6 +13,7 @@
 #![feature(core_intrinsics, adt_const_params)]
 #![no_main]
 
+#[cfg(feature = "bench")]
 mod bench;
 // `clock_probe` stays in this object: it must read the clock exactly as `lb` computes it,
 // from this object's load-time `NS_PER_JIFFY`, and the daemon loads this object anyway (an
@@ -47,6 +49,18 @@ pub fn lb(ctx: XdpContext) -> u32 {
     balance(&ctx)
 }
 
+/// Stage boundary `$n` of `dp_bench --stages`: `balance_until::<$n>` passes the packet here
+/// instead of going on. Only in the bench build (feature `bench`); the production object has
+/// no stops at all.
+macro_rules! stop_before {
+    ($stop:ident, $n:literal) => {
+        #[cfg(feature = "bench")]
+        if $stop == $n {
+            return xdp_action::XDP_PASS;
+        }
+    };
+}
+
 /// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address
 /// words are written as constants, so the hash's rounds over them fold at compile time.
 #[inline(always)]
@@ -65,9 +79,10 @@ fn balance(ctx: &XdpContext) -> u32 {
     balance_until::<{ u32::MAX }>(ctx)
 }
 
-/// The balancer, stopping with XDP_PASS before stage `STOP` (1 service lookup, 2 connection
-/// table / backend choice, 3 class counters, 4 forwarding) for `dp_bench --stages`; `lb` runs
-/// it with `u32::MAX`, where every stop test folds away at compile time.
+/// The balancer. In the bench build it stops with XDP_PASS before stage `STOP` (1 service
+/// lookup, 2 connection table / backend choice, 3 class counters, 4 forwarding) for
+/// `dp_bench --stages`; `lb` runs it with `u32::MAX` (no stop), and the production build
+/// has no stop tests (`stop_before!`).
 #[inline(always)]
 pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
@@ -113,9 +128,7 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
 /// counters, encapsulation and transmit.
 #[inline(always)]
 fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
-    if STOP == 1 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 1);
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -124,9 +137,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             return xdp_action::XDP_PASS;
         }
     };
-    if STOP == 2 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 2);
     let proto = pkt.tuple.proto;
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
     // Both keys are built only in the copy of their family (the other one folds away).
@@ -173,9 +184,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             (id, class, b, 1, spill as u64, hash)
         }
     };
-    if STOP == 3 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 3);
     if let Some(c) = stats::class_counters(svc.id, class, CLASSES_PER_SERVICE.load()) {
         unsafe {
             (*c).packets += 1;
@@ -188,9 +197,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         }
     }
 
-    if STOP == 4 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 4);
     match svc.forwarding {
         forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, counters),
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),

@@ -34,8 +34,12 @@ pub const MAP_NAMES: [&str; 13] = [
     "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS",
 ];
 
-/// The balancer's XDP object (built by `build.rs`).
+/// The balancer's XDP object (built by `build.rs`): `lb` and `clock_probe`, nothing else.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+
+/// Where `build.rs` left the bench build of the balancer's object (`lb` plus the bench
+/// programs, feature `bench` of lb-ebpf): only lb-tests' `dp_bench` loads it.
+pub const BENCH_OBJECT_PATH: &str = env!("LB_EBPF_BENCH_OBJ");
 
 /// Map sizes, fixed when the object is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -55,8 +55,9 @@ use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP
 use lb_user::service_table::ServiceTable;
 use lb_user::maglev::{build_table, MaglevBackend};
 
-/// The object built by lb-user's build script (same path as there).
-const DEFAULT_OBJECT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bpf/bpfel-unknown-none/release/lb");
+/// The bench build of the balancer's object (`lb` plus the bench programs), built by lb-user's
+/// build script.
+const DEFAULT_OBJECT: &str = lb_user::dataplane::BENCH_OBJECT_PATH;
 
 /// Production defaults (lb-user config): Maglev M and connection-table capacity.
 const TABLE_M: u32 = 16381;

@@ -114,7 +114,7 @@ pub struct ServiceKey {
 
 impl ServiceKey {
     /// The key as five native-endian words, exactly as it sits in memory: what
-    /// [`crate::service_slot_hash`] hashes and the probe compares. The data plane builds the same
+    /// [`crate::hash::service_slot_hash`] hashes and the probe compares. The data plane builds the same
     /// words from a packet as `addr[0..4], port | proto << 16 | family << 24` (little endian).
     #[inline(always)]
     pub fn words(&self) -> [u32; 5] {
@@ -166,7 +166,7 @@ pub const SERVICE_PROBES: u32 = 8;
 pub struct ServiceTableRef {
     /// Index of the first slot of the active half (0 or S).
     pub base: u32,
-    /// Seed of [`crate::service_slot_hash`] the active half was built with.
+    /// Seed of [`crate::hash::service_slot_hash`] the active half was built with.
     pub seed: u32,
 }
 
@@ -397,12 +397,12 @@ pub mod stat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {
     pub counters: [u64; stat::GLOBAL_COUNT as usize],
-    pub ct_search: crate::CtSearch,
+    pub ct_search: crate::ct_table::Search,
 }
 
 impl Default for GlobalStats {
     fn default() -> Self {
-        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::CtSearch::default() }
+        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::ct_table::Search::default() }
     }
 }
 
@@ -424,6 +424,7 @@ pub struct ClassCounters {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    use crate::ct_table::{Bucket4, Bucket6, Search, Slot4, Slot6};
     macro_rules! pod {
         ($($t:ty),*) => {$(
             unsafe impl aya::Pod for $t {}
@@ -431,7 +432,10 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, crate::CtSlot4, crate::CtSlot6, crate::CtBucket4, crate::CtBucket6, crate::CtSearch, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(
+        ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Slot4, Slot6, Bucket4,
+        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters
+    );
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -445,11 +449,11 @@ const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::CtSlot4>() == 48);
-const _: () = assert!(core::mem::size_of::<crate::CtSearch>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::CtSlot6>() == 72);
-const _: () = assert!(core::mem::size_of::<crate::CtBucket4>() == 48 * crate::CT_WAYS);
-const _: () = assert!(core::mem::size_of::<crate::CtBucket6>() == 72 * crate::CT_WAYS);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot4>() == 48);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Search>() == 24);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot6>() == 72);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket4>() == 48 * crate::ct_table::WAYS);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket6>() == 72 * crate::ct_table::WAYS);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);

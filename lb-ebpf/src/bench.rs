@@ -12,7 +12,7 @@
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
 
-use lb_common::{stat, CtEntry, CtKey4};
+use lb_common::maps::{stat, CtEntry, CtKey4};
 
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP};
 use lb_ebpf::packet::ptr_at;

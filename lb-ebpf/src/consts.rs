@@ -11,6 +11,6 @@ pub const IPV4_HDR_LEN: usize = 20;
 pub const IPV6_HDR_LEN: usize = 40;
 
 /// IP protocol numbers of the tunnels: IPv4 in IP (IPIP) and IPv6 in IP (IP6IP6). One byte,
-/// as in the header (`lb_common::PROTO_TCP` and friends are the same type).
+/// as in the header (`lb_common::maps::PROTO_TCP` and friends are the same type).
 pub const IPPROTO_IPIP: u8 = 4;
 pub const IPPROTO_IPV6: u8 = 41;

@@ -1,8 +1,9 @@
 //! Per-CPU counters (no atomics needed: each CPU owns its copy). The global counters are one
-//! record (`lb_common::GlobalStats`), looked up once per packet and then only added to.
+//! record (`lb_common::maps::GlobalStats`), looked up once per packet and then only added to.
 
 use aya_ebpf::{bindings::xdp_action, maps::PerCpuArray};
-use lb_common::{stat, CtSearch, GlobalStats};
+use lb_common::ct_table;
+use lb_common::maps::{stat, GlobalStats};
 
 /// This CPU's global counter record, looked up once and then only added to.
 #[derive(Clone, Copy)]
@@ -15,7 +16,7 @@ impl Counters {
         Self(map.get_ptr_mut(0).unwrap_or(core::ptr::null_mut()))
     }
 
-    /// Adds one to counter `index` (a `lb_common::stat` index).
+    /// Adds one to counter `index` (a `lb_common::maps::stat` index).
     #[inline(always)]
     pub fn inc(self, index: u32) {
         // The test folds away for the constant indices of most calls.
@@ -26,7 +27,7 @@ impl Counters {
 
     /// This CPU's connection-table search record, kept in the same per-CPU record.
     #[inline(always)]
-    pub fn ct_search(self) -> Option<*mut CtSearch> {
+    pub fn ct_search(self) -> Option<*mut ct_table::Search> {
         if self.0.is_null() {
             None
         } else {

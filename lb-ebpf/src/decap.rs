@@ -14,7 +14,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
     programs::XdpContext,
 };
-use lb_common::{stat, AddrKey, GlobalStats, FAMILY_V4, FAMILY_V6};
+use lb_common::maps::{stat, AddrKey, GlobalStats, FAMILY_V4, FAMILY_V6};
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6};
 use lb_ebpf::counters::{drop, Counters};
 use lb_ebpf::packet::{parse_eth, ptr_at, read};

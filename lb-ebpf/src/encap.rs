@@ -11,7 +11,8 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
-use lb_common::{encap_source_word, stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
+use lb_common::decide::encap_source_word;
+use lb_common::maps::{stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
 
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::put_word;

@@ -28,9 +28,10 @@ mod select;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use lb_common::{
-    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
-    FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
+use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
+use lb_common::hash::flow_hash;
+use lb_common::maps::{
+    forwarding, stat, table_flags, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
 use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
 use lb_ebpf::packet::{as_key, parse_eth, Verdict};

@@ -19,7 +19,7 @@
 //! than per packet. Per CPU, so there is no shared writer and no torn entry.
 
 use aya_ebpf::{bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, programs::XdpContext};
-use lb_common::stat;
+use lb_common::maps::stat;
 use lb_ebpf::consts::{IPPROTO_IPIP, IPPROTO_IPV6};
 
 use crate::maps::{FIB_PARAMS, NEXT_HOPS};

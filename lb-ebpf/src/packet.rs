@@ -1,7 +1,7 @@
 //! Bounds-checked packet access and the Ethernet header.
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::stat;
+use lb_common::maps::stat;
 
 use crate::consts::{ETH_LEN, ETH_P_8021Q};
 

@@ -6,7 +6,7 @@
 //! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 use lb_ebpf::consts::{ETH_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::{as_key, ptr_at, read, word, Verdict};
 

@@ -2,7 +2,7 @@
 //! record per (service, class).
 
 use crate::maps::{CLASS_STATS, STATS};
-use lb_common::ClassCounters;
+use lb_common::maps::ClassCounters;
 pub use lb_ebpf::counters::{drop, Counters};
 
 /// This CPU's global counter record of the balancer.

@@ -12,7 +12,7 @@ use crate::model::{AdminStatus, MonitorStatus};
 use crate::policy::Pool;
 use crate::tm::ProbeStatuses;
 use ipnet::IpNet;
-use lb_common::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
+use lb_common::maps::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -623,7 +623,7 @@ pub struct ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lb_common::BACKEND_DROP;
+    use lb_common::maps::BACKEND_DROP;
 
     /// Records what the controller writes, like the BPF maps would hold it.
     #[derive(Default)]

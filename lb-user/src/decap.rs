@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use aya::programs::XdpMode;
 use aya::Ebpf;
-use lb_common::{AddrKey, GlobalStats};
+use lb_common::maps::{AddrKey, GlobalStats};
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -90,8 +90,8 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         // Connection tables pinned by a version with another layout (before the
         // set-associative tables they were kernel LRU hash maps, with one entry per value).
         let layout = match name {
-            "CONNTRACK" => Some(std::mem::size_of::<lb_common::CtBucket6>()),
-            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::CtBucket4>()),
+            "CONNTRACK" => Some(std::mem::size_of::<lb_common::ct_table::Bucket6>()),
+            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::ct_table::Bucket4>()),
             _ => None,
         };
         if let Some(size) = layout {

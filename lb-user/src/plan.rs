@@ -259,7 +259,7 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> (u32, 
         plan.rule.reason(),
         class.map(|c| c.outcome.as_str()).unwrap_or("-")
     );
-    (zone.map(crate::compile::zone_class).unwrap_or(lb_common::CLASS_NONE), zone.map(|z| cfg.zones[z].name.clone()), eligible, reason)
+    (zone.map(crate::compile::zone_class).unwrap_or(lb_common::maps::CLASS_NONE), zone.map(|z| cfg.zones[z].name.clone()), eligible, reason)
 }
 
 /// `lb plan --client IP --json`: `{"client", "services": [{"name", "client_class", "client_zone"

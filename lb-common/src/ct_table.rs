@@ -238,6 +238,9 @@ fn get<T: Copy>(p: *const T) -> T {
 
 /// Whether a live slot holds `key`; if so its index (`candidate * WAYS + way`) is in
 /// `search.index` and returned state is the slot's state when seen.
+// `search` is a raw pointer on purpose: the data plane passes its per-CPU search record,
+// written with volatile stores (see `put`), and must be valid for both callers.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[inline(always)]
 pub fn find<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Option<u32> {
     let mut k = 0;

@@ -51,11 +51,12 @@ pub fn lb(ctx: XdpContext) -> u32 {
 }
 
 /// Stage boundary `$n` of `dp_bench --stages`: `balance_until::<$n>` passes the packet here
-/// instead of going on. Only in the bench build (feature `bench`); the production object has
-/// no stops at all.
+/// instead of going on. Only the bench build (feature `bench`) instantiates `balance_until`
+/// with a stage; `lb` runs it with `u32::MAX`, where the test folds away at compile time. The
+/// test is not compiled out without the feature: rustc then lays `lb` out differently (same
+/// instructions in another block order, one more), where with it `lb` is exactly as before.
 macro_rules! stop_before {
     ($stop:ident, $n:literal) => {
-        #[cfg(feature = "bench")]
         if $stop == $n {
             return xdp_action::XDP_PASS;
         }
@@ -82,8 +83,7 @@ fn balance(ctx: &XdpContext) -> u32 {
 
 /// The balancer. In the bench build it stops with XDP_PASS before stage `STOP` (1 service
 /// lookup, 2 connection table / backend choice, 3 class counters, 4 forwarding) for
-/// `dp_bench --stages`; `lb` runs it with `u32::MAX` (no stop), and the production build
-/// has no stop tests (`stop_before!`).
+/// `dp_bench --stages`; `lb` runs it with `u32::MAX` (no stop, see `stop_before!`).
 #[inline(always)]
 pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.

@@ -6,8 +6,8 @@
 //! only loads, plans and prints.
 use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
-use crate::policy::{plan_config, ClassPlan, ServicePlan};
-use crate::tm::{self, TmServicePlan, DEFAULT_CLASS};
+use crate::policy::{plan_config, route_service, ClassPlan, ServicePlan};
+use crate::policy::tm::{TmServicePlan, DEFAULT_CLASS};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -45,12 +45,9 @@ pub struct Plans {
 /// when healthy and Degraded otherwise.
 pub fn plan_all(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Plans {
     let probes = probes_from_health(cfg, healthy);
-    Plans {
-        zonal: plan_config(cfg, healthy),
-        tm: (0..cfg.services.len())
-            .map(|s| cfg.services[s].routing_method.is_traffic_manager().then(|| tm::compile_service(cfg, s, &probes)))
-            .collect(),
-    }
+    let zonal = plan_config(cfg, healthy);
+    let tm = (0..cfg.services.len()).map(|s| route_service(cfg, s, &zonal[s], healthy, &probes).tm).collect();
+    Plans { zonal, tm }
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {

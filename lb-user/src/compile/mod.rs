@@ -132,7 +132,7 @@ pub fn compile_cached(
                     family,
                     flags: if ep.healthy { backend_flags::HEALTHY } else { 0 },
                     zone_class: ep.zone_class as u16,
-                    mac: b.mac.as_deref().and_then(parse_mac).unwrap_or_default(),
+                    mac: b.mac_addr().unwrap_or_default().0,
                     generation: ids.backend_generation(bid),
                     ..Default::default()
                 },
@@ -197,21 +197,6 @@ fn addr_bytes(addr: IpAddr) -> Vec<u8> {
         IpAddr::V4(a) => a.octets().to_vec(),
         IpAddr::V6(a) => a.octets().to_vec(),
     }
-}
-
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = s.split(':').collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
-            return None;
-        }
-        mac[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(mac)
 }
 
 /// Service keys and client-class prefixes a configuration installs in the data plane (its

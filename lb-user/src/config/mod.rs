@@ -338,6 +338,11 @@ pub struct Backend {
 
 impl Backend {
     /// True for a nested endpoint (its traffic goes to a child service).
+    /// The L2 DSR destination MAC (validated with the configuration).
+    pub fn mac_addr(&self) -> Option<MacAddr> {
+        self.mac.as_deref().and_then(|m| m.parse().ok())
+    }
+
     pub fn is_nested(&self) -> bool {
         self.target_service.is_some()
     }

@@ -542,13 +542,9 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
     }
 }
 
-/// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets.
+/// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets (see [`MacAddr`]).
 pub(crate) fn is_valid_mac(text: &str) -> bool {
-    let octets: Vec<&str> = text.split(':').collect();
-    octets.len() == 6
-        && octets
-            .iter()
-            .all(|o| o.len() == 2 && o.bytes().all(|c| c.is_ascii_hexdigit()))
+    text.parse::<MacAddr>().is_ok()
 }
 
 // ---------------------------------------------------------------- across services

@@ -23,21 +23,7 @@ enum Command {
     /// Data-plane counters, per service and client zone.
     Stats(Common),
     /// Which backend a flow from CLIENT gets, and why.
-    Explain {
-        #[command(flatten)]
-        common: Common,
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        client: IpAddr,
-        #[arg(long)]
-        sport: Option<u16>,
-        #[arg(long)]
-        dport: Option<u16>,
-        /// tcp or udp (default: the service's protocol).
-        #[arg(long)]
-        proto: Option<String>,
-    },
+    Explain(ExplainArgs),
     /// Operator actions on one backend.
     Backend {
         #[command(subcommand)]
@@ -60,6 +46,24 @@ struct Common {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `lb explain`: one flow of one service.
+#[derive(clap::Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    service: String,
+    #[arg(long)]
+    client: IpAddr,
+    #[arg(long)]
+    sport: Option<u16>,
+    #[arg(long)]
+    dport: Option<u16>,
+    /// tcp or udp (default: the service's protocol).
+    #[arg(long)]
+    proto: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -103,7 +107,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => plan::run(&args),
         Command::Status(c) => call(&c, Request::Status, render::status),
         Command::Stats(c) => call(&c, Request::Stats, render::stats),
-        Command::Explain { common, service, client, sport, dport, proto } => {
+        Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
         Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {

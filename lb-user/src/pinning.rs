@@ -41,18 +41,42 @@ pub fn lock_pin_dir(pin_dir: &Path) -> Result<std::fs::File> {
     Ok(dir)
 }
 
+/// Blocks until this process holds an exclusive `flock` on `path`; released when the returned
+/// file closes.
+fn lock_exclusive(path: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor this function owns.
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    Ok(file)
+}
+
 /// Make sure `pin_dir` exists on a bpffs, mounting bpffs at /sys/fs/bpf if that is where it
 /// belongs and nothing is mounted there yet.
+///
+/// Mounting is race-free: the check and the mount happen under an exclusive `flock` on
+/// `/sys/fs` (the mount point's parent, whose inode a mount on `/sys/fs/bpf` does not hide), so
+/// of several processes or threads starting at once on a machine without bpffs exactly one
+/// mounts it. Without the lock each would mount its own instance over the previous one, hiding
+/// the directories and pins the earlier ones had made.
 pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
     let sys_bpf = Path::new("/sys/fs/bpf");
     if pin_dir.starts_with(sys_bpf) && !is_bpffs(sys_bpf) {
-        std::fs::create_dir_all(sys_bpf).ok();
-        let src = CString::new("bpf").unwrap();
-        let target = CString::new("/sys/fs/bpf").unwrap();
-        // SAFETY: valid C strings; mounting a fresh bpffs instance.
-        let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null()) };
-        if rc != 0 {
-            bail!("mounting bpffs at /sys/fs/bpf: {}", std::io::Error::last_os_error());
+        let _guard = lock_exclusive(Path::new("/sys/fs"))?;
+        if !is_bpffs(sys_bpf) {
+            std::fs::create_dir_all(sys_bpf).ok();
+            let src = CString::new("bpf").unwrap();
+            let target = CString::new("/sys/fs/bpf").unwrap();
+            // SAFETY: valid C strings; mounting a fresh bpffs instance.
+            let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null()) };
+            if rc != 0 {
+                bail!("mounting bpffs at /sys/fs/bpf: {}", std::io::Error::last_os_error());
+            }
         }
     }
     std::fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;

@@ -3,10 +3,10 @@
 
 use lb_common::hash::{flow_hash, maglev_permutation, maglev_slot};
 use lb_common::maps::{FlowTuple, BACKEND_DROP};
-use lb_user::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
+use lb_user::compile::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
 
 // A deterministic test RNG: the DNS view's SplitMix64.
-use lb_user::tm::rng::{Rng as _, SplitMix64 as Rng};
+use lb_user::policy::tm::rng::{Rng as _, SplitMix64 as Rng};
 
 /// Fisher-Yates shuffle driven by `rng`.
 fn shuffle<T>(rng: &mut Rng, v: &mut [T]) {

@@ -8,7 +8,7 @@ use lb_tests::fixture::{self, backend, service_info, service_key, uniform};
 use lb_tests::fixture_net::{in_netns, GW_MAC, LB_MAC};
 use lb_tests::packet::*;
 use lb_user::dataplane::{addr_words, Program, XDP_DROP, XDP_PASS, XDP_TX};
-use lb_user::decap::Decapsulator;
+use lb_user::cli::decap::Decapsulator;
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
 const BACKEND4: Ipv4Addr = Ipv4Addr::new(198, 19, 10, 3);

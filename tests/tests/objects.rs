@@ -36,7 +36,7 @@ fn the_production_object_holds_the_balancer_and_its_clock_probe_only() {
 
 #[test]
 fn the_decap_object_holds_lb_decap_and_its_own_maps_only() {
-    let object = lb_user::decap::EBPF_OBJECT;
+    let object = lb_user::cli::decap::EBPF_OBJECT;
     assert_eq!(programs(object), set(&["lb_decap"]));
     assert_eq!(maps(object), set(&["DECAP_ADDRS", "STATS"]));
 }

@@ -58,7 +58,8 @@ impl Decapsulator {
         dataplane::attach_pinned(&mut self.ebpf, PROGRAM, ifname, link_pin)
     }
 
-    /// Runs `lb_decap` once on `packet` with `BPF_PROG_TEST_RUN`.
+    /// Runs `lb_decap` once on `packet` with `BPF_PROG_TEST_RUN` (feature `test-helpers`).
+    #[cfg(feature = "test-helpers")]
     pub fn run_test(&self, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
         dataplane::run_test(&self.ebpf, PROGRAM, packet, ingress_ifindex)
     }

@@ -7,7 +7,7 @@
 //! `lb_decap` is an object of its own (lb-ebpf's `lb-decap`), with only its own maps
 //! (`DECAP_ADDRS`, `STATS`) at their built-in sizes: nothing of the balancer is loaded.
 
-use crate::dataplane::{self, addr_key, addr_words, global_counters, take, Stats, TestOutput};
+use crate::dataplane::{self, addr_key, addr_words, global_counters, take, Stats};
 use crate::pinning;
 use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
@@ -60,7 +60,7 @@ impl Decapsulator {
 
     /// Runs `lb_decap` once on `packet` with `BPF_PROG_TEST_RUN` (feature `test-helpers`).
     #[cfg(feature = "test-helpers")]
-    pub fn run_test(&self, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
+    pub fn run_test(&self, packet: &[u8], ingress_ifindex: u32) -> Result<dataplane::TestOutput> {
         dataplane::run_test(&self.ebpf, PROGRAM, packet, ingress_ifindex)
     }
 

@@ -3,8 +3,8 @@
 //! `[[geo]]` and nesting. Same style as `validate`: every problem, with field path and the
 //! allowed values.
 
-use super::error::{Scope, Violation};
-use super::validate::Report;
+use super::error::Scope;
+use super::validate::{Report, Sink};
 use super::{Backend, Config, Service};
 use crate::model::*;
 use super::monitor::{parse_custom_headers, MonitorSettings};
@@ -24,7 +24,7 @@ const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALU
 
 // ---------------------------------------------------------------- [[latency]] and [[geo]]
 
-pub(super) fn check_client_inputs(cfg: &Config, out: &mut Vec<Violation>) {
+pub(super) fn check_client_inputs(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
     for (index, entry) in cfg.latency.iter().enumerate() {
         let mut r = Report {
@@ -569,7 +569,7 @@ fn check_nested_endpoint(
 
 /// Spec §2.5 / vector H5: no loops, at most `MAX_NESTING_DEPTH` nesting levels below any
 /// service (a chain of 11 services has 10 levels and is allowed).
-pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
+pub(super) fn check_nesting(cfg: &Config, out: &mut Sink) {
     let edges: Vec<Vec<usize>> = cfg
         .services
         .iter()
@@ -675,7 +675,7 @@ pub fn canonical_dns_name(name: &str) -> String {
 }
 
 /// `dns_name`: a valid host name, unique across services (case-insensitive).
-pub(super) fn check_dns_names(cfg: &Config, out: &mut Vec<Violation>) {
+pub(super) fn check_dns_names(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<String, &str> = HashMap::new();
     for (index, svc) in cfg.services.iter().enumerate() {
         let Some(name) = &svc.dns_name else { continue };

@@ -32,9 +32,46 @@ const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] = [
     SessionAffinity::ClientIpNoDestination,
 ];
 
+/// At most this many violations are listed; the rest are counted in one closing line. A file
+/// with thousands of copies of one mistake gets a readable answer in bounded memory.
+pub const MAX_VIOLATIONS: usize = 100;
+
+/// Where the checks put their violations: the first `MAX_VIOLATIONS` are kept, the others only
+/// counted.
+#[derive(Default)]
+pub(super) struct Sink {
+    kept: Vec<Violation>,
+    omitted: usize,
+}
+
+impl Sink {
+    pub(super) fn push(&mut self, v: Violation) {
+        if self.kept.len() < MAX_VIOLATIONS {
+            self.kept.push(v);
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    fn finish(mut self) -> Vec<Violation> {
+        if self.omitted > 0 {
+            self.kept.push(Violation {
+                scope: Scope::Config,
+                field: String::new(),
+                problem: format!(
+                    "{} more problems not listed (only the first {MAX_VIOLATIONS} are): fix these and \
+                     validate again",
+                    self.omitted
+                ),
+            });
+        }
+        self.kept
+    }
+}
+
 /// Collects violations for one scope.
 pub(super) struct Report<'a> {
-    pub(super) out: &'a mut Vec<Violation>,
+    pub(super) out: &'a mut Sink,
     pub(super) scope: Scope,
 }
 
@@ -49,7 +86,7 @@ impl Report<'_> {
 }
 
 pub(super) fn check(cfg: &Config) -> Vec<Violation> {
-    let mut out = Vec::new();
+    let mut out = Sink::default();
     check_dataplane(&cfg.dataplane, &mut out);
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
@@ -69,7 +106,7 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     super::tm_validate::check_client_inputs(cfg, &mut out);
     super::tm_validate::check_nesting(cfg, &mut out);
     super::tm_validate::check_dns_names(cfg, &mut out);
-    out
+    out.finish()
 }
 
 // ---------------------------------------------------------------- dataplane
@@ -82,7 +119,7 @@ fn is_prime(n: u32) -> bool {
     (2u64..).take_while(|d| d * d <= n).all(|d| n % d != 0)
 }
 
-fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
+fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
     let mut r = Report {
         out,
         scope: Scope::Dataplane,
@@ -119,7 +156,7 @@ fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
 
 // ---------------------------------------------------------------- zones
 
-fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
+fn check_zones(zones: &[Zone], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, zone) in zones.iter().enumerate() {
         let mut r = Report {
@@ -158,7 +195,7 @@ fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
 /// address names at most one zone. Sorting by network address makes this O(n log n): canonical
 /// prefixes are nested or disjoint, so a prefix overlaps an earlier one iff its first address
 /// lies at or below the highest last address seen so far in the same family.
-fn check_prefix_overlaps(zones: &[Zone], out: &mut Vec<Violation>) {
+fn check_prefix_overlaps(zones: &[Zone], out: &mut Sink) {
     // (network, zone index, prefix index); host bits are cleared (reported separately).
     let mut all: Vec<(IpNet, usize, usize)> = zones
         .iter()
@@ -549,7 +586,7 @@ pub(crate) fn is_valid_mac(text: &str) -> bool {
 
 // ---------------------------------------------------------------- across services
 
-fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
+fn check_service_names(services: &[Service], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
         let mut r = Report {
@@ -576,23 +613,134 @@ fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
 
 /// No two services may claim the same (vip, port, protocol). An empty port list claims every
 /// port of its protocol; L3_DEFAULT claims every protocol and port of its VIP.
-fn check_listeners(services: &[Service], out: &mut Vec<Violation>) {
+///
+/// Services that clash, directly or through one another, form a group; each group is reported
+/// once, on its first member that clashes with an earlier one, with the group's size and first
+/// names. Linear in the number of claims: each service is compared with the first earlier
+/// owner of each claim, not with every earlier service.
+fn check_listeners(services: &[Service], out: &mut Sink) {
     let mut by_vip: HashMap<IpAddr, Vec<usize>> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        let earlier = by_vip.entry(svc.vip).or_default();
-        for &j in earlier.iter() {
-            if let Some((field, problem)) = listener_clash(svc, &services[j], j) {
-                out.push(Violation {
-                    scope: Scope::Service {
-                        index,
-                        name: svc.name.clone(),
-                    },
-                    field,
-                    problem,
-                });
+        by_vip.entry(svc.vip).or_default().push(index);
+    }
+    let mut groups = UnionFind::new(services.len());
+    // The first earlier service each service clashes with.
+    let mut partner: Vec<Option<usize>> = vec![None; services.len()];
+    for members in by_vip.values().filter(|m| m.len() > 1) {
+        let mut l3: Option<usize> = None;
+        let mut all_ports: HashMap<Protocol, usize> = HashMap::new();
+        let mut of_protocol: HashMap<Protocol, Vec<usize>> = HashMap::new();
+        let mut port_owner: HashMap<(Protocol, u16), usize> = HashMap::new();
+        for (k, &s) in members.iter().enumerate() {
+            let svc = &services[s];
+            let mut clashes: Vec<usize> = Vec::new();
+            if svc.protocol == Protocol::L3Default {
+                // The first L3_DEFAULT joins every earlier service; later ones join it.
+                match l3 {
+                    Some(first) => clashes.push(first),
+                    None => clashes.extend(&members[..k]),
+                }
+                l3.get_or_insert(s);
+            } else {
+                clashes.extend(l3);
+                let same = of_protocol.entry(svc.protocol).or_default();
+                if svc.ports.is_empty() {
+                    match all_ports.get(&svc.protocol) {
+                        Some(&first) => clashes.push(first),
+                        None => clashes.extend(same.iter().copied()),
+                    }
+                    all_ports.entry(svc.protocol).or_insert(s);
+                } else {
+                    clashes.extend(all_ports.get(&svc.protocol));
+                    for &port in &svc.ports {
+                        match port_owner.get(&(svc.protocol, port)) {
+                            Some(&owner) if owner != s => clashes.push(owner),
+                            Some(_) => {}
+                            None => {
+                                port_owner.insert((svc.protocol, port), s);
+                            }
+                        }
+                    }
+                }
+                // An all-ports service joins all earlier ones of its protocol once; keep the
+                // list only while no all-ports service exists.
+                if all_ports.contains_key(&svc.protocol) {
+                    same.clear();
+                } else {
+                    same.push(s);
+                }
             }
+            for &j in &clashes {
+                groups.union(s, j);
+            }
+            partner[s] = clashes.iter().copied().min();
         }
-        earlier.push(index);
+    }
+    const SHOWN: usize = 8;
+    // Per group: its size and its first names.
+    let mut group: HashMap<usize, (usize, Vec<usize>)> = HashMap::new();
+    for s in 0..services.len() {
+        let (n, first) = group.entry(groups.find(s)).or_default();
+        *n += 1;
+        if first.len() < SHOWN {
+            first.push(s);
+        }
+    }
+    let mut reported: HashSet<usize> = HashSet::new();
+    for (index, svc) in services.iter().enumerate() {
+        let Some(j) = partner[index] else { continue };
+        let root = groups.find(index);
+        if !reported.insert(root) {
+            continue;
+        }
+        let Some((field, mut problem)) = listener_clash(svc, &services[j], j) else { continue };
+        let (n, first) = &group[&root];
+        let n = *n;
+        if n > 2 {
+            let names: Vec<String> = first.iter().map(|&s| format!("{:?}", services[s].name)).collect();
+            let more = if n > SHOWN { format!(" and {} more", n - SHOWN) } else { String::new() };
+            problem.push_str(&format!(
+                " ({n} services on {} clash in one group: {}{more}; reported once)",
+                svc.vip,
+                names.join(", ")
+            ));
+        }
+        out.push(Violation {
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+            field,
+            problem,
+        });
+    }
+}
+
+/// Disjoint sets of indices (path halving, union by index).
+struct UnionFind {
+    parent: Vec<usize>,
+}
+
+impl UnionFind {
+    fn new(n: usize) -> Self {
+        Self {
+            parent: (0..n).collect(),
+        }
+    }
+
+    fn find(&mut self, mut x: usize) -> usize {
+        while self.parent[x] != x {
+            self.parent[x] = self.parent[self.parent[x]];
+            x = self.parent[x];
+        }
+        x
+    }
+
+    fn union(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.parent[a.max(b)] = a.min(b);
+        }
     }
 }
 

@@ -53,6 +53,11 @@ impl Sink {
         }
     }
 
+    /// True once nothing more is kept: a check may skip building further messages.
+    pub(super) fn is_full(&self) -> bool {
+        self.kept.len() >= MAX_VIOLATIONS
+    }
+
     fn finish(mut self) -> Vec<Violation> {
         if self.omitted > 0 {
             self.kept.push(Violation {

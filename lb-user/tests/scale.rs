@@ -1,7 +1,58 @@
 //! Configurations that are large or deeply nested validate and compile with work that grows
 //! polynomially: the tests count evaluations (never time them).
 
+use lb_user::compile::{compile, Ids};
 use lb_user::config::{Config, ConfigError, MAX_VIOLATIONS};
+use lb_user::model::MonitorStatus;
+use lb_user::policy::tm::{eligible, Client, ProbeStatuses, Statuses};
+
+/// `levels` levels of four WEIGHTED services; each nests all four of the next level, the last
+/// level has two leaf endpoints each.
+fn nested_tree(levels: usize) -> String {
+    let mut text = String::new();
+    for level in 0..levels {
+        for k in 0..4 {
+            let s = level * 4 + k;
+            text.push_str(&format!(
+                "\n[[service]]\nname = \"l{level}s{k}\"\nvip = \"198.18.0.{}\"\nprotocol = \"TCP\"\n\
+                 ports = [80]\nrouting_method = \"WEIGHTED\"\n",
+                s + 1
+            ));
+            if level + 1 < levels {
+                for c in 0..4 {
+                    text.push_str(&format!(
+                        "\n[[service.backend]]\nname = \"n{c}\"\ntarget_service = \"l{}s{c}\"\n",
+                        level + 1
+                    ));
+                }
+            } else {
+                for b in 1..=2 {
+                    text.push_str(&format!("\n[[service.backend]]\naddress = \"198.19.{s}.{b}\"\n"));
+                }
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn forty_services_nesting_four_children_each_evaluate_each_status_once() {
+    // 10 levels: 4^9 paths from a top service to each bottom one.
+    let cfg = Config::parse(&nested_tree(10)).expect("a valid tree of 40 services");
+    let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
+    let st = Statuses::new(&cfg, &probes);
+    assert_eq!(st.endpoint_status(0, 0), MonitorStatus::Online);
+    let set = eligible(&st, 0, &Client::default());
+    assert_eq!(set.backends.len(), 8, "{:?}", set.backends);
+    assert!(set.backends.iter().all(|b| b.weight == 1));
+    // Per service: its endpoints' statuses for each record type, its profile status and one
+    // selection step: a few hundred evaluations, where the unmemoized recursion makes ~8^9.
+    assert!(st.work() <= 40 * (4 * 3 + 2), "{} evaluations", st.work());
+    assert!(set.reason.len() < 40 * 200, "reason of {} bytes", set.reason.len());
+    // The whole configuration compiles (every service, with its own view).
+    let compiled = compile(&cfg, &|_, _| true, &mut Ids::default()).expect("compiles");
+    assert_eq!(compiled.services.len(), 40);
+}
 
 /// `n` services with distinct names on one VIP and port.
 fn same_listener(n: usize) -> String {

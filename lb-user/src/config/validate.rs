@@ -22,6 +22,9 @@ pub const MAX_MAGLEV_TABLE_SIZE: u32 = 1_000_003;
 /// Spec §1.4: 10 min .. 16 h.
 pub const MIN_IDLE_TIMEOUT_SEC: u32 = 600;
 pub const MAX_IDLE_TIMEOUT_SEC: u32 = 57_600;
+/// Flows per connection table: 2^24 flows take 2^23 buckets of 8 slots per address family, a few
+/// GiB of kernel memory in all; more fails at load time with ENOMEM.
+pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 24;
 /// Spec §1.4: `drainingTimeoutSec` ∈ [0, 3600].
 pub const MAX_DRAINING_TIMEOUT_SEC: u32 = 3600;
 
@@ -144,6 +147,31 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
             "dataplane.conntrack_entries",
             "0 is not allowed: must be at least 1",
         );
+    } else if dp.conntrack_entries > MAX_CONNTRACK_ENTRIES {
+        let bytes = u64::from(lb_common::ct_buckets_for(dp.conntrack_entries))
+            * (std::mem::size_of::<lb_common::CtBucket4>() + std::mem::size_of::<lb_common::CtBucket6>()) as u64;
+        r.push(
+            "dataplane.conntrack_entries",
+            format!(
+                "{} is too large: allowed 1..={MAX_CONNTRACK_ENTRIES} (the connection tables would \
+                 take {} MiB of kernel memory)",
+                dp.conntrack_entries,
+                bytes >> 20
+            ),
+        );
+    }
+    for (field, net) in [("dataplane.encap_source_v4", dp.encap_source_v4), ("dataplane.encap_source_v6", dp.encap_source_v6)] {
+        if let Some((special, what)) = net.and_then(|n| special_overlap(&n)) {
+            r.push(
+                field,
+                format!(
+                    "{} includes {special} ({what}): every outer source must be a unicast address; \
+                     allowed: an address or prefix outside {}",
+                    net.expect("checked"),
+                    special_ranges(&special).join(", ")
+                ),
+            );
+        }
     }
     if let Some(net @ IpNet::V6(_)) = dp.encap_source_v4 {
         r.push(
@@ -155,6 +183,62 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
         r.push(
             "dataplane.encap_source_v6",
             format!("{net} is IPv4: must be an IPv6 address or prefix"),
+        );
+    }
+}
+
+/// Ranges no VIP, backend or outer source may use: (prefix, what it is).
+const SPECIAL_V4: [(&str, &str); 4] = [
+    ("0.0.0.0/8", "unspecified / \"this network\""),
+    ("127.0.0.0/8", "loopback"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved, with the broadcast address 255.255.255.255"),
+];
+const SPECIAL_V6: [(&str, &str); 2] = [
+    ("::/8", "reserved, with the unspecified address :: and loopback ::1"),
+    ("ff00::/8", "multicast"),
+];
+
+fn special_table(net: &IpNet) -> &'static [(&'static str, &'static str)] {
+    match net {
+        IpNet::V4(_) => &SPECIAL_V4,
+        IpNet::V6(_) => &SPECIAL_V6,
+    }
+}
+
+/// The first special range `net` overlaps, if any.
+fn special_overlap(net: &IpNet) -> Option<(IpNet, &'static str)> {
+    special_table(net).iter().find_map(|(text, what)| {
+        let special: IpNet = text.parse().expect("valid constant");
+        (special.contains(&net.network()) || net.contains(&special.network())).then_some((special, *what))
+    })
+}
+
+/// The special ranges of `net`'s family, for messages.
+fn special_ranges(net: &IpNet) -> Vec<&'static str> {
+    special_table(net).iter().map(|(text, _)| *text).collect()
+}
+
+/// Why a VIP or backend address cannot carry unicast traffic, if it cannot.
+fn non_unicast(addr: &IpAddr) -> Option<&'static str> {
+    match addr {
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        a if a.is_unspecified() => Some("the unspecified address"),
+        a if a.is_multicast() => Some("a multicast address"),
+        a if a.is_loopback() => Some("a loopback address"),
+        _ => None,
+    }
+}
+
+const UNICAST_ONLY: &str = "allowed: a unicast address (not unspecified 0.0.0.0 / ::, loopback 127.0.0.0/8 / \
+     ::1, multicast 224.0.0.0/4 / ff00::/8 or broadcast 255.255.255.255)";
+
+/// A name that ends up in logs and terminals: no control characters (newlines, escapes).
+pub(super) fn check_printable(field: impl Into<String>, text: &str, r: &mut Report) {
+    if text.chars().any(char::is_control) {
+        r.push(
+            field,
+            format!("{text:?} contains control characters: allowed printable characters only (no newlines, tabs or escape sequences)"),
         );
     }
 }
@@ -171,6 +255,7 @@ fn check_zones(zones: &[Zone], out: &mut Sink) {
                 name: zone.name.clone(),
             },
         };
+        check_printable("name", &zone.name, &mut r);
         if zone.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(zone.name.as_str()) {
@@ -265,6 +350,9 @@ fn zone_label(zones: &[Zone], index: usize) -> String {
 // ---------------------------------------------------------------- one service
 
 fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
+    if let Some(what) = non_unicast(&svc.vip) {
+        r.push("vip", format!("{} is {what}: {UNICAST_ONLY}", svc.vip));
+    }
     check_ports(svc, r);
     check_zonal_affinity(svc, r);
     check_failover_policy(svc, r);
@@ -464,6 +552,14 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
                 "health_check.request_path",
                 format!("{path:?} must start with '/'"),
             );
+        } else if !path.bytes().all(|c| c.is_ascii_graphic()) {
+            r.push(
+                "health_check.request_path",
+                format!(
+                    "{path:?} contains a space, control character (CR, LF, ...) or non-ASCII byte: \
+                     allowed printable ASCII only (percent-encode the rest, e.g. %20)"
+                ),
+            );
         }
     }
     if let Some(status) = hc.expected_status {
@@ -544,6 +640,13 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             ),
         );
     }
+    // 0.0.0.0 and :: stand for "absent" (reported as a missing address elsewhere).
+    if let Some(what) = non_unicast(&b.address).filter(|_| !b.address.is_unspecified()) {
+        r.push(format!("backend[{i}].address"), format!("{} is {what}: {UNICAST_ONLY}", b.address));
+    }
+    if let Some(name) = &b.name {
+        check_printable(format!("backend[{i}].name"), name, r);
+    }
     if let Some(zone) = &b.zone {
         if !zone_names.contains(&zone.as_str()) {
             let configured = if zone_names.is_empty() {
@@ -575,6 +678,24 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             format!("backend[{i}].mac"),
             format!("{mac:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"),
         ),
+        Some(mac) => {
+            let octets = mac.parse::<MacAddr>().expect("checked").0;
+            let what = if octets == [0; 6] {
+                Some("the zero address")
+            } else if octets == [0xff; 6] {
+                Some("the broadcast address")
+            } else if octets[0] & 1 == 1 {
+                Some("a multicast address (the low bit of the first octet is set)")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                r.push(
+                    format!("backend[{i}].mac"),
+                    format!("{mac:?} is {what}: allowed a unicast MAC, not zero, with an even first octet (e.g. \"02:00:c6:12:0b:01\")"),
+                );
+            }
+        }
         // A nested endpoint forwards to its child's backends, whose own MACs are used.
         None if svc.forwarding == Forwarding::L2Dsr && !b.is_nested() => r.push(
             format!("backend[{i}].mac"),
@@ -601,6 +722,7 @@ fn check_service_names(services: &[Service], out: &mut Sink) {
                 name: svc.name.clone(),
             },
         };
+        check_printable("name", &svc.name, &mut r);
         if svc.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(svc.name.as_str()) {

@@ -147,6 +147,19 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The daemon's resident set size in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> Result<u64> {
+        let pid = self.pid().ok_or_else(|| anyhow::anyhow!("daemon not running"))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).ok_or_else(|| anyhow::anyhow!("no VmRSS"))?;
+        Ok(line.split_whitespace().nth(1).unwrap_or("0").parse()?)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("lb.log")).unwrap_or_default()
     }

@@ -273,18 +273,18 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Connections are served by tasks of their own (`api::spawn_server`); only well-formed
+    // requests reach this loop.
+    let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
+    let control = api::spawn_server(listener, requests);
     eprintln!("lb: running; control socket {}", d.args.socket.display());
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
             _ = tick.tick() => d.on_tick(),
-            conn = listener.accept() => {
-                if let Ok((stream, _)) = conn {
-                    if let Some((req, mut w)) = api::read_request(stream).await {
-                        let resp = d.handle(req);
-                        let _ = api::reply(&mut w, &resp).await;
-                    }
-                }
+            Some(pending) = request_rx.recv() => {
+                let resp = d.handle(pending.request);
+                let _ = pending.reply.send(resp);
             }
             _ = hup.recv() => {
                 if let Err(e) = d.reload() {
@@ -295,6 +295,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
             _ = int.recv() => break,
         }
     }
+    control.abort();
     d.shutdown()
 }
 

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod dns;
 pub mod health;
+pub mod state;
 
 use api::{HealthOverride, Request, Response};
 use crate::config::Config;
@@ -123,7 +124,7 @@ struct Daemon {
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
-    args.socket.parent().unwrap_or(Path::new("/run/lb")).join("state.json")
+    state::path_for(&args.socket)
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -133,8 +134,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let hup = signal(SignalKind::hangup())?;
     let term = signal(SignalKind::terminate())?;
     let int = signal(SignalKind::interrupt())?;
-    // Another daemon on this socket, or on this pin directory: refused before anything of its
-    // data plane is touched.
+    // A socket directory others can write (where the state file goes), another daemon on this
+    // socket, or on this pin directory: refused before anything of its data plane is touched.
+    state::check_dir(args.socket.parent().unwrap_or(Path::new("/run/lb")))?;
     let listener = api::bind(&args.socket)?;
     let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
         Ok(lock) => lock,
@@ -321,9 +323,8 @@ impl Daemon {
     fn save_state(&self) {
         let path = state_path(&self.args);
         if let Ok(text) = serde_json::to_string(&self.ctl.persistent_state()) {
-            let tmp = path.with_extension("tmp");
-            if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).is_err() {
-                eprintln!("lb: warning: cannot save state to {}", path.display());
+            if let Err(e) = state::save(&path, &text) {
+                eprintln!("lb: warning: cannot save state to {}: {e:#}", path.display());
             }
         }
     }

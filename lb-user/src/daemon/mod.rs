@@ -6,6 +6,7 @@
 pub mod api;
 pub mod dns;
 pub mod health;
+pub mod limits;
 pub mod state;
 
 use api::{HealthOverride, Request, Response};
@@ -189,6 +190,14 @@ enum Found {
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
 /// error also says whether it had adopted a pinned data plane (which is then left running).
 async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, Found)> {
+    // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
+    let nofile = match limits::raise_nofile() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("lb: warning: cannot raise RLIMIT_NOFILE: {e}");
+            1024
+        }
+    };
     let sizes = sizes_for(&cfg);
     let mut ctl = Controller::new(cfg);
     let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, Found::Unknown))?;
@@ -253,9 +262,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     // The listen address is read at start only (a reload that changes `[dns]` is refused).
     let dns_tasks = match ctl.config().dns.clone() {
         Some(front) => {
+            let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
             let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
-            eprintln!("lb: DNS front on {addr} (UDP and TCP)");
+                crate::daemon::dns::serve(front.listen, dns_rx, limits).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
+            eprintln!("lb: DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
             tasks
         }
         None => Vec::new(),

@@ -1,6 +1,7 @@
 //! End to end: the control socket of a real daemon. A client that connects and sends nothing
 //! holds up neither other clients, nor a reload, nor SIGTERM; an oversized request and a
-//! non-UTF-8 one each get an error reply, and the daemon's memory stays bounded.
+//! non-UTF-8 one each get an error reply, and the daemon's memory stays bounded. Operator
+//! actions (accepted and refused) and health changes leave audit lines in the log.
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
 use std::io::{BufRead, BufReader, Write};
@@ -22,7 +23,7 @@ fn raw(socket: &std::path::Path, bytes: &[u8]) -> serde_json::Value {
 #[test]
 fn stalled_oversized_and_non_utf8_clients() {
     let topo = Topology::build(&TopologySpec { prefix: "ctl".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
-    let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
+    let mut servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let mut d = Daemon::start(&topo, "ctl", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false))).unwrap();
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
 
@@ -65,6 +66,32 @@ fn stalled_oversized_and_non_utf8_clients() {
     assert!(resp["error"].as_str().unwrap().contains("not UTF-8"), "{resp}");
     let resp = raw(&d.socket, b"{\"request\":\"status\"}\n");
     assert_eq!(resp["ok"], true, "{resp}");
+
+    // Audit lines: operator actions, accepted and refused, and a health change with the
+    // probe's error.
+    let b1 = topo.backends[0].v4.to_string();
+    let audited = |d: &Daemon, what: &str| {
+        wait_for(what, Duration::from_secs(15), || d.log().lines().any(|l| l.contains("audit") && l.contains(what)).then_some(())).unwrap_or_else(|e| fail(e, d))
+    };
+    d.cli(&["backend", "drain", "--service", "web", "--address", &b1]).unwrap_or_else(|e| fail(e, &d));
+    audited(&d, &format!("drain accepted (service web backend {b1})"));
+    d.cli(&["backend", "undrain", "--service", "web", "--address", &b1]).unwrap_or_else(|e| fail(e, &d));
+    audited(&d, &format!("undrain accepted (service web backend {b1})"));
+    assert!(d.cli(&["backend", "drain", "--service", "nope", "--address", &b1]).is_err());
+    audited(&d, &format!("drain refused (service nope backend {b1}): "));
+    d.set_health("web", &b1, "healthy").unwrap_or_else(|e| fail(e, &d));
+    audited(&d, &format!("override accepted (service web backend {b1} health Healthy)"));
+    d.set_health("web", &b1, "auto").unwrap_or_else(|e| fail(e, &d));
+    let good = std::fs::read_to_string(&d.config).unwrap();
+    d.rewrite_config("[[service]]\nname = 1\n").unwrap();
+    assert!(d.cli(&["reload"]).is_err());
+    audited(&d, "reload refused (control socket): ");
+    d.rewrite_config(&good).unwrap();
+    d.cli(&["reload"]).unwrap_or_else(|e| fail(e, &d));
+    audited(&d, "reload accepted (control socket)");
+    audited(&d, "reload accepted (SIGHUP)");
+    servers[0].stop();
+    audited(&d, &format!("health: service web backend {b1} is now unhealthy (last probe: connect: "));
 
     // SIGTERM with the silent clients still connected: a prompt, clean exit.
     let started = Instant::now();

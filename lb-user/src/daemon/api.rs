@@ -118,7 +118,7 @@ pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> 
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of descriptors (or memory): wait instead of spinning on accept.
-                    eprintln!("lb: control socket: accept failed: {e}");
+                    tracing::warn!("control socket: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

@@ -235,13 +235,13 @@ struct LocalErrors(bool);
 impl LocalErrors {
     fn seen(&mut self, service: &str, addr: SocketAddr, error: &str) {
         if !std::mem::replace(&mut self.0, true) {
-            eprintln!("lb: warning: service {service} backend {addr}: probe skipped, {error}; its health verdict is kept");
+            tracing::warn!("service {service} backend {addr}: probe skipped, {error}; its health verdict is kept");
         }
     }
 
     fn cleared(&mut self, service: &str, addr: SocketAddr) {
         if std::mem::take(&mut self.0) {
-            eprintln!("lb: service {service} backend {addr}: probes run again");
+            tracing::info!("service {service} backend {addr}: probes run again");
         }
     }
 }

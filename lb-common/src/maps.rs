@@ -381,6 +381,14 @@ pub mod stat {
         /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
         /// but not tracked; its next packet makes the entry.
         CT_INSERT_BUSY = "ct_insert_busy",
+        /// Packet too big for the egress MTU once encapsulated (or, L2 DSR, as it is) that was
+        /// answered with ICMP "fragmentation needed" / ICMPv6 "packet too big" (sent with
+        /// XDP_TX from the VIP to the client, which lowers its path MTU and sends again).
+        ICMP_TOO_BIG_SENT = "icmp_too_big_sent",
+        /// Packet too big for the egress MTU and not answered: IPv4 without DF (a router
+        /// would fragment it; XDP cannot send two packets for one), or this CPU's ICMP rate
+        /// limit (`lb-ebpf` `icmp::RATE_PER_SEC`) was used up.
+        DROP_TOO_BIG = "drop_too_big",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
@@ -471,7 +479,8 @@ mod tests {
     fn counter_indices_follow_the_list_and_keep_their_values() {
         // The indices are ABI: a restarted daemon adopts the pinned STATS record.
         assert_eq!((stat::RX_PACKETS, stat::DECAP, stat::CT_INSERT_BUSY), (0, 20, 23));
-        assert_eq!(stat::NAMES.len(), 24);
+        assert_eq!(stat::NAMES.len(), 26);
+        assert_eq!((stat::ICMP_TOO_BIG_SENT, stat::DROP_TOO_BIG), (24, 25));
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
     }

@@ -59,6 +59,10 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 /// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
 #[map]
 pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
+/// This CPU's ICMP token bucket (`icmp::take_token`): tokens left, data-plane time of the
+/// last refill.
+#[map]
+pub static ICMP_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
 #[map]

@@ -240,6 +240,7 @@ fn get<T: Copy>(p: *const T) -> T {
 /// `search.index` and returned state is the slot's state when seen.
 #[inline(always)]
 pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> Option<u32> {
+    let st = search;
     let mut k = 0;
     while k < 2 * CT_WAYS {
         let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
@@ -248,7 +249,7 @@ pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut
         // against this state (lb-ebpf `conntrack::find`).
         compiler_barrier();
         if state & ct_state::LIVE != 0 && slot.key_is(key) {
-            put(unsafe { &mut (*search).index }, k as u32);
+            put(unsafe { &mut (*st).index }, k as u32);
             return Some(state);
         }
         k += 1;

@@ -365,15 +365,20 @@ pub mod stat {
     /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
     /// but not tracked; its next packet makes the entry.
     pub const CT_INSERT_BUSY: u32 = 23;
+    /// A new flow's insert evicted a live flow: one seen within the inserting service's idle
+    /// timeout (any flow, if that service's entries never idle out). 0 while the tracked flows
+    /// stay within the configured capacity.
+    pub const CT_EVICT_LIVE: u32 = 24;
     /// Counters in the global record ([`GlobalStats::counters`]); indices above are spare.
     pub const GLOBAL_COUNT: u32 = 29;
 
-    pub const NAMES: [&str; 24] = [
+    pub const NAMES: [&str; 25] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
         "decap_drop_malformed", "drop_class_unroutable", "ct_insert_busy",
+        "ct_evict_live",
     ];
 }
 

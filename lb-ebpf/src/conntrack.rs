@@ -7,8 +7,9 @@ use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use aya_ebpf::maps::Array;
 use lb_common::{
-    ct_buckets, ct_find, ct_next_state, ct_slot_state, ct_state, ct_verdict, ct_victim, stat, table_flags, Backend,
-    CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo, CT_WAYS,
+    ct_buckets, ct_evicted_live, ct_find, ct_next_state, ct_slot_state, ct_state, ct_verdict, ct_victim, stat,
+    table_flags, Backend, CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo,
+    CT_WAYS,
 };
 
 use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
@@ -35,13 +36,22 @@ impl FlowKey<'_> {
     }
 
     /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
-    /// false if another CPU held the slot (see `insert`).
+    /// false if another CPU held the slot (see `insert`). An evicted flow seen within
+    /// `idle_timeout_ns` of the entry's time is counted (`stat::CT_EVICT_LIVE`).
     #[inline(always)]
-    pub fn insert(self, entry: &CtEntry, counters: Counters) -> bool {
+    pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         let Some(st) = counters.ct_search() else { return false };
-        match self {
+        let evicted = match self {
             FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, st),
             FlowKey::V6(k) => insert(&CONNTRACK, k, entry, st),
+        };
+        match evicted {
+            Some(Some(last_seen)) if ct_evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
+                counters.inc(stat::CT_EVICT_LIVE);
+                true
+            }
+            Some(_) => true,
+            None => false,
         }
     }
 }
@@ -130,24 +140,23 @@ fn finish<S: CtSlot>(slot: &mut S, observed: u32, live: bool) {
     unsafe { core::ptr::write_volatile(slot.state_mut(), ct_next_state(observed, live)) };
 }
 
-/// Writes `key`'s entry into its own slot, a free one, or the least recently seen one. If
-/// another CPU is writing that slot at this instant the flow goes untracked for this packet;
-/// its next packet makes the entry.
+/// Writes `key`'s entry into its own slot, a free one of the less loaded bucket, or the least
+/// recently seen one (`ct_victim`). If another CPU is writing that slot at this instant the
+/// flow goes untracked for this packet (None); its next packet makes the entry. Written:
+/// `Some(last_seen_ns of the flow it evicted)`, or `Some(None)`.
 #[inline(always)]
-fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st: *mut CtSearch) -> bool {
-    let b = match buckets(map, key) {
-        Some(b) => b,
-        None => return false,
-    };
-    let slot = unsafe { &mut *slot_at(b, ct_victim([&*b[0], &*b[1]], key, st)) };
+fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st: *mut CtSearch) -> Option<Option<u64>> {
+    let b = buckets(map, key)?;
+    let victim = ct_victim(unsafe { [&*b[0], &*b[1]] }, key, st);
+    let slot = unsafe { &mut *slot_at(b, victim.index) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
-        return false;
+        return None;
     }
     slot.set(key, entry);
     finish(slot, observed, true);
-    true
+    Some(if victim.evicts { Some(unsafe { core::ptr::read_volatile(&(*st).oldest) }) } else { None })
 }
 
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
@@ -196,3 +205,4 @@ pub fn lookup(
     slot.remove(state);
     None
 }
+

@@ -171,7 +171,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
             let entry = CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class: class as u16, backend_gen: b.generation, hash };
-            if !key.insert(&entry, counters) {
+            if !key.insert(&entry, svc.idle_timeout_ns, counters) {
                 counters.inc(stat::CT_INSERT_BUSY);
             }
             counters.inc(stat::NEW_FLOW);

@@ -1011,7 +1011,7 @@ where
     CtBucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()) as usize;
+    let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()).index as usize;
     let (which, way) = (k / CT_WAYS, k % CT_WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).

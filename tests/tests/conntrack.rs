@@ -414,11 +414,45 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     assert_eq!(backend_of(&dp, &tcp(41100, TCP_SYN)), B2, "a ninth flow");
     assert_eq!(dp.conntrack_entries().len(), 8);
     assert!(dp.conntrack_get(FAMILY_V4, &key(41003)).is_none(), "the least recently seen flow was evicted");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_EVICT_LIVE), 1, "seen 5 s ago: a live flow");
     for &p in ports.iter().filter(|&&p| p != 41003) {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "port {p} keeps its backend");
     }
     // The evicted flow's next packet is a new flow: it follows the table.
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
+}
+
+/// Issue 17.1: a table configured for 2^16 flows takes exactly that many new flows, one per
+/// program run, without evicting any: every flow is read back, and no live eviction counted.
+#[test]
+fn the_configured_number_of_flows_fits_without_eviction() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = setup(info);
+    let flows = fixture::sizes().conntrack_entries;
+    assert_eq!(flows, 1 << 16);
+    let client = |i: u32| Ipv4Addr::new(10, (i >> 8) as u8, i as u8, 1);
+    for i in 0..flows {
+        let ip = V4::new(client(i), VIP, PROTO_UDP).build(&udp4(client(i), VIP, 5000, 53, b"x"));
+        let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip), 0).unwrap();
+        assert_eq!(out.action, XDP_TX, "flow {i}");
+    }
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::NEW_FLOW), s.get(stat::CT_INSERT_BUSY)), (u64::from(flows), 0));
+    assert_eq!(s.get(stat::CT_EVICT_LIVE), 0, "no live flow evicted");
+    let tracked: std::collections::HashSet<CtKey> = dp.conntrack_entries().into_iter().map(|(_, k, _)| k).collect();
+    assert_eq!(tracked.len(), flows as usize);
+    for i in 0..flows {
+        let full = FlowTuple {
+            src: addr_words(client(i).into()).0,
+            dst: addr_words(VIP.into()).0,
+            sport: 5000u16.to_be(),
+            dport: 53u16.to_be(),
+            proto: PROTO_UDP,
+            _pad: [0; 3],
+        };
+        let key = CtKey { tuple: track_tuple(info.affinity, info.tracking, &full, true), service: info.id };
+        assert!(tracked.contains(&key), "flow {i} was evicted");
+    }
 }
 
 /// A restarted daemon adopts the pinned tables and finds the flows its predecessor tracked:

@@ -8,7 +8,7 @@ use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use aya_ebpf::maps::Array;
 use lb_common::{
     ct_buckets, ct_evicted_live, ct_find, ct_next_state, ct_slot_state, ct_state, ct_verdict, ct_victim, stat,
-    table_flags, Backend, CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo,
+    syn_keeps_entry, table_flags, Backend, CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo,
     CT_WAYS,
 };
 
@@ -206,3 +206,22 @@ pub fn lookup(
     None
 }
 
+/// For a SYN that is new by rule (`is_new_flow`): the tracked (backend id, class, backend record,
+/// flow hash) of its key if the entry keeps the flow (`lb_common::syn_keeps_entry`: its backend
+/// is still usable for a new connection), refreshed. Else None: the caller selects a backend
+/// as for a new flow and its insert overwrites the entry (nothing is deleted or counted here).
+#[inline(always)]
+pub fn keep_for_syn(
+    key: FlowKey,
+    service: &ServiceInfo,
+    now: u64,
+    counters: Counters,
+) -> Option<(u32, u32, &'static Backend, u32)> {
+    let (slot, e, _) = key.get(counters)?;
+    let backend = BACKENDS.get(e.backend)?;
+    if !syn_keeps_entry(&e, Some(backend), service, now) {
+        return None;
+    }
+    slot.touch(now);
+    Some((e.backend, e.class as u32, backend, e.hash))
+}

@@ -144,7 +144,8 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     let now = clock::now_ns();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
-        None
+        // Re-selects unless the key's entry has a backend still usable for a new connection.
+        conntrack::keep_for_syn(key, svc, now, counters)
     } else {
         conntrack::lookup(key, svc, proto, now, counters)
     };

@@ -46,6 +46,13 @@ fn tcp(sport: u16, flags: u8) -> Vec<u8> {
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
 }
 
+/// A SYN with the flow's tuple and a bad TCP checksum, as a spoofer from another host sends.
+fn spoofed_syn(sport: u16) -> Vec<u8> {
+    let mut seg = tcp4(CLIENT, VIP, sport, 80, TCP_SYN, b"");
+    seg[16] ^= 0x5a;
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, PROTO_TCP).build(&seg))
+}
+
 fn udp(sport: u16) -> Vec<u8> {
     let ip = V4::new(CLIENT, VIP, PROTO_UDP).build(&udp4(CLIENT, VIP, sport, 53, b"data"));
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
@@ -92,11 +99,15 @@ fn established_flow_keeps_backend_across_table_swap() {
 }
 
 #[test]
-fn syn_on_tracked_five_tuple_starts_a_new_flow() {
-    // §1.1: with PER_CONNECTION every SYN is new and overwrites the entry (FIN/RST remove nothing).
+fn syn_on_tracked_five_tuple_starts_a_new_flow_once_its_backend_drains() {
+    // §1.1: with PER_CONNECTION a SYN is new and overwrites the entry (FIN/RST remove nothing)
+    // when the entry's backend no longer takes new connections (`syn_keeps_entry`): here b1
+    // drains (removed, deadline ahead), so tracked non-SYN packets would still reach it.
     let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     move_table_to_b2(&mut dp);
+    let deadline = dp.now_ns().unwrap() + 300_000_000_000;
+    dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, deadline).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B2);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the entry was overwritten");
 }
@@ -119,6 +130,55 @@ fn s8_client_ip_per_session_syn_follows_existing_entry() {
     // S5: the UDP flow of the same client shares the one 2-tuple entry.
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     assert_eq!(dp.conntrack_entries().len(), 1);
+}
+
+/// Issue 20.2: spoofed SYNs with an established flow's tuple (bad checksum) after a table change
+/// that hashes the tuple elsewhere do not move the flow: its backend is still usable.
+#[test]
+fn spoofed_syn_keeps_an_established_flow_on_its_usable_backend() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = flow_on_b1_table_on_b2(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1);
+    assert_eq!(backend_of(&dp, &spoofed_syn(40000)), B1, "the SYN follows the entry");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1, "so does a genuine retransmitted SYN");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the flow stays");
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().backend, B1);
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::NEW_FLOW), s.get(stat::CT_HIT)), (1, 4));
+    // A SYN of another tuple is a new flow on the new table.
+    assert_eq!(backend_of(&dp, &spoofed_syn(40001)), B2);
+}
+
+/// Each case in which a SYN on a tracked tuple re-selects (`lb_common::syn_keeps_entry`): the
+/// established flow on b1 moves to b2, where the table now hashes it, and stays there.
+#[test]
+fn syn_re_selects_when_the_tracked_backend_takes_no_new_connections() {
+    type Case = fn(&mut Dataplane, ServiceInfo);
+    let cases: [(&str, Case); 5] = [
+        ("unhealthy", |dp, _| dp.set_backend_state(B1, 0, 0).unwrap()),
+        ("draining", |dp, _| {
+            let deadline = dp.now_ns().unwrap() + 300_000_000_000;
+            dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, deadline).unwrap()
+        }),
+        ("id given to another backend", |dp, _| {
+            let other = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, 9)), backend_mac(B1), 0);
+            dp.set_backend(B1, lb_common::Backend { generation: 1, ..other }).unwrap()
+        }),
+        ("active pool changed", |dp, info| republish(dp, ServiceInfo { pool_gen: 1, ..info })),
+        ("idle timeout passed", |dp, info| {
+            let key = ct_key(&info, PROTO_TCP, 40000, 80);
+            let e = dp.conntrack_get(FAMILY_V4, &key).unwrap();
+            dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e }).unwrap()
+        }),
+    ];
+    for (case, apply) in cases {
+        let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+        let mut dp = flow_on_b1_table_on_b2(info);
+        apply(&mut dp, info);
+        assert_eq!(backend_of(&dp, &spoofed_syn(40000)), B2, "{case}: the SYN re-selects");
+        assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "{case}: the entry was overwritten");
+        assert_eq!(dp.stats().unwrap().get(stat::NEW_FLOW), 2, "{case}");
+    }
 }
 
 /// P-vector harness: flow established on b1; b1 turns unhealthy; the table moves to b2

@@ -202,7 +202,12 @@ impl Bench {
         let addrs: Vec<IpAddr> = (0..BACKENDS_PER_SERVICE).map(&addr).collect();
         let keys: Vec<Vec<u8>> = addrs.iter().map(|a| a.to_string().into_bytes()).collect();
         for (i, a) in addrs.iter().enumerate() {
-            backends.set(first_id + i as u32, backend(*a, BACKEND_MAC, 0), 0)?;
+            // Flagged unhealthy (TCP flows persist on them, so hits are unchanged): the new-flow
+            // case repeats one SYN, which would keep its tracked backend if it were usable for
+            // a new connection (`lb_common::syn_keeps_entry`); so each SYN looks its entry up,
+            // re-selects and overwrites it.
+            let b = Backend { flags: 0, ..backend(*a, BACKEND_MAC, 0) };
+            backends.set(first_id + i as u32, b, 0)?;
         }
         let members: Vec<MaglevBackend> = keys.iter().map(|k| MaglevBackend { key: k, weight: 1 }).collect();
         let table = build_table(&members, TABLE_M).map_err(|e| anyhow!("maglev: {e:?}"))?;

@@ -369,16 +369,19 @@ pub mod stat {
     /// timeout (any flow, if that service's entries never idle out). 0 while the tracked flows
     /// stay within the configured capacity.
     pub const CT_EVICT_LIVE: u32 = 24;
+    /// Frame to a VIP whose destination MAC is not the ingress device's (broadcast, multicast,
+    /// or flooded to us for another host): passed untouched, not balanced.
+    pub const PASS_NOT_OUR_MAC: u32 = 25;
     /// Counters in the global record ([`GlobalStats::counters`]); indices above are spare.
     pub const GLOBAL_COUNT: u32 = 29;
 
-    pub const NAMES: [&str; 25] = [
+    pub const NAMES: [&str; 26] = [
         "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
         "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
         "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
         "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
         "decap_drop_malformed", "drop_class_unroutable", "ct_insert_busy",
-        "ct_evict_live",
+        "ct_evict_live", "pass_not_our_mac",
     ];
 }
 
@@ -398,6 +401,27 @@ impl Default for GlobalStats {
     fn default() -> Self {
         Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::CtSearch::default() }
     }
+}
+
+/// Slots of `LOCAL_MACS`, a direct-mapped array indexed by [`local_mac_slot`].
+pub const LOCAL_MAC_SLOTS: u32 = 256;
+
+/// The `LOCAL_MACS` slot of an interface: interfaces the balancer is attached to must have
+/// ifindexes that differ modulo [`LOCAL_MAC_SLOTS`] (the daemon refuses others at attach).
+#[inline(always)]
+pub const fn local_mac_slot(ifindex: u32) -> u32 {
+    ifindex & (LOCAL_MAC_SLOTS - 1)
+}
+
+/// Value of `LOCAL_MACS`: an interface the balancer is attached to and its MAC. The data plane
+/// balances only frames whose destination is the MAC of the ingress device's slot, written by
+/// the daemon before it attaches; an empty slot (`ifindex` 0) or another device's is not ours.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalMac {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// Value of the `CLASS_STATS` per-CPU array at `service * classes_per_service + class`: the
@@ -425,7 +449,7 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, crate::CtSlot4, crate::CtSlot6, crate::CtBucket4, crate::CtBucket6, crate::CtSearch, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, crate::CtSlot4, crate::CtSlot6, crate::CtBucket4, crate::CtBucket6, crate::CtSearch, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters, LocalMac);
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -452,6 +476,7 @@ const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
 // adopted as is (its unused counters 29..32 become the search record).
 const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
+const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 
 #[cfg(test)]
 mod tests {

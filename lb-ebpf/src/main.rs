@@ -130,6 +130,12 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             return xdp_action::XDP_PASS;
         }
     };
+    // Only frames sent to the ingress device's own MAC: not a broadcast or multicast, nor a
+    // frame flooded to us for another host (whatever the forwarding method).
+    if !parse::to_local_mac(ctx) {
+        counters.inc(stat::PASS_NOT_OUR_MAC);
+        return xdp_action::XDP_PASS;
+    }
     if STOP == 2 {
         return xdp_action::XDP_PASS;
     }

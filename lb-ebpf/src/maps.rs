@@ -7,8 +7,8 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, GlobalStats, ServiceSlot, ServiceTableRef,
-    TableRef,
+    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, GlobalStats, LocalMac, ServiceSlot,
+    ServiceTableRef, TableRef, LOCAL_MAC_SLOTS,
 };
 
 use crate::nexthop::{FibParams, NextHop};
@@ -61,6 +61,11 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 /// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
 #[map]
 pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
+/// `lb_common::local_mac_slot(ifindex)` -> an interface the balancer is attached to and its
+/// MAC (written by the daemon before it attaches; not pinned: each loaded program has its own,
+/// filled before it is attached or swapped in). A fixed size: not set from the configuration.
+#[map]
+pub static LOCAL_MACS: Array<LocalMac> = Array::with_max_entries(LOCAL_MAC_SLOTS, 0);
 /// `lb_decap`: this host's tunnel endpoint addresses.
 #[map]
 pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);

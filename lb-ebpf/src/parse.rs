@@ -6,9 +6,9 @@
 //! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_common::{local_mac_slot, stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 
-use crate::maps::VIPS;
+use crate::maps::{LOCAL_MACS, VIPS};
 
 pub const ETH_LEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -50,6 +50,23 @@ pub enum Verdict {
     /// Malformed, destination (address, family) known: drop and count this stat if the
     /// destination is a VIP, else pass.
     DropIfVip(u32, [u32; 4], u8),
+}
+
+/// Whether the frame's destination MAC is the ingress device's own (`LOCAL_MACS`): false for
+/// broadcast and multicast frames, frames flooded to us for another host, and devices the
+/// daemon did not register. One inlined array lookup and two compares.
+#[inline(always)]
+pub fn to_local_mac(ctx: &XdpContext) -> bool {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    let (Some(local), Some(eth)) = (LOCAL_MACS.get(local_mac_slot(ifindex)), ptr_at::<[u16; 3]>(ctx, 0)) else {
+        return false;
+    };
+    let m = local.mac.as_ptr();
+    let p = eth as *const u8;
+    // Words as they lie in the frame and in the map (the MAC sits at offset 4 of the value).
+    let (want_lo, want_hi) = unsafe { (core::ptr::read(m as *const u32), core::ptr::read(m.add(4) as *const u16)) };
+    let (lo, hi) = unsafe { (core::ptr::read(p as *const u32), core::ptr::read(p.add(4) as *const u16)) };
+    local.ifindex == ifindex && lo == want_lo && hi == want_hi
 }
 
 /// Bounds-checked pointer to a `T` at `offset` in the packet.

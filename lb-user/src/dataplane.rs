@@ -21,7 +21,7 @@ use ipnet::IpNet;
 pub use lb_common::addr_words;
 use lb_common::{
     ct_buckets, ct_buckets_for, ct_find, ct_next_state, ct_state, ct_victim, stat, table_flags, AddrKey, Backend,
-    ClassCounters, ClassKey, CtBucket, CtBucket4, CtBucket6, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, GlobalStats, ServiceInfo,
+    ClassCounters, ClassKey, CtBucket, CtBucket4, CtBucket6, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, GlobalStats, LocalMac, ServiceInfo,
     ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, CT_WAYS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
@@ -225,6 +225,8 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
     decap_addrs: HashMap<MapData, AddrKey, u32>,
+    /// The interfaces `lb` balances on and their MACs (`LOCAL_MACS`, not pinned).
+    local_macs: Array<MapData, LocalMac>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -362,6 +364,7 @@ impl Dataplane {
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
             decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
+            local_macs: take(&mut ebpf, "LOCAL_MACS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -782,9 +785,33 @@ impl Dataplane {
         Ok(self.ebpf.program(p.name()).ok_or_else(|| anyhow!("program {} missing", p.name()))?.try_into()?)
     }
 
+    /// Registers `ifindex` as an interface `lb` balances on, with its MAC: `lb` balances only
+    /// frames sent to the ingress device's registered MAC (others pass, counted as
+    /// `pass_not_our_mac`). Refuses a second interface in the same `LOCAL_MACS` slot.
+    pub fn set_local_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
+        let slot = lb_common::local_mac_slot(ifindex);
+        let old = self.local_macs.get(&slot, 0).context("reading LOCAL_MACS")?;
+        if old.ifindex != 0 && old.ifindex != ifindex {
+            bail!(
+                "interfaces {} and {ifindex} share slot {slot} of LOCAL_MACS (ifindexes equal modulo {})",
+                old.ifindex,
+                lb_common::LOCAL_MAC_SLOTS
+            );
+        }
+        self.local_macs.set(slot, LocalMac { ifindex, mac, _pad: [0; 2] }, 0).context("writing LOCAL_MACS")
+    }
+
+    /// Registers `ifname` (its index and current MAC, see [`Dataplane::set_local_mac`]).
+    pub fn register_interface(&mut self, ifname: &str) -> Result<()> {
+        let (ifindex, mac) = interface_mac(ifname)?;
+        self.set_local_mac(ifindex, mac)
+    }
+
     /// Attaches a program to an interface, native (driver) mode first, else generic.
-    /// Returns the mode used. The attachment lives as long as this `Dataplane`.
+    /// Returns the mode used. The attachment lives as long as this `Dataplane`. The interface
+    /// is registered first (`set_local_mac`), so the first packet already finds its MAC.
     pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
         match prog.attach(ifname, XdpMode::Driver) {
             Ok(_) => Ok(XdpMode::Driver),
@@ -800,6 +827,7 @@ impl Dataplane {
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
         if link_pin.exists() {
             let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
@@ -850,6 +878,40 @@ impl Dataplane {
         let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
         out.truncate(r.data_size_out as usize);
         Ok(TestOutput { action: r.return_value, data: out })
+    }
+}
+
+/// An interface's index and MAC (`SIOCGIFHWADDR`), in the calling thread's network namespace.
+fn interface_mac(ifname: &str) -> Result<(u32, [u8; 6])> {
+    let name = std::ffi::CString::new(ifname).context("interface name")?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface {ifname}: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed ifreq with the name copied in (shorter than IFNAMSIZ, checked), on a
+    // socket we own and close; the ioctl writes only into the ifreq.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let bytes = name.as_bytes();
+        if bytes.len() >= req.ifr_name.len() {
+            bail!("interface name {ifname} is too long");
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            bail!("reading the MAC of {ifname}: {err}");
+        }
+        let data = req.ifr_ifru.ifru_hwaddr.sa_data;
+        Ok((ifindex, std::array::from_fn(|i| data[i] as u8)))
     }
 }
 

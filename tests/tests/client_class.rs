@@ -69,12 +69,12 @@ fn a_restarted_writer_keeps_the_class_flags_exact() {
     let dir = pins.path();
     {
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
+        let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap());
         setup(&mut dp);
         dp.set_class_prefix(SVC, "198.18.1.0/24".parse().unwrap(), 1).unwrap();
         dp.set_class_prefix(SVC, "198.18.0.0/16".parse().unwrap(), 1).unwrap();
     }
-    let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap());
     assert_eq!(backend_of(&dp, false), B1, "the adopted trie and flag classify the client");
     dp.remove_class_prefix(SVC, "198.18.1.0/24".parse().unwrap()).unwrap();
     assert_eq!(backend_of(&dp, false), B1, "the /16 still matches: the flag stays");

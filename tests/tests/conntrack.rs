@@ -27,7 +27,8 @@ fn setup(info: ServiceInfo) -> Dataplane {
     install(fixture::load(), info)
 }
 
-fn install(mut dp: Dataplane, info: ServiceInfo) -> Dataplane {
+fn install(dp: Dataplane, info: ServiceInfo) -> Dataplane {
+    let mut dp = fixture::register_interfaces(dp);
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP.into(), 53, PROTO_UDP)], info).unwrap();
     for id in [B1, B2] {
         let addr = IpAddr::V4(Ipv4Addr::new(198, 18, 3, id as u8));
@@ -526,7 +527,7 @@ fn adopted_pinned_tables_keep_their_flows() {
         let dp = install(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap(), info);
         assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     }
-    let mut dp = Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap());
     assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).map(|e| e.backend), Some(B1));
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the adopted entry still holds the flow");

@@ -71,9 +71,14 @@ fn backend_of(dp: &Dataplane, frame: &[u8]) -> u32 {
 }
 
 fn ct_key(info: &ServiceInfo, proto: u8, sport: u16, dport: u16) -> CtKey {
+    key_of(info, CLIENT.into(), VIP.into(), proto, sport, dport)
+}
+
+/// The tracking key of a flow with ports from `src` to `dst`.
+fn key_of(info: &ServiceInfo, src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> CtKey {
     let full = FlowTuple {
-        src: addr_words(CLIENT.into()).0,
-        dst: addr_words(VIP.into()).0,
+        src: addr_words(src).0,
+        dst: addr_words(dst).0,
         sport: sport.to_be(),
         dport: dport.to_be(),
         proto,
@@ -417,15 +422,7 @@ fn each_family_tracks_its_flows_in_its_own_table() {
     assert_eq!(entries.len(), 2, "{entries:?}");
     assert_eq!((entries[0].0, entries[1].0), (FAMILY_V4, FAMILY_V6));
     assert_eq!(entries[0].1, ct_key(&info, PROTO_TCP, 40000, 80));
-    let full6 = FlowTuple {
-        src: addr_words(CLIENT6.into()).0,
-        dst: addr_words(VIP6.into()).0,
-        sport: 40000u16.to_be(),
-        dport: 80u16.to_be(),
-        proto: PROTO_TCP,
-        _pad: [0; 3],
-    };
-    let key6 = CtKey { tuple: track_tuple(info.affinity, info.tracking, &full6, true), service: info.id };
+    let key6 = key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40000, 80);
     assert_eq!(entries[1].1, key6);
     assert_eq!(dp.conntrack_get(FAMILY_V6, &key6).map(|e| e.backend), Some(B1));
     assert!(dp.conntrack_get(FAMILY_V4, &key6).is_none(), "an IPv6 key is not in the IPv4 table");
@@ -503,16 +500,7 @@ fn the_configured_number_of_flows_fits_without_eviction() {
     let tracked: std::collections::HashSet<CtKey> = dp.conntrack_entries().into_iter().map(|(_, k, _)| k).collect();
     assert_eq!(tracked.len(), flows as usize);
     for i in 0..flows {
-        let full = FlowTuple {
-            src: addr_words(client(i).into()).0,
-            dst: addr_words(VIP.into()).0,
-            sport: 5000u16.to_be(),
-            dport: 53u16.to_be(),
-            proto: PROTO_UDP,
-            _pad: [0; 3],
-        };
-        let key = CtKey { tuple: track_tuple(info.affinity, info.tracking, &full, true), service: info.id };
-        assert!(tracked.contains(&key), "flow {i} was evicted");
+        assert!(tracked.contains(&key_of(&info, client(i).into(), VIP.into(), PROTO_UDP, 5000, 53)), "flow {i} was evicted");
     }
 }
 

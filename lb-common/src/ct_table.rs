@@ -1,7 +1,7 @@
 //! The connection table's layout and its pure routines, shared by the data plane and userspace.
 //!
 //! A set-associative table in an array map (`CONNTRACK4` for IPv4 flows, `CONNTRACK` for IPv6):
-//! each key has two candidate buckets of [`CT_WAYS`] slots, both derived from one seeded 64-bit
+//! each key has two candidate buckets of [`WAYS`] slots, both derived from one seeded 64-bit
 //! hash. A lookup compares the key with up to 16 slots, all inline (an array lookup is inlined
 //! by the verifier; a kernel hash map costs a helper call, and its LRU insert hundreds of ns,
 //! see BENCHMARKS.md). An insert takes the key's own slot, else a free one, else the least
@@ -9,11 +9,11 @@
 //! connections are not removed (as with the LRU hash before), so a busy table fills up and
 //! every new flow then evicts: the least recently seen of its 16 candidates, which keeps active
 //! flows as long as the table has at least a third more slots than flows are active
-//! ([`ct_buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
+//! ([`buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
 //! candidates all taken by live flows, BENCHMARKS.md).
 //!
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
-//! takes the slot by setting [`ct_state::WRITING`] with a compare-and-swap, writes, then
+//! takes the slot by setting [`state::WRITING`] with a compare-and-swap, writes, then
 //! stores a new version with WRITING clear. Readers check the state before and after copying.
 //! A writer that finds its slot taken gives up: the flow is untracked for that packet and its
 //! next packet makes the entry. Two CPUs inserting the same new key at the same instant can
@@ -23,10 +23,10 @@
 use crate::maps::{CtEntry, CtKey, CtKey4};
 
 /// Slots per bucket.
-pub const CT_WAYS: usize = 8;
+pub const WAYS: usize = 8;
 
 /// Bits of a slot's `state` word.
-pub mod ct_state {
+pub mod state {
     /// A writer holds the slot.
     pub const WRITING: u32 = 1;
     /// The slot holds a flow.
@@ -37,10 +37,10 @@ pub mod ct_state {
 
 /// The state a completed write leaves: next version, WRITING clear, LIVE as given.
 #[inline(always)]
-pub const fn ct_next_state(observed: u32, live: bool) -> u32 {
-    let next = (observed & !(ct_state::WRITING | ct_state::LIVE)).wrapping_add(ct_state::VERSION);
+pub const fn next_state(observed: u32, live: bool) -> u32 {
+    let next = (observed & !(state::WRITING | state::LIVE)).wrapping_add(state::VERSION);
     if live {
-        next | ct_state::LIVE
+        next | state::LIVE
     } else {
         next
     }
@@ -49,7 +49,7 @@ pub const fn ct_next_state(observed: u32, live: bool) -> u32 {
 /// One slot of an IPv4 bucket (48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSlot4 {
+pub struct Slot4 {
     pub state: u32,
     pub key: CtKey4,
     pub _pad: u32,
@@ -59,7 +59,7 @@ pub struct CtSlot4 {
 /// One slot of an IPv6 bucket (72 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSlot6 {
+pub struct Slot6 {
     pub state: u32,
     pub key: CtKey,
     pub entry: CtEntry,
@@ -68,21 +68,21 @@ pub struct CtSlot6 {
 /// A bucket: the unit of the array map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtBucket<S> {
-    pub slots: [S; CT_WAYS],
+pub struct Bucket<S> {
+    pub slots: [S; WAYS],
 }
 
-impl<S: Default + Copy> Default for CtBucket<S> {
+impl<S: Default + Copy> Default for Bucket<S> {
     fn default() -> Self {
-        Self { slots: [S::default(); CT_WAYS] }
+        Self { slots: [S::default(); WAYS] }
     }
 }
 
-pub type CtBucket4 = CtBucket<CtSlot4>;
-pub type CtBucket6 = CtBucket<CtSlot6>;
+pub type Bucket4 = Bucket<Slot4>;
+pub type Bucket6 = Bucket<Slot6>;
 
 /// What the table routines need of a slot type.
-pub trait CtSlot: Copy {
+pub trait Slot: Copy {
     /// A `repr(C)` struct of `KEY_WORDS` 32-bit words without padding (explicit pad fields
     /// count as words), so it is hashed and compared as words, read in place.
     type Key: Copy;
@@ -119,7 +119,7 @@ pub trait CtSlot: Copy {
 
 macro_rules! ct_slot {
     ($slot:ty, $key:ty) => {
-        impl CtSlot for $slot {
+        impl Slot for $slot {
             type Key = $key;
             const KEY_WORDS: usize = core::mem::size_of::<$key>() / 4;
             #[inline(always)]
@@ -152,8 +152,8 @@ macro_rules! ct_slot {
         }
     };
 }
-ct_slot!(CtSlot4, CtKey4);
-ct_slot!(CtSlot6, CtKey);
+ct_slot!(Slot4, CtKey4);
+ct_slot!(Slot6, CtKey);
 // The word views above rely on these: whole words, alignment 4, no implicit padding.
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16 && core::mem::align_of::<CtKey4>() == 4);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of::<CtKey>() == 4);
@@ -161,18 +161,18 @@ const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of
 /// The two candidate buckets of `key` in a table of `mask + 1` buckets (a power of two), for
 /// the tables' `seed` (random when they are made, pinned with them: a client who cannot
 /// predict the buckets cannot aim flows at one): the flow hash's construction
-/// ([`crate::pair_hash`]) over the key's words; the halves of the result pick the buckets.
+/// ([`crate::hash::pair_hash`]) over the key's words; the halves of the result pick the buckets.
 #[inline(always)]
-pub fn ct_buckets<S: CtSlot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
+pub fn buckets<S: Slot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
     let h = crate::hash::pair_hash(|i| S::key_word(key, i), S::KEY_WORDS, seed);
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 
 /// Buckets for a table of `entries` flows: at least a third more slots, rounded up to a power
 /// of two buckets (so 4/3 to 8/3 slots per flow; 2^21 slots for 2^20 flows).
-pub const fn ct_buckets_for(entries: u32) -> u32 {
+pub const fn buckets_for(entries: u32) -> u32 {
     let slots = (entries as u64 * 4).div_ceil(3);
-    let buckets = slots.div_ceil(CT_WAYS as u64);
+    let buckets = slots.div_ceil(WAYS as u64);
     let mut b = 1u64;
     while b < buckets {
         b *= 2;
@@ -186,7 +186,7 @@ pub const fn ct_buckets_for(entries: u32) -> u32 {
 
 /// Reads a slot's state word as it is now (another CPU may be writing it).
 #[inline(always)]
-pub fn ct_slot_state<S: CtSlot>(slot: &S) -> u32 {
+pub fn slot_state<S: Slot>(slot: &S) -> u32 {
     unsafe { core::ptr::read_volatile(slot.state_ptr()) }
 }
 
@@ -196,14 +196,14 @@ pub fn ct_slot_state<S: CtSlot>(slot: &S) -> u32 {
 /// rest of the program, which would exceed its instruction budget.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSearch {
-    /// The slot found or chosen, `candidate * CT_WAYS + way`.
+pub struct Search {
+    /// The slot found or chosen, `candidate * WAYS + way`.
     pub index: u32,
     /// That slot's state when the search saw it: a writer takes the slot only from this state,
     /// so a slot another CPU wrote since the search is left alone.
     pub state: u32,
     /// Per candidate bucket: its first slot without a flow and without a writer, or
-    /// [`CT_NO_SLOT`].
+    /// [`NO_SLOT`].
     pub free: [u8; 2],
     /// Per candidate bucket: its slots without a flow and without a writer.
     pub free_count: [u8; 2],
@@ -213,7 +213,7 @@ pub struct CtSearch {
 }
 
 /// No slot (a search's `free` before it found one).
-pub const CT_NO_SLOT: u8 = 2 * CT_WAYS as u8;
+pub const NO_SLOT: u8 = 2 * WAYS as u8;
 
 /// Keeps the compiler from moving memory accesses across this point (no instruction): plain
 /// loads may otherwise move across volatile ones. The BPF target has no fence instruction;
@@ -238,31 +238,33 @@ fn get<T: Copy>(p: *const T) -> T {
     unsafe { core::ptr::read_volatile(p) }
 }
 
-/// Whether a live slot holds `key`; if so its index (`candidate * CT_WAYS + way`) is in
+/// Whether a live slot holds `key`; if so its index (`candidate * WAYS + way`) is in
 /// `search.index` and returned state is the slot's state when seen.
+// `search` is a raw pointer on purpose: the data plane passes its per-CPU search record,
+// written with volatile stores (see `put`), and must be valid for both callers.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[inline(always)]
-pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> Option<u32> {
-    let st = search;
+pub fn find<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Option<u32> {
     let mut k = 0;
-    while k < 2 * CT_WAYS {
-        let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
-        let state = ct_slot_state(slot);
+    while k < 2 * WAYS {
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
+        let bits = slot_state(slot);
         // The key is read after the state: the data plane's reader validates what it read
         // against this state (lb-ebpf `conntrack::find`).
         compiler_barrier();
-        if state & ct_state::LIVE != 0 && slot.key_is(key) {
-            put(unsafe { &mut (*st).index }, k as u32);
-            return Some(state);
+        if bits & state::LIVE != 0 && slot.key_is(key) {
+            put(unsafe { &mut (*search).index }, k as u32);
+            return Some(bits);
         }
         k += 1;
     }
     None
 }
 
-/// What an insert of a key writes: [`ct_victim`]'s choice.
+/// What an insert of a key writes: [`victim`]'s choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtVictim {
-    /// The slot, `candidate * CT_WAYS + way` (at most 15).
+pub struct Victim {
+    /// The slot, `candidate * WAYS + way` (at most 15).
     pub index: u32,
     /// The slot holds another key's flow, which the insert evicts (`search.oldest` is its
     /// `last_seen_ns`).
@@ -277,67 +279,67 @@ pub struct CtVictim {
 /// The less loaded bucket, not simply the first with room: with the first-fit rule the first
 /// buckets fill up and a table below capacity already evicts live flows (0.69 % of the flows
 /// at 71.5 % of slots); choosing the less loaded of two keeps the buckets even (two choices).
-/// Filled with its configured number of flows, a table (see [`ct_buckets_for`]) then evicts
+/// Filled with its configured number of flows, a table (see [`buckets_for`]) then evicts
 /// none at half its slots (a power-of-two capacity) and about 1.5e-5 of them at 3/4 of its
 /// slots, the fullest a configured number makes it (unit tests below).
 #[inline(always)]
-pub fn ct_victim<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> CtVictim {
+pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Victim {
     let st = search;
     put(unsafe { &mut (*st).index }, 0);
-    put(unsafe { &mut (*st).state }, ct_state::WRITING);
-    put(unsafe { &mut (*st).free }, [CT_NO_SLOT; 2]);
+    put(unsafe { &mut (*st).state }, state::WRITING);
+    put(unsafe { &mut (*st).free }, [NO_SLOT; 2]);
     put(unsafe { &mut (*st).free_count }, [0; 2]);
     put(unsafe { &mut (*st).oldest }, u64::MAX);
     let mut k = 0;
-    while k < 2 * CT_WAYS {
-        let c = k / CT_WAYS;
-        let slot = &buckets[c].slots[k % CT_WAYS];
-        let state = ct_slot_state(slot);
-        // Key and last-seen time are read after the state (see `ct_find`).
+    while k < 2 * WAYS {
+        let c = k / WAYS;
+        let slot = &buckets[c].slots[k % WAYS];
+        let bits = slot_state(slot);
+        // Key and last-seen time are read after the state (see `find`).
         compiler_barrier();
-        if state & ct_state::LIVE == 0 {
+        if bits & state::LIVE == 0 {
             // Counted and remembered; the key's own slot, if further on, still wins.
-            if state & ct_state::WRITING == 0 {
-                if get(unsafe { &(*st).free[c] }) == CT_NO_SLOT {
+            if bits & state::WRITING == 0 {
+                if get(unsafe { &(*st).free[c] }) == NO_SLOT {
                     put(unsafe { &mut (*st).free[c] }, k as u8);
                 }
                 put(unsafe { &mut (*st).free_count[c] }, get(unsafe { &(*st).free_count[c] }) + 1);
             }
         } else if slot.key_is(key) {
-            put(unsafe { &mut (*st).state }, state);
-            return CtVictim { index: k as u32, evicts: false };
-        } else if state & ct_state::WRITING == 0 {
+            put(unsafe { &mut (*st).state }, bits);
+            return Victim { index: k as u32, evicts: false };
+        } else if bits & state::WRITING == 0 {
             // (A slot another CPU is rewriting is not a candidate: taking it would fail.)
             let seen = slot.entry().last_seen_ns;
             if seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);
                 put(unsafe { &mut (*st).index }, k as u32);
-                put(unsafe { &mut (*st).state }, state);
+                put(unsafe { &mut (*st).state }, bits);
             }
         }
         k += 1;
     }
     let [count_a, count_b] = get(unsafe { &(*st).free_count });
     let free = get(unsafe { &(*st).free[(count_b > count_a) as usize] });
-    if free != CT_NO_SLOT {
-        let k = free as usize & (2 * CT_WAYS - 1);
+    if free != NO_SLOT {
+        let k = free as usize & (2 * WAYS - 1);
         // Its state now (not remembered per bucket): if another CPU has written a flow there
         // or is writing since, the insert must fail, as from any outdated state.
-        // A branch, not `buckets[k / CT_WAYS]`: an array on the stack indexed by an unknown
+        // A branch, not `buckets[k / WAYS]`: an array on the stack indexed by an unknown
         // value loses its pointers' type for the verifier.
-        let bucket = if k < CT_WAYS { buckets[0] } else { buckets[1] };
-        let state = ct_slot_state(&bucket.slots[k % CT_WAYS]);
-        let taken = ct_state::LIVE | ct_state::WRITING;
-        put(unsafe { &mut (*st).state }, if state & taken == 0 { state } else { ct_state::WRITING });
-        return CtVictim { index: k as u32, evicts: false };
+        let bucket = if k < WAYS { buckets[0] } else { buckets[1] };
+        let bits = slot_state(&bucket.slots[k % WAYS]);
+        let taken = state::LIVE | state::WRITING;
+        put(unsafe { &mut (*st).state }, if bits & taken == 0 { bits } else { state::WRITING });
+        return Victim { index: k as u32, evicts: false };
     }
-    CtVictim { index: get(unsafe { &(*st).index }), evicts: true }
+    Victim { index: get(unsafe { &(*st).index }), evicts: true }
 }
 
 /// Whether an evicted flow last seen at `last_seen_ns` was live at `now_ns`: seen within
 /// `idle_timeout_ns` (0: entries never idle out, so every evicted flow was live).
 #[inline(always)]
-pub fn ct_evicted_live(last_seen_ns: u64, now_ns: u64, idle_timeout_ns: u64) -> bool {
+pub fn evicted_live(last_seen_ns: u64, now_ns: u64, idle_timeout_ns: u64) -> bool {
     idle_timeout_ns == 0 || now_ns.saturating_sub(last_seen_ns) <= idle_timeout_ns
 }
 
@@ -354,15 +356,15 @@ mod tests {
 
     #[test]
     fn sizing_leaves_a_quarter_free_and_is_a_power_of_two() {
-        assert_eq!(ct_buckets_for(1), 1);
-        assert_eq!(ct_buckets_for(6), 1);
-        assert_eq!(ct_buckets_for(7), 2);
+        assert_eq!(buckets_for(1), 1);
+        assert_eq!(buckets_for(6), 1);
+        assert_eq!(buckets_for(7), 2);
         // 2^20 flows: 2^20 * 4/3 / 8 = 174763 buckets -> 2^18.
-        assert_eq!(ct_buckets_for(1 << 20), 1 << 18);
+        assert_eq!(buckets_for(1 << 20), 1 << 18);
         for n in [1, 100, 65536, 1_000_000, u32::MAX] {
-            let b = ct_buckets_for(n) as u64;
+            let b = buckets_for(n) as u64;
             assert!(b.is_power_of_two());
-            assert!(b * CT_WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
+            assert!(b * WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
         }
     }
 
@@ -371,38 +373,38 @@ mod tests {
         let mask = (1 << 10) - 1;
         let mut hits = [0u32; 1 << 10];
         for i in 0..(1 << 16) {
-            let [a, b] = ct_buckets::<CtSlot4>(&key4(i), 7, mask);
+            let [a, b] = buckets::<Slot4>(&key4(i), 7, mask);
             hits[a as usize] += 1;
             hits[b as usize] += 1;
         }
         // 128 per bucket on average; a fair hash stays well within these bounds.
         assert!(hits.iter().all(|&h| (64..=200).contains(&h)), "{:?}", (hits.iter().min(), hits.iter().max()));
-        let moved = (0..1000).filter(|&i| ct_buckets::<CtSlot4>(&key4(i), 7, mask) != ct_buckets::<CtSlot4>(&key4(i), 8, mask)).count();
+        let moved = (0..1000).filter(|&i| buckets::<Slot4>(&key4(i), 7, mask) != buckets::<Slot4>(&key4(i), 8, mask)).count();
         assert!(moved > 990, "{moved}");
         // Every word of an IPv6 key counts.
         let t = FlowTuple { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], sport: 9, dport: 10, proto: 6, _pad: [0; 3] };
         let k = CtKey { tuple: t, service: 11 };
-        let base = ct_buckets::<CtSlot6>(&k, 7, u32::MAX);
+        let base = buckets::<Slot6>(&k, 7, u32::MAX);
         let mut k2 = k;
         k2.service = 12;
-        assert_ne!(ct_buckets::<CtSlot6>(&k2, 7, u32::MAX), base);
+        assert_ne!(buckets::<Slot6>(&k2, 7, u32::MAX), base);
         let mut k3 = k;
         k3.tuple.dst[3] = 9;
-        assert_ne!(ct_buckets::<CtSlot6>(&k3, 7, u32::MAX), base);
+        assert_ne!(buckets::<Slot6>(&k3, 7, u32::MAX), base);
     }
 
-    fn live(key: CtKey4, last_seen_ns: u64) -> CtSlot4 {
-        CtSlot4 { state: ct_state::LIVE, key, _pad: 0, entry: CtEntry { last_seen_ns, backend: 1, ..Default::default() } }
+    fn live(key: CtKey4, last_seen_ns: u64) -> Slot4 {
+        Slot4 { state: state::LIVE, key, _pad: 0, entry: CtEntry { last_seen_ns, backend: 1, ..Default::default() } }
     }
 
     #[test]
     fn find_and_victim_follow_the_slot_states() {
-        let mut b0 = CtBucket4::default();
-        let mut b1 = CtBucket4::default();
-        let mut st = CtSearch::default();
-        let st: *mut CtSearch = &mut st;
-        let find = |b0: &CtBucket4, b1: &CtBucket4, k: u32| ct_find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s));
-        let victim = |b0: &CtBucket4, b1: &CtBucket4, k: u32| ct_victim([b0, b1], &key4(k), st).index;
+        let mut b0 = Bucket4::default();
+        let mut b1 = Bucket4::default();
+        let mut st = Search::default();
+        let st: *mut Search = &mut st;
+        let find = |b0: &Bucket4, b1: &Bucket4, k: u32| super::find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s));
+        let victim = |b0: &Bucket4, b1: &Bucket4, k: u32| victim([b0, b1], &key4(k), st).index;
         // The second bucket holds two flows, so the first stays the less loaded one below.
         b1.slots[0] = live(key4(30), 60);
         b1.slots[1] = live(key4(31), 60);
@@ -410,66 +412,66 @@ mod tests {
         // No flow in the first bucket: its first slot.
         assert_eq!(victim(&b0, &b1, 1), 0);
         b0.slots[0] = live(key4(1), 50);
-        assert_eq!(find(&b0, &b1, 1), Some((0, ct_state::LIVE)));
+        assert_eq!(find(&b0, &b1, 1), Some((0, state::LIVE)));
         // Its own slot, else the next free one.
         assert_eq!(victim(&b0, &b1, 1), 0);
         assert_eq!(victim(&b0, &b1, 2), 1);
         // A removed flow (not LIVE) is not found, and its slot is reused.
-        b0.slots[0].state = ct_next_state(ct_state::LIVE, false);
+        b0.slots[0].state = next_state(state::LIVE, false);
         assert_eq!(find(&b0, &b1, 1), None);
         assert_eq!(victim(&b0, &b1, 2), 0);
         // A slot being written (not yet live) is not taken as free.
-        b0.slots[0].state |= ct_state::WRITING;
+        b0.slots[0].state |= state::WRITING;
         assert_eq!(victim(&b0, &b1, 2), 1);
         assert_eq!(unsafe { (*st).state }, 0, "the chosen slot's state as seen");
         // Both buckets full: the least recently seen flow of the 16 goes.
-        for w in 0..CT_WAYS {
+        for w in 0..WAYS {
             b0.slots[w] = live(key4(10 + w as u32), 100 + w as u64);
             b1.slots[w] = live(key4(20 + w as u32), 200 + w as u64);
         }
         b1.slots[5].entry.last_seen_ns = 3;
         assert_eq!(victim(&b0, &b1, 99), 13);
-        assert!(ct_victim([&b0, &b1], &key4(99), st).evicts);
-        assert!(!ct_victim([&b0, &b1], &key4(25), st).evicts, "its own slot");
-        assert_eq!(unsafe { (*st).state }, ct_state::LIVE);
-        assert_eq!(find(&b0, &b1, 25), Some((13, ct_state::LIVE)));
+        assert!(super::victim([&b0, &b1], &key4(99), st).evicts);
+        assert!(!super::victim([&b0, &b1], &key4(25), st).evicts, "its own slot");
+        assert_eq!(unsafe { (*st).state }, state::LIVE);
+        assert_eq!(find(&b0, &b1, 25), Some((13, state::LIVE)));
     }
 
     #[test]
     fn a_new_flow_goes_to_the_less_loaded_bucket() {
-        let (mut b0, mut b1) = (CtBucket4::default(), CtBucket4::default());
-        let mut st = CtSearch::default();
-        let st: *mut CtSearch = &mut st;
+        let (mut b0, mut b1) = (Bucket4::default(), Bucket4::default());
+        let mut st = Search::default();
+        let st: *mut Search = &mut st;
         for w in 0..3 {
             b0.slots[w] = live(key4(10 + w as u32), 100);
         }
         b1.slots[0] = live(key4(20), 100);
         b1.slots[2] = live(key4(21), 100);
         // 5 free slots in the first bucket, 6 in the second: the second's first free one.
-        let v = ct_victim([&b0, &b1], &key4(99), st);
-        assert_eq!((v, unsafe { (*st).state }), (CtVictim { index: 9, evicts: false }, 0));
+        let v = victim([&b0, &b1], &key4(99), st);
+        assert_eq!((v, unsafe { (*st).state }), (Victim { index: 9, evicts: false }, 0));
         // A tie: the first bucket.
         b1.slots[1] = live(key4(22), 100);
-        assert_eq!(ct_victim([&b0, &b1], &key4(99), st).index, 3);
+        assert_eq!(victim([&b0, &b1], &key4(99), st).index, 3);
         // A slot being written is not free.
-        b0.slots[3].state = ct_state::WRITING;
-        assert_eq!(ct_victim([&b0, &b1], &key4(99), st).index, 11);
+        b0.slots[3].state = state::WRITING;
+        assert_eq!(victim([&b0, &b1], &key4(99), st).index, 11);
     }
 
-    /// Fills a table of `ct_buckets_for(flows)` buckets with `flows` distinct flows through
-    /// `ct_victim` and returns the number of flows evicted.
+    /// Fills a table of `buckets_for(flows)` buckets with `flows` distinct flows through
+    /// `victim` and returns the number of flows evicted.
     fn fill(flows: u32, configured: u32) -> usize {
-        let buckets = ct_buckets_for(configured);
-        let mut table = vec![CtBucket4::default(); buckets as usize];
-        let mut st = CtSearch::default();
+        let n = buckets_for(configured);
+        let mut table = vec![Bucket4::default(); n as usize];
+        let mut st = Search::default();
         let mut evicted = 0;
         for i in 0..flows {
             let key = CtKey4 { src: i.wrapping_mul(0x9e37_79b9), ..key4(0) };
-            let [a, b] = ct_buckets::<CtSlot4>(&key, 0x5eed, buckets - 1);
+            let [a, b] = buckets::<Slot4>(&key, 0x5eed, n - 1);
             let (ba, bb) = (table[a as usize], table[b as usize]);
-            let v = ct_victim([&ba, &bb], &key, &mut st);
+            let v = victim([&ba, &bb], &key, &mut st);
             evicted += v.evicts as usize;
-            let (which, way) = if (v.index as usize) < CT_WAYS { (a, v.index as usize) } else { (b, v.index as usize - CT_WAYS) };
+            let (which, way) = if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
             table[which as usize].slots[way] = live(key, i as u64);
         }
         evicted
@@ -481,18 +483,18 @@ mod tests {
         assert_eq!(fill(1 << 18, 1 << 18), 0);
         // The most flows that size is made for, 3/4 of the slots: a few flows meet two full
         // buckets (6 of 393,216 here, 1.5e-5; first fit lost 0.69 % at 71.5 %, issue 17).
-        assert_eq!(ct_buckets_for(6 << 16), 1 << 16);
+        assert_eq!(buckets_for(6 << 16), 1 << 16);
         assert!(fill(6 << 16, 6 << 16) <= 8);
     }
 
     #[test]
     fn writes_bump_the_version_and_clear_the_writer_bit() {
-        let s = ct_next_state(0, true);
-        assert_eq!(s, ct_state::VERSION | ct_state::LIVE);
-        let taken = s | ct_state::WRITING;
-        let s2 = ct_next_state(taken, true);
-        assert_eq!(s2 & ct_state::WRITING, 0);
+        let s = next_state(0, true);
+        assert_eq!(s, state::VERSION | state::LIVE);
+        let taken = s | state::WRITING;
+        let s2 = next_state(taken, true);
+        assert_eq!(s2 & state::WRITING, 0);
         assert_ne!(s2, s);
-        assert_eq!(ct_next_state(s2, false) & ct_state::LIVE, 0);
+        assert_eq!(next_state(s2, false) & state::LIVE, 0);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, tracking, PROTO_TCP};
+use lb_common::maps::{affinity, forwarding, tracking, PROTO_TCP};
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Dataplane, Program, XDP_TX};
@@ -32,7 +32,7 @@ fn setup(dp: &mut Dataplane) {
 
 /// The backend a new flow (SYN) from the v4 or v6 client goes to. Each call is another flow
 /// (another source port): a SYN of a tracked flow whose backend is still usable would keep it
-/// (`lb_common::syn_keeps_entry`) instead of being classified again.
+/// (`lb_common::decide::syn_keeps_entry`) instead of being classified again.
 fn backend_of(dp: &Dataplane, v6: bool) -> u32 {
     static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(40000);
     let sport = NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

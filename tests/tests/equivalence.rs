@@ -5,9 +5,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use lb_common::{
-    affinity, flow_hash, forwarding, hash_tuple, maglev_slot, syn_keeps_entry, tracking, CtEntry, FlowTuple, ServiceKey,
-    PROTO_ANY, PROTO_TCP, PROTO_UDP,
+use lb_common::decide::{hash_tuple, syn_keeps_entry};
+use lb_common::hash::{flow_hash, maglev_slot};
+use lb_common::maps::{
+    affinity, forwarding, tracking, CtEntry, FlowTuple, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, TEST_M};
 use lb_tests::packet::*;

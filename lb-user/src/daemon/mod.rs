@@ -9,6 +9,7 @@ pub mod health;
 pub mod limits;
 pub mod logging;
 pub mod state;
+pub mod tunnel_source;
 
 use api::{HealthOverride, Request, Response};
 use crate::config::Config;
@@ -130,7 +131,10 @@ fn state_path(args: &RunArgs) -> PathBuf {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
+        tracing::info!("{line}");
+    }
     // Signals first: a SIGINT or SIGTERM during start-up waits for the loop below, which
     // shuts down cleanly, instead of killing the process half set up.
     let hup = signal(SignalKind::hangup())?;
@@ -409,7 +413,10 @@ impl Daemon {
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
     fn reload(&mut self) -> Result<Value> {
-        let cfg = Config::load(&self.args.config)?;
+        let mut cfg = Config::load(&self.args.config)?;
+        for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
+            tracing::debug!("{line}");
+        }
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());

@@ -50,6 +50,11 @@ const DF: u32 = 0x0040_0000;
 #[inline(always)]
 pub fn route_failed(ctx: &XdpContext, pkt: &Packet, reason: u32, outer_len: u32, now: u64, counters: Counters) -> u32 {
     if reason & TOO_BIG == 0 {
+        // A missing neighbour is a `drop_fib` as it always was, and counted apart as well.
+        if reason == stat::DROP_NO_NEIGH {
+            counters.inc(stat::DROP_NO_NEIGH);
+            return drop(stat::DROP_FIB, counters);
+        }
         return drop(reason, counters);
     }
     let mtu = (reason & 0xffff).saturating_sub(outer_len);

@@ -197,7 +197,10 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         // Longer than the egress MTU: the caller answers with ICMP (never cached, so the next
         // packet of the new size is looked up again).
         FIB_FRAG_NEEDED => return TOO_BIG | p[1] >> 16,
-        // Forwarding disabled, unsupported lwt, no neighbour, error.
+        // Routed, but the next hop's MAC is unknown: counted apart (and as `drop_fib`, see
+        // `icmp::route_failed`); the daemon keeps neighbour entries for the backends.
+        FIB_NO_NEIGH => return stat::DROP_NO_NEIGH,
+        // Forwarding disabled, unsupported lwt, error.
         _ => return stat::DROP_FIB,
     }
     // Bytes 52..64 are smac[6], dmac[6]; the header wants dmac, then smac.

@@ -1,7 +1,7 @@
 //! Path MTU through BPF_PROG_TEST_RUN: a packet too big for the egress MTU once
 //! encapsulated is answered with ICMP "fragmentation needed" / ICMPv6 "packet too big" (exact
-//! bytes, checksums, counters), an IPv4 one without DF is dropped as `drop_too_big`, and the
-//! ICMP replies are rate-limited per CPU.
+//! bytes, checksums, counters), an IPv4 one without DF is dropped as `drop_too_big`, the ICMP
+//! replies are rate-limited per CPU, and a missing neighbour is counted as `drop_no_neigh`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
@@ -158,5 +158,20 @@ fn icmp_replies_are_rate_limited_per_cpu() {
         assert_eq!((s.get(stat::ICMP_TOO_BIG_SENT), s.get(stat::DROP_TOO_BIG)), (sent, n - sent));
         // A burst of 50 per CPU, then 1000 per second: 400 back-to-back runs exceed it.
         assert!(sent >= 50 && sent < n, "{sent} of {n} answered");
+    });
+}
+
+#[test]
+fn missing_neighbour_is_counted_as_drop_no_neigh() {
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        setup(&mut dp);
+        // On lbv0's own segment, with no neighbour entry.
+        dp.set_backend(3, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 77)), [0; 6], 0)).unwrap();
+        let out = send(&mut dp, ETH_P_IP, &big4(80, 100, true), topo.lbv0);
+        assert_eq!(out.action, XDP_DROP);
+        let s = dp.stats().unwrap();
+        // Still a `drop_fib` (what it always was), and counted apart.
+        assert_eq!((s.get(stat::DROP_NO_NEIGH), s.get(stat::DROP_FIB)), (1, 1));
     });
 }

@@ -8,6 +8,7 @@ pub mod dns;
 pub mod health;
 pub mod limits;
 pub mod logging;
+pub mod neighbours;
 pub mod state;
 pub mod tunnel_source;
 
@@ -124,6 +125,8 @@ struct Daemon {
     dns_view: crate::daemon::dns::ViewSender,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
+    /// The backends whose next hops `neighbours` keeps resolved.
+    neighbours: std::sync::mpsc::Sender<std::collections::BTreeSet<std::net::IpAddr>>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -275,7 +278,8 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None };
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None, neighbours: neighbours::spawn() };
+    d.keep_neighbours();
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
@@ -334,12 +338,19 @@ impl Daemon {
     /// Republishes the DNS view, logs what was written and saves the state.
     fn after_reconcile(&self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
+        self.keep_neighbours();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
             );
         }
         self.save_state();
+    }
+
+    /// Hands the configured backends to the neighbour keeper (see `neighbours`).
+    fn keep_neighbours(&self) {
+        let backends = self.ctl.config().services.iter().flat_map(|s| s.backends.iter().map(|b| b.address)).collect();
+        let _ = self.neighbours.send(backends);
     }
 
     fn save_state(&self) {

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 pub enum Scope {
     /// `[dataplane]`.
     Dataplane,
+    /// `[announce]` (fields are absolute, like `[dataplane]`'s).
+    Announce,
     /// The `index`-th `[[zone]]`.
     Zone { index: usize, name: String },
     /// The `index`-th `[[service]]`.
@@ -23,6 +25,7 @@ impl fmt::Display for Scope {
         // An empty name cannot identify the object, so fall back to its position in the file.
         match self {
             Scope::Dataplane => f.write_str("dataplane"),
+            Scope::Announce => f.write_str("announce"),
             Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
             Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
@@ -57,7 +60,7 @@ impl Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
-            Scope::Dataplane => write!(f, "{}: {}", self.field, self.problem),
+            Scope::Dataplane | Scope::Announce => write!(f, "{}: {}", self.field, self.problem),
             _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
         }
     }

@@ -48,6 +48,9 @@ impl Report<'_> {
 pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     let mut out = Vec::new();
     check_dataplane(&cfg.dataplane, &mut out);
+    if let Some(a) = &cfg.announce {
+        super::announce::check(a, &mut out);
+    }
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
     for (index, svc) in cfg.services.iter().enumerate() {

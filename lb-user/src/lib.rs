@@ -2,6 +2,7 @@
 //! data-plane writer. `model`, `config`, `policy` and `maglev` are pure Rust and know nothing of
 //! BPF; `dataplane` knows nothing of policy, only of tables to write.
 
+pub mod announce;
 pub mod api;
 pub mod compile;
 pub mod config;

@@ -7,7 +7,7 @@
 //! `TIME_PER_CASE`); prints the median and the minimum per build. Reference: the Maglev paper
 //! (NSDI 2016, §5.3) reports 1.8 ms for M = 65537, N = 1000 on its hardware.
 
-use lb_user::maglev::{build_table, MaglevBackend};
+use lb_user::compile::maglev::{build_table, MaglevBackend};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -147,10 +147,16 @@ pub struct TestOutput {
     pub data: Vec<u8>,
 }
 
+// XDP actions, for tests and tools that run programs (feature `test-helpers`).
+#[cfg(feature = "test-helpers")]
 pub const XDP_ABORTED: u32 = 0;
+#[cfg(feature = "test-helpers")]
 pub const XDP_DROP: u32 = 1;
+#[cfg(feature = "test-helpers")]
 pub const XDP_PASS: u32 = 2;
+#[cfg(feature = "test-helpers")]
 pub const XDP_TX: u32 = 3;
+#[cfg(feature = "test-helpers")]
 pub const XDP_REDIRECT: u32 = 4;
 
 /// Counters of one (service, class).
@@ -734,6 +740,7 @@ impl Dataplane {
     /// with: a bucket is read and written back whole, so a write by the data plane to the same
     /// bucket in between would be undone, and a slot written back in its writer's state would
     /// stay unusable. (It refuses a bucket it finds mid-write.)
+    #[cfg(feature = "test-helpers")]
     pub fn conntrack_set(&mut self, family: u8, key: &CtKey, entry: CtEntry) -> Result<()> {
         match family {
             FAMILY_V4 => table_set(&mut self.conntrack4, &CtKey4::new(&key.tuple, key.service), &entry, self.ct_seed)
@@ -827,13 +834,18 @@ impl Dataplane {
     /// read by running `clock_probe`, so it is exactly the clock the balancer stamps entries
     /// and compares drain deadlines with.
     pub fn now_ns(&self) -> Result<u64> {
-        self.run_test(Program::ClockProbe, &[0u8; 64], 0).context("running clock_probe")?;
+        self.run_once(Program::ClockProbe, &[0u8; 64], 0).context("running clock_probe")?;
         self.clock_probe.get(&0, 0).context("reading CLOCK_PROBE")
     }
 
-    /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN`. `ingress_ifindex` 0 means
-    /// the loopback device of the calling thread's network namespace.
+    /// Runs a program once on `packet` with `BPF_PROG_TEST_RUN` (feature `test-helpers`).
+    /// `ingress_ifindex` 0 means the loopback device of the calling thread's network namespace.
+    #[cfg(feature = "test-helpers")]
     pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
+        self.run_once(p, packet, ingress_ifindex)
+    }
+
+    fn run_once(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
         let mut ctx = [0u8; 24];
         ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());

@@ -1,23 +1,22 @@
-//! The `lb` controller: configuration, backend-selection semantics, Maglev tables and the
-//! data-plane writer. `model`, `config`, `policy` and `maglev` are pure Rust and know nothing of
-//! BPF; `dataplane` knows nothing of policy, only of tables to write.
+//! The `lb` controller, laid out by layer; each layer uses only the ones above it in this list:
+//!
+//! - `model` (API enums) and `config` (TOML parse + validate): the vocabulary;
+//! - `policy` (eligible sets, zonal affinity and Traffic Manager routing; pure);
+//! - `compile` (config + health -> data-plane tables: ids, Maglev, table cache; pure);
+//! - `controller` (desired state, diffed writes through the `Tables` trait);
+//! - `daemon` (`lb run`: reconcile loop, control socket API, health checks, DNS front);
+//! - `cli` (offline `plan`, human rendering, `decap`), on top, for `main.rs`.
+//!
+//! `dataplane` (BPF objects, maps, pinning) sits apart: it depends on `lb-common` and neutral
+//! types only, never on policy, compile or controller; the controller drives it through `Tables`.
 
-pub mod announce;
-pub mod api;
+pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod controller;
 pub mod daemon;
-pub mod decap;
-pub mod dns;
 pub mod dataplane;
-pub mod explain;
-pub mod health;
-pub mod maglev;
 pub mod model;
 pub mod pinning;
-pub mod plan;
 pub mod policy;
-pub mod render;
 pub mod service_table;
-pub mod tm;

@@ -1,6 +1,7 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{Parser, Subcommand};
-use lb_user::api::{self, HealthOverride, Request};
+use lb_user::cli::{self, decap, plan, render};
+use lb_user::daemon::api::{self, HealthOverride, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -16,27 +17,13 @@ enum Command {
     /// Run the daemon: load and attach the data plane, health-check, serve the control socket.
     Run(lb_user::daemon::RunArgs),
     /// Offline: print every service's eligible backends per client zone.
-    Plan(lb_user::plan::PlanArgs),
+    Plan(plan::PlanArgs),
     /// Services, backends (zone, role, health, weight) and per-zone eligible sets.
     Status(Common),
     /// Data-plane counters, per service and client zone.
     Stats(Common),
     /// Which backend a flow from CLIENT gets, and why.
-    Explain {
-        #[command(flatten)]
-        common: Common,
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        client: IpAddr,
-        #[arg(long)]
-        sport: Option<u16>,
-        #[arg(long)]
-        dport: Option<u16>,
-        /// tcp or udp (default: the service's protocol).
-        #[arg(long)]
-        proto: Option<String>,
-    },
+    Explain(ExplainArgs),
     /// Operator actions on one backend.
     Backend {
         #[command(subcommand)]
@@ -59,6 +46,24 @@ struct Common {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `lb explain`: one flow of one service.
+#[derive(clap::Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long)]
+    service: String,
+    #[arg(long)]
+    client: IpAddr,
+    #[arg(long)]
+    sport: Option<u16>,
+    #[arg(long)]
+    dport: Option<u16>,
+    /// tcp or udp (default: the service's protocol).
+    #[arg(long)]
+    proto: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -108,37 +113,37 @@ struct DrainArgs {
 #[derive(Subcommand)]
 enum DecapAction {
     /// Attach lb_decap to an interface (stays attached after this command exits).
-    Attach(lb_user::decap::DecapArgs),
+    Attach(decap::DecapArgs),
     /// Detach lb_decap from an interface.
-    Detach(lb_user::decap::DecapArgs),
+    Detach(decap::DecapArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args))),
-        Command::Plan(args) => lb_user::plan::run(&args),
-        Command::Status(c) => call(&c, Request::Status, lb_user::render::status),
-        Command::Stats(c) => call(&c, Request::Stats, lb_user::render::stats),
-        Command::Explain { common, service, client, sport, dport, proto } => {
-            call(&common, Request::Explain { service, client, sport, dport, proto }, lb_user::render::explain)
+        Command::Run(args) => cli::runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args))),
+        Command::Plan(args) => plan::run(&args),
+        Command::Status(c) => call(&c, Request::Status, render::status),
+        Command::Stats(c) => call(&c, Request::Stats, render::stats),
+        Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
+            call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
         Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
-            call(&common, Request::BackendSet { service, address, health }, lb_user::render::done)
+            call(&common, Request::BackendSet { service, address, health }, render::done)
         }
         Command::Backend { action: BackendAction::Drain(DrainArgs { common, host: true, grace_sec, .. }) } => {
-            call(&common, Request::HostDrain { grace_sec }, lb_user::render::done)
+            call(&common, Request::HostDrain { grace_sec }, render::done)
         }
         Command::Backend { action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }) } => {
-            call(&common, Request::BackendDrain { service, address }, lb_user::render::done)
+            call(&common, Request::BackendDrain { service, address }, render::done)
         }
         Command::Backend { action: BackendAction::Drain(_) } => unreachable!("clap requires --service and --address without --host"),
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
-            call(&common, Request::BackendUndrain { service, address }, lb_user::render::done)
+            call(&common, Request::BackendUndrain { service, address }, render::done)
         }
-        Command::Reload(c) => call(&c, Request::Reload, lb_user::render::done),
-        Command::Decap { action: DecapAction::Attach(a) } => lb_user::decap::attach(&a),
-        Command::Decap { action: DecapAction::Detach(a) } => lb_user::decap::detach(&a),
+        Command::Reload(c) => call(&c, Request::Reload, render::done),
+        Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
+        Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -149,18 +154,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
-}
-
-/// Send a request to the daemon; print the answer as JSON or through `human`.
+/// Send a request to the daemon behind `c`; print the answer as JSON or through `human`.
 fn call(c: &Common, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let value = rt.block_on(api::call(&c.socket, &req))?;
-    if c.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", human(&value));
-    }
-    Ok(())
+    cli::call(&c.socket, c.json, req, human)
 }

@@ -204,3 +204,35 @@ impl Default for MonitorProtocol {
         Self::Http
     }
 }
+
+/// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The one parser
+/// of the configuration's `mac` fields (validation and compilation both use it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl std::str::FromStr for MacAddr {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let mut mac = [0u8; 6];
+        let mut octets = text.split(':');
+        for byte in &mut mac {
+            let o = octets.next().ok_or(())?;
+            if o.len() != 2 || !o.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(());
+            }
+            *byte = u8::from_str_radix(o, 16).map_err(|_| ())?;
+        }
+        match octets.next() {
+            None => Ok(Self(mac)),
+            Some(_) => Err(()),
+        }
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}

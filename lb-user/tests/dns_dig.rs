@@ -4,9 +4,9 @@
 //! through the same watch channel the daemon uses.
 
 use lb_user::config::Config;
-use lb_user::dns::{self, RoutingView, ViewSender};
+use lb_user::daemon::dns::{self, RoutingView, ViewSender};
 use lb_user::model::MonitorStatus;
-use lb_user::tm::ProbeStatuses;
+use lb_user::policy::tm::ProbeStatuses;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,10 +2,10 @@
 //! determinism (golden tables), edge cases, and the userspace prediction of the kernel's choice.
 
 use lb_common::{flow_hash, maglev_permutation, maglev_slot, FlowTuple, BACKEND_DROP};
-use lb_user::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
+use lb_user::compile::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
 
 // A deterministic test RNG: the DNS view's SplitMix64.
-use lb_user::tm::rng::{Rng as _, SplitMix64 as Rng};
+use lb_user::policy::tm::rng::{Rng as _, SplitMix64 as Rng};
 
 /// Fisher-Yates shuffle driven by `rng`.
 fn shuffle<T>(rng: &mut Rng, v: &mut [T]) {

@@ -4,7 +4,7 @@
 //! allowed.
 
 use lb_user::config::{Config, ConfigError, ConfigErrorKind};
-use lb_user::tm::{effective_priorities, MonitorSettings};
+use lb_user::policy::tm::{effective_priorities, MonitorSettings};
 use std::path::Path;
 
 // ---------------------------------------------------------------- helpers
@@ -615,9 +615,9 @@ fn endpoint_custom_headers_need_an_http_monitor_and_win() {
     };
     let http = "protocol = \"HTTP\"\nport = 80\npath = \"/\"\ncustom_headers = [\"Host:profile.example\", \"X-Env:prod\"]";
     let cfg = accept(&with(http, "\"host:endpoint.example\""));
-    let probes = lb_user::health::probes_for(&cfg);
+    let probes = lb_user::daemon::health::probes_for(&cfg);
     match &probes[..] {
-        [lb_user::health::Probe::Monitor { settings, .. }] => assert_eq!(
+        [lb_user::daemon::health::Probe::Monitor { settings, .. }] => assert_eq!(
             settings.custom_headers,
             [("X-Env".to_string(), "prod".to_string()), ("host".to_string(), "endpoint.example".to_string())],
             "the endpoint's Host replaces the profile's"

@@ -6,7 +6,7 @@
 use lb_user::config::Config;
 use lb_user::model::AdminStatus;
 use lb_user::model::{MonitorProtocol, MonitorStatus, ProfileMonitorStatus};
-use lb_user::tm::*;
+use lb_user::policy::tm::*;
 use std::collections::HashMap;
 use std::net::IpAddr;
 

@@ -11,7 +11,7 @@ use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
-use lb_user::explain::{explain, Flow};
+use lb_user::compile::explain::{explain, Flow};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];

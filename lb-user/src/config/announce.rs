@@ -2,7 +2,7 @@
 //!
 //! The daemon puts a host route for every VIP it can serve into a dedicated kernel routing
 //! table, through a TUN device that only lives as long as the daemon's process (see
-//! `crate::announce`). BIRD imports that table (`protocol kernel { kernel table N; learn; }`)
+//! `crate::daemon::announce`). BIRD imports that table (`protocol kernel { kernel table N; learn; }`)
 //! and announces the routes over BGP.
 
 use super::error::{Scope, Violation};

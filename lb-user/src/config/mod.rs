@@ -6,7 +6,10 @@
 
 mod announce;
 mod error;
+pub mod monitor;
 mod prefix;
+pub mod ranges;
+pub mod regions;
 mod tm_validate;
 mod validate;
 
@@ -15,7 +18,7 @@ pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
-    MAX_MAGLEV_TABLE_SIZE, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
+    MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
 };
 
 use crate::model::*;
@@ -51,7 +54,7 @@ pub struct Config {
     /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
     #[serde(default)]
     pub dns: Option<DnsFront>,
-    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::announce`).
+    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
     #[serde(default)]
     pub announce: Option<Announce>,
 }
@@ -87,7 +90,7 @@ pub struct GeoEntry {
 }
 
 /// `[service.monitor]`: Traffic Manager endpoint monitoring (spec §2.3). Defaults are resolved
-/// by `tm::monitor::MonitorSettings::from_config`.
+/// by `monitor::MonitorSettings::from_config`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Monitor {
@@ -340,6 +343,11 @@ pub struct Backend {
 
 impl Backend {
     /// True for a nested endpoint (its traffic goes to a child service).
+    /// The L2 DSR destination MAC (validated with the configuration).
+    pub fn mac_addr(&self) -> Option<MacAddr> {
+        self.mac.as_deref().and_then(|m| m.parse().ok())
+    }
+
     pub fn is_nested(&self) -> bool {
         self.target_service.is_some()
     }

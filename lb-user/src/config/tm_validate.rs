@@ -7,10 +7,10 @@ use super::error::{Scope, Violation};
 use super::validate::Report;
 use super::{Backend, Config, Service};
 use crate::model::*;
-use crate::tm::monitor::MonitorSettings;
-use crate::tm::ranges::{parse_subnet, AddrRange};
-use crate::tm::regions::RegionTree;
-use crate::tm::status::MAX_NESTING_DEPTH;
+use super::monitor::{parse_custom_headers, MonitorSettings};
+use super::ranges::{parse_subnet, AddrRange};
+use super::regions::RegionTree;
+use super::validate::MAX_NESTING_DEPTH;
 use std::collections::{HashMap, HashSet};
 
 /// Spec §2.1: `priority` 1..=1000.
@@ -397,7 +397,7 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
                 format!("backend[{i}].custom_headers"),
                 "only allowed with a [service.monitor] of protocol = HTTP or HTTPS (headers go with its probes)",
             );
-        } else if let Err(e) = crate::tm::monitor::parse_custom_headers(&b.custom_headers) {
+        } else if let Err(e) = parse_custom_headers(&b.custom_headers) {
             r.push(format!("backend[{i}].custom_headers"), e);
         }
     }

@@ -12,6 +12,9 @@ use std::net::IpAddr;
 /// Spec §1.0: without subsetting a backend service serves at most 250 VMs/endpoints. The
 /// balancer never subsets, so the limit applies to every service.
 pub const MAX_BACKENDS_PER_SERVICE: usize = 250;
+/// Traffic Manager nesting depth limit (spec §2.5); also guards recursion on an unvalidated
+/// configuration.
+pub const MAX_NESTING_DEPTH: usize = 10;
 /// Maglev weights are small integers: a weight is a count of preference-list turns.
 pub const MAX_WEIGHT: u32 = 1000;
 pub const MIN_MAGLEV_TABLE_SIZE: u32 = 251;
@@ -542,13 +545,9 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
     }
 }
 
-/// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets.
+/// `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets (see [`MacAddr`]).
 pub(crate) fn is_valid_mac(text: &str) -> bool {
-    let octets: Vec<&str> = text.split(':').collect();
-    octets.len() == 6
-        && octets
-            .iter()
-            .all(|o| o.len() == 2 && o.bytes().all(|c| c.is_ascii_hexdigit()))
+    text.parse::<MacAddr>().is_ok()
 }
 
 // ---------------------------------------------------------------- across services

@@ -5,33 +5,27 @@
 //!
 //! 1. [`eligible`] — step 2.1, the service-wide decision table E-1..E-9 (health, failover
 //!    policy). Its result, [`BaseSet`], does not depend on the client.
-//! 2. A *class router* turns the base set into one [`ClassPlan`] per client class. The class
-//!    router is chosen per service by [`ServicePolicy::routing`]; today the only one is
-//!    [`Routing::Zonal`] ([`zonal`], step 2.2: one class per configured zone plus the
-//!    non-compatible class).
+//! 2. A *class router* turns the base set into client classes. The class router is chosen per
+//!    service by [`ServicePolicy::routing`]: [`Routing::Zonal`] ([`zonal`], step 2.2: one
+//!    class per configured zone plus the non-compatible class) or
+//!    [`Routing::TrafficManager`] ([`tm`], spec §2: classes of disjoint client prefixes from
+//!    the service's subnet, latency and geo inputs).
 //!
-//! # Adding a routing method
-//!
-//! The Traffic Manager methods (priority, weighted, performance, geographic, multivalue, subnet)
-//! plug in beside zonal affinity. Each compiles to "client classes defined by source prefixes,
-//! each with an eligible set", which is exactly what the data plane consumes (`CLIENT_CLASS`
-//! LPM → class id → Maglev table). To add one:
-//!
-//! - write a submodule with a function `plan_classes(params, base: &BaseSet, backends:
-//!   &[BackendState], ...) -> Vec<ClassPlan>` that returns the classes in a fixed order, the last
-//!   one being the catch-all class of clients that match no prefix;
-//! - add a variant carrying its parameters to [`Routing`] and a match arm in [`plan_service`];
-//! - if its classes are not zones, generalise `ClassPlan::client_zone` into a class key (the
-//!   index of the prefix group the method defines) — the data-plane writer only needs "class i
-//!   ↔ prefixes of group i, last class ↔ no match".
+//! Whatever the method, [`route_service`] hands `compile` one shape, [`Routed`]: client
+//! prefixes -> class id, and per class its eligible members. That is exactly what the data
+//! plane consumes (`CLIENT_CLASS` LPM -> class id -> Maglev table); [`class_layout`] is its
+//! configuration-only size. A new routing method adds a variant and a match arm in each.
 //!
 //! Weights are not applied here: `eligible` is a set, Maglev weighs its members later.
 
 pub mod eligible;
+pub mod tm;
 pub mod zonal;
 
 use crate::config::{Config, Service};
-use crate::model::Spillover;
+use crate::model::{RoutingMethod, Spillover};
+use ipnet::IpNet;
+use std::net::IpAddr;
 
 pub use eligible::{base_set, BaseSet, Rule};
 
@@ -67,6 +61,8 @@ pub struct ZonalParams {
 pub enum Routing {
     /// GCP zonal affinity: one class per configured zone, then the non-compatible class.
     Zonal(ZonalParams),
+    /// Azure Traffic Manager (spec §2): the method's classes of client prefixes ([`tm`]).
+    TrafficManager(RoutingMethod),
 }
 
 /// The selection-relevant part of a service, independent of the TOML structs.
@@ -98,6 +94,12 @@ impl ServicePolicy {
             failover_ratio: fp.failover_ratio,
             drop_traffic_if_unhealthy: fp.drop_traffic_if_unhealthy,
         });
+        if svc.routing_method.is_traffic_manager() {
+            return Self {
+                failover,
+                routing: Routing::TrafficManager(svc.routing_method),
+            };
+        }
         Self::zonal(
             failover,
             svc.zonal_affinity.spillover,
@@ -232,6 +234,8 @@ pub fn plan_service(
     let base = base_set(params.failover.as_ref(), backends);
     let classes = match &params.routing {
         Routing::Zonal(z) => zonal::plan_classes(z, &base, backends, zones),
+        // The zonal view does not apply: the classes come from `route_service`.
+        Routing::TrafficManager(_) => Vec::new(),
     };
     ServicePlan {
         kind: base.kind(),
@@ -265,4 +269,185 @@ pub fn plan_config(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Vec<
             )
         })
         .collect()
+}
+
+/// One eligible member of a class: a backend of the service or, through a nested Traffic
+/// Manager endpoint, of a child service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub service: usize,
+    pub backend: usize,
+    pub address: IpAddr,
+    pub weight: u32,
+    /// Counts as healthy (zonal: the health verdict; Traffic Manager: routable).
+    pub healthy: bool,
+}
+
+/// One client class of a service, whichever method made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutedClass {
+    /// Class id: the value its client prefixes map to (`CLASS_NONE` = matched none).
+    pub class: u32,
+    /// Zonal affinity picked this set for the clients of one zone.
+    pub zonal: bool,
+    /// Empty = new connections are dropped.
+    pub members: Vec<Member>,
+    /// The method has no answer for these clients (a Traffic Manager NODATA class): counted
+    /// as unroutable rather than as an ordinary drop.
+    pub unroutable: bool,
+}
+
+/// A backend of the service that the data plane holds a record of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Index into the service's backends.
+    pub backend: usize,
+    pub healthy: bool,
+    /// Class id of the backend's zone (`CLASS_NONE` = none).
+    pub zone_class: u32,
+}
+
+/// A service routed for the data plane: the same shape for every routing method.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routed {
+    /// Its own backends with records (a nested endpoint has none: its child's leaves do).
+    pub endpoints: Vec<Endpoint>,
+    /// (client prefix, class id).
+    pub prefixes: Vec<(IpNet, u32)>,
+    /// Sorted by class id.
+    pub classes: Vec<RoutedClass>,
+    /// A Traffic Manager service's classes with their reasons (for status, explain, plan).
+    pub tm: Option<tm::TmServicePlan>,
+}
+
+/// Class id of zone index `z` (class [`lb_common::CLASS_NONE`] is the non-compatible class).
+pub fn zone_class(z: usize) -> u32 {
+    z as u32 + 1
+}
+
+/// Routes service `si` given its `plan` (from [`plan_config`]), the health verdicts and the
+/// Traffic Manager probe statuses.
+pub fn route_service(
+    cfg: &Config,
+    si: usize,
+    plan: &ServicePlan,
+    healthy: &dyn Fn(usize, usize) -> bool,
+    probes: &tm::ProbeStatuses,
+) -> Routed {
+    let svc = &cfg.services[si];
+    match ServicePolicy::from_service(svc).routing {
+        Routing::Zonal(_) => {
+            let member = |bi: usize| Member {
+                service: si,
+                backend: bi,
+                address: svc.backends[bi].address,
+                weight: svc.backends[bi].weight,
+                healthy: healthy(si, bi),
+            };
+            let mut classes: Vec<RoutedClass> = plan
+                .classes
+                .iter()
+                .map(|cp| RoutedClass {
+                    class: cp.client_zone.map(zone_class).unwrap_or(lb_common::CLASS_NONE),
+                    zonal: cp.client_zone.is_some(),
+                    members: cp.eligible.iter().map(|&bi| member(bi)).collect(),
+                    unroutable: false,
+                })
+                .collect();
+            classes.sort_by_key(|c| c.class);
+            Routed {
+                endpoints: (0..svc.backends.len())
+                    .map(|bi| Endpoint {
+                        backend: bi,
+                        healthy: healthy(si, bi),
+                        zone_class: svc
+                            .backend_zone_index(cfg, &svc.backends[bi])
+                            .map(zone_class)
+                            .unwrap_or(lb_common::CLASS_NONE),
+                    })
+                    .collect(),
+                prefixes: zone_prefixes(cfg).collect(),
+                classes,
+                tm: None,
+            }
+        }
+        Routing::TrafficManager(_) => {
+            let st = tm::Statuses::new(cfg, probes);
+            // HEALTHY (read by connection persistence) = routable without the all-degraded
+            // rule: Online, CheckingEndpoint or Unmonitored.
+            let routable = |s: usize, b: usize| tm::status::is_routable(st.endpoint_status(s, b));
+            let plan = tm::compile_service(cfg, si, probes);
+            let classes = plan
+                .classes
+                .iter()
+                .map(|c| RoutedClass {
+                    class: c.id as u32,
+                    zonal: false,
+                    unroutable: c.eligible.is_empty(),
+                    members: c
+                        .eligible
+                        .iter()
+                        .map(|e| Member {
+                            service: e.service,
+                            backend: e.backend,
+                            address: e.address,
+                            weight: e.weight,
+                            healthy: routable(e.service, e.backend),
+                        })
+                        .collect(),
+                })
+                .collect();
+            Routed {
+                endpoints: (0..svc.backends.len())
+                    .filter(|&bi| !svc.backends[bi].is_nested())
+                    .map(|bi| Endpoint {
+                        backend: bi,
+                        healthy: routable(si, bi),
+                        zone_class: lb_common::CLASS_NONE,
+                    })
+                    .collect(),
+                prefixes: plan.prefixes.iter().map(|(net, c)| (*net, *c as u32)).collect(),
+                classes,
+                tm: Some(plan),
+            }
+        }
+    }
+}
+
+/// Every zone's client prefixes with its class id (what a zonal service installs).
+fn zone_prefixes(cfg: &Config) -> impl Iterator<Item = (IpNet, u32)> + '_ {
+    cfg.zones
+        .iter()
+        .enumerate()
+        .flat_map(|(z, zone)| zone.client_prefixes.iter().map(move |p| (*p, zone_class(z))))
+}
+
+/// Client classes and client prefixes service `si` installs. Depends on the configuration only
+/// (not on health), so the data plane can be sized from it.
+pub fn class_layout(cfg: &Config, si: usize) -> (u32, u32) {
+    match ServicePolicy::from_service(&cfg.services[si]).routing {
+        Routing::Zonal(_) => (cfg.zones.len() as u32 + 1, zone_prefixes(cfg).count() as u32),
+        Routing::TrafficManager(_) => {
+            let map = tm::compile_classes(cfg, si);
+            (map.classes.len() as u32, map.prefixes.len() as u32)
+        }
+    }
+}
+
+/// Whether backend `addr` of `svc` is switched off by its routing method's own status: a
+/// Traffic Manager endpoint or profile Disabled. Zonal backends never are.
+pub fn endpoint_disabled(svc: &Service, addr: IpAddr) -> bool {
+    match ServicePolicy::from_service(svc).routing {
+        Routing::Zonal(_) => false,
+        Routing::TrafficManager(_) => tm::monitor::endpoint_disabled(svc, addr),
+    }
+}
+
+/// The endpoints of `svc` its routing method monitors, with their probe settings: a Traffic
+/// Manager profile's enabled endpoints (health checks are configured apart, `health_check`).
+pub fn monitored_endpoints(svc: &Service) -> Vec<(IpAddr, tm::MonitorSettings)> {
+    match ServicePolicy::from_service(svc).routing {
+        Routing::Zonal(_) => Vec::new(),
+        Routing::TrafficManager(_) => tm::monitor::monitored_endpoints(svc),
+    }
 }

@@ -6,8 +6,8 @@
 //! only loads, plans and prints.
 use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
-use crate::policy::{plan_config, ClassPlan, ServicePlan};
-use crate::tm::{self, TmServicePlan, DEFAULT_CLASS};
+use crate::policy::{plan_config, route_service, ClassPlan, ServicePlan};
+use crate::policy::tm::{TmServicePlan, DEFAULT_CLASS};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -45,12 +45,9 @@ pub struct Plans {
 /// when healthy and Degraded otherwise.
 pub fn plan_all(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Plans {
     let probes = probes_from_health(cfg, healthy);
-    Plans {
-        zonal: plan_config(cfg, healthy),
-        tm: (0..cfg.services.len())
-            .map(|s| cfg.services[s].routing_method.is_traffic_manager().then(|| tm::compile_service(cfg, s, &probes)))
-            .collect(),
-    }
+    let zonal = plan_config(cfg, healthy);
+    let tm = (0..cfg.services.len()).map(|s| route_service(cfg, s, &zonal[s], healthy, &probes).tm).collect();
+    Plans { zonal, tm }
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
@@ -232,14 +229,24 @@ fn addresses(svc: &Service, class: &ClassPlan) -> Vec<String> {
         .collect()
 }
 
+/// What one service does for one client source address.
+struct ClientView {
+    /// The data plane's class id.
+    class: u32,
+    /// The client's zone (ZONAL services only).
+    zone: Option<String>,
+    eligible: Vec<String>,
+    reason: String,
+}
+
 /// The class a source address falls in for one service (as the kernel's LPM lookup does) and
 /// the eligible addresses with the reason.
-fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> (u32, Option<String>, Vec<String>, String) {
+fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> ClientView {
     let svc = &cfg.services[si];
     if let Some(tm) = &plans.tm[si] {
         let class = &tm.classes[tm.class_of(client)];
         let eligible = class.eligible.iter().map(|e| e.address.to_string()).collect();
-        return (class.id as u32, None, eligible, class.reason.clone());
+        return ClientView { class: class.id as u32, zone: None, eligible, reason: class.reason.clone() };
     }
     // Zonal: the zone whose prefix matches longest (zone prefixes never overlap).
     let zone = cfg
@@ -259,7 +266,12 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> (u32, 
         plan.rule.reason(),
         class.map(|c| c.outcome.as_str()).unwrap_or("-")
     );
-    (zone.map(crate::compile::zone_class).unwrap_or(lb_common::CLASS_NONE), zone.map(|z| cfg.zones[z].name.clone()), eligible, reason)
+    ClientView {
+        class: zone.map(crate::compile::zone_class).unwrap_or(lb_common::CLASS_NONE),
+        zone: zone.map(|z| cfg.zones[z].name.clone()),
+        eligible,
+        reason,
+    }
 }
 
 /// `lb plan --client IP --json`: `{"client", "services": [{"name", "client_class", "client_zone"
@@ -267,7 +279,7 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> (u32, 
 pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
     let services: Vec<Value> = (0..cfg.services.len())
         .map(|si| {
-            let (class, zone, eligible, reason) = client_view(cfg, plans, si, client);
+            let ClientView { class, zone, eligible, reason } = client_view(cfg, plans, si, client);
             let mut v = json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
             if plans.tm[si].is_none() {
                 v["client_zone"] = json!(zone);
@@ -282,7 +294,7 @@ pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
 pub fn client_table(cfg: &Config, plans: &Plans, client: IpAddr) -> String {
     let mut out = format!("client {client}\n");
     for si in 0..cfg.services.len() {
-        let (class, _, eligible, reason) = client_view(cfg, plans, si, client);
+        let ClientView { class, eligible, reason, .. } = client_view(cfg, plans, si, client);
         let set = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
         out.push_str(&format!("  {}  class {class}: {set}\n    why: {reason}\n", cfg.services[si].name));
     }

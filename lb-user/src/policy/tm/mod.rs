@@ -1,19 +1,22 @@
 //! Azure Traffic Manager routing methods (spec §2): pure-Rust semantics, no BPF.
 //!
-//! - `monitor`: probe settings, probe result -> endpoint status, profile and nested status;
+//! - `monitor`: probe result -> endpoint status, profile and nested status (the probe settings
+//!   are configuration: `config::monitor`);
 //! - `status`: effective endpoint status from probe inputs + configuration, availability rule;
 //! - `methods`: per-method selection with a DNS view (`resolve_dns`) and a packet view
 //!   (`eligible`);
 //! - `classes`: compilation into disjoint client prefixes + per-class eligible sets;
-//! - `regions`, `ranges`, `client`, `rng`: the region hierarchy, address ranges, client
-//!   location inputs, and a seeded generator for per-query random choices.
+//! - `client`, `rng`: client
+//!   location inputs and a seeded generator for per-query random choices; `regions` and
+//!   `ranges` (the region hierarchy, address ranges) are re-exported from `config`, whose
+//!   validation uses them too.
+
+pub use crate::config::{ranges, regions};
 
 pub mod classes;
 pub mod client;
 pub mod methods;
 pub mod monitor;
-pub mod ranges;
-pub mod regions;
 pub mod rng;
 pub mod status;
 

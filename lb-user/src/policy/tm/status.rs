@@ -7,8 +7,7 @@ use super::ranges::Family;
 use crate::config::{Config, Service};
 use crate::model::{AdminStatus, MonitorStatus, ProfileMonitorStatus};
 
-/// Nesting depth limit (spec §2.5); also guards recursion on an unvalidated configuration.
-pub const MAX_NESTING_DEPTH: usize = 10;
+pub use crate::config::MAX_NESTING_DEPTH;
 
 /// The last probe-derived monitor status of every probed endpoint, `[service][backend]`. The
 /// entries of nested, disabled and alwaysServe endpoints are ignored.

@@ -5,8 +5,8 @@
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
 use crate::config::{Config, HealthCheck};
-use crate::model::{AdminStatus, HealthProtocol, MonitorProtocol, MonitorStatus};
-use crate::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
+use crate::model::{HealthProtocol, MonitorProtocol, MonitorStatus};
+use crate::policy::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -388,17 +388,8 @@ pub fn probes_for(cfg: &Config) -> Vec<Probe> {
         }
     }
     for svc in &cfg.services {
-        if !svc.routing_method.is_traffic_manager() || svc.profile_status() == AdminStatus::Disabled {
-            continue;
-        }
-        let Some(settings) = svc.monitor.as_ref().and_then(|m| MonitorSettings::from_config(m).ok()) else { continue };
-        for b in &svc.backends {
-            if b.is_nested() || b.always_serve || b.endpoint_status == AdminStatus::Disabled {
-                continue;
-            }
-            // Endpoint headers are validated with the configuration.
-            let own = crate::tm::monitor::parse_custom_headers(&b.custom_headers).unwrap_or_default();
-            probes.push(Probe::Monitor { service: svc.name.clone(), backend: b.address, settings: settings.for_endpoint(&own) });
+        for (backend, settings) in crate::policy::monitored_endpoints(svc) {
+            probes.push(Probe::Monitor { service: svc.name.clone(), backend, settings });
         }
     }
     probes

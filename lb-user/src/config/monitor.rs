@@ -1,8 +1,9 @@
-//! Endpoint monitoring (spec §2.3): resolved probe settings, the probe-result -> endpoint status
-//! state machine, the profile status and the status a parent sees for a nested endpoint (§2.5).
+//! A Traffic Manager profile's monitor settings (spec §2.3), resolved from `[service.monitor]`
+//! with defaults and limits, and the custom headers' syntax. Validation and the health checker
+//! share them; the status state machine is policy (`policy::tm::monitor`).
 
 use crate::config::Monitor;
-use crate::model::{AdminStatus, MonitorProtocol, MonitorStatus, ProfileMonitorStatus};
+use crate::model::MonitorProtocol;
 
 /// The only probing intervals Traffic Manager offers: normal (30 s) and fast (10 s).
 pub const ALLOWED_INTERVALS_SEC: [u32; 2] = [30, 10];
@@ -233,93 +234,6 @@ pub enum ProbeOutcome {
     Connected,
     /// HTTP(S) response status received within the timeout.
     HttpStatus(u16),
-}
-
-/// The monitor status of one probed endpoint, driven by probe results.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EndpointMonitor {
-    tolerated_failures: u32,
-    /// None until the first result arrives.
-    consecutive_failures: Option<u32>,
-}
-
-impl EndpointMonitor {
-    /// A new or just enabled endpoint: CheckingEndpoint until the first result.
-    pub fn new(tolerated_failures: u32) -> Self {
-        Self {
-            tolerated_failures,
-            consecutive_failures: None,
-        }
-    }
-
-    /// Records one probe result and returns the new status. Degraded on failure number
-    /// tolerated+1; any success resets the count (and brings a Degraded endpoint back Online).
-    /// Interpretation of "CheckingEndpoint until the first result": any first result ends it,
-    /// and failures within the tolerance leave the endpoint Online (vector O3).
-    pub fn record(&mut self, success: bool) -> MonitorStatus {
-        let failures = self.consecutive_failures.unwrap_or(0);
-        self.consecutive_failures = Some(if success { 0 } else { failures + 1 });
-        self.status()
-    }
-
-    pub fn status(&self) -> MonitorStatus {
-        match self.consecutive_failures {
-            None => MonitorStatus::CheckingEndpoint,
-            Some(n) if n > self.tolerated_failures => MonitorStatus::Degraded,
-            Some(_) => MonitorStatus::Online,
-        }
-    }
-
-    /// The endpoint was disabled and re-enabled (or the settings changed): start over.
-    pub fn reset(&mut self) {
-        self.consecutive_failures = None;
-    }
-}
-
-/// Profile monitor status (spec §2.3), first matching rule wins. Unmonitored endpoints count
-/// as Online (**[AMBIG]** the docs do not cover them).
-pub fn profile_monitor_status(
-    profile: AdminStatus,
-    endpoints: impl IntoIterator<Item = MonitorStatus>,
-) -> ProfileMonitorStatus {
-    if profile == AdminStatus::Disabled {
-        return ProfileMonitorStatus::Disabled;
-    }
-    let (mut degraded, mut online, mut checking) = (false, false, false);
-    for s in endpoints {
-        match s {
-            MonitorStatus::Degraded => degraded = true,
-            MonitorStatus::Online | MonitorStatus::Unmonitored => online = true,
-            MonitorStatus::CheckingEndpoint => checking = true,
-            _ => {}
-        }
-    }
-    if degraded {
-        ProfileMonitorStatus::Degraded
-    } else if online {
-        ProfileMonitorStatus::Online
-    } else if checking {
-        ProfileMonitorStatus::CheckingEndpoints
-    } else {
-        ProfileMonitorStatus::Inactive
-    }
-}
-
-/// The status a parent sees for a nested endpoint (spec §2.5 table), given the child profile's
-/// status and how many of its endpoints are Online (Unmonitored included) or CheckingEndpoint.
-pub fn nested_endpoint_status(
-    child: ProfileMonitorStatus,
-    online: usize,
-    checking: usize,
-    min_child_endpoints: u32,
-) -> MonitorStatus {
-    let min = min_child_endpoints as usize;
-    match child {
-        ProfileMonitorStatus::Disabled | ProfileMonitorStatus::Inactive => MonitorStatus::Stopped,
-        _ if online >= min => MonitorStatus::Online,
-        _ if online + checking >= min => MonitorStatus::CheckingEndpoint,
-        _ => MonitorStatus::Degraded,
-    }
 }
 
 /// `custom_headers` entries ("name:value", at most [`MAX_CUSTOM_HEADERS`]) as pairs.

@@ -28,8 +28,20 @@ pub fn client_class(svc: &CompiledService, client: IpAddr) -> u32 {
         .unwrap_or(CLASS_NONE)
 }
 
-/// The kernel's choice for a new flow: (class used, hash, slot, backend id).
-pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> (u32, u32, u32, u32) {
+/// The kernel's choice for a new flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prediction {
+    /// The client class whose table was used.
+    pub class: u32,
+    pub hash: u32,
+    /// The Maglev slot the hash picks.
+    pub slot: u32,
+    /// The backend id in that slot (`BACKEND_DROP` = dropped).
+    pub backend: u32,
+}
+
+/// The kernel's choice for a new flow.
+pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Prediction {
     let class = client_class(svc, flow.client);
     let ports_valid = flow.proto == PROTO_TCP || flow.proto == PROTO_UDP;
     let full = FlowTuple {
@@ -45,7 +57,7 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> (u32,
     // As the kernel: a class without a table uses class 0's.
     let table = svc.tables.iter().find(|t| t.class == class).or_else(|| svc.tables.iter().find(|t| t.class == CLASS_NONE));
     let backend = table.map(|t| t.entries[slot as usize]).unwrap_or(BACKEND_DROP);
-    (class, hash, slot, backend)
+    Prediction { class, hash, slot, backend }
 }
 
 /// The full explanation as JSON (the CLI renders it).
@@ -63,7 +75,7 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
     if flow.client.is_ipv4() != svc_cfg.vip.is_ipv4() {
         anyhow::bail!("client {} and VIP {} are of different address families", flow.client, svc_cfg.vip);
     }
-    let (class, hash, slot, backend) = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
+    let Prediction { class, hash, slot, backend } = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
     // Backend ids are unique across services (a Traffic Manager class may hold a nested
     // child's backends).
     let addr_of = |id: u32| {

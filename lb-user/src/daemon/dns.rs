@@ -15,7 +15,7 @@
 //! Messages are parsed and built with `hickory-proto`; nothing is hand-parsed.
 
 use crate::config::{canonical_dns_name, Config};
-use crate::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
+use crate::policy::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_proto::rr::rdata::{A, AAAA, SOA};

@@ -8,9 +8,9 @@
 
 use crate::compile::{self, Compiled, CompiledService, Ids};
 use crate::config::Config;
-use crate::model::{AdminStatus, MonitorStatus};
+use crate::model::MonitorStatus;
 use crate::policy::Pool;
-use crate::tm::ProbeStatuses;
+use crate::policy::tm::ProbeStatuses;
 use ipnet::IpNet;
 use lb_common::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -310,11 +310,7 @@ impl Controller {
     pub fn replace_config(&mut self, cfg: Config) {
         let still = |(s, a): &(String, IpAddr)| cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a));
         let disabled = |c: &Config, (s, a): &(String, IpAddr)| {
-            c.services.iter().find(|x| &x.name == s).is_some_and(|x| {
-                x.routing_method.is_traffic_manager()
-                    && (x.profile_status() == AdminStatus::Disabled
-                        || x.backends.iter().any(|b| &b.address == a && b.endpoint_status == AdminStatus::Disabled))
-            })
+            c.services.iter().find(|x| &x.name == s).is_some_and(|x| crate::policy::endpoint_disabled(x, *a))
         };
         let old = &self.cfg;
         self.checked.retain(|k, _| still(k) && !(disabled(old, k) && !disabled(&cfg, k)));

@@ -3,13 +3,18 @@
 //! requests and reloads (SIGHUP or `lb reload`) are handled one at a time by that loop, so
 //! every table swap starts from a consistent picture.
 
-use crate::announce::{self, Announcer};
-use crate::api::{self, HealthOverride, Request, Response};
+pub mod announce;
+pub mod api;
+pub mod dns;
+pub mod health;
+
+use announce::Announcer;
+use api::{HealthOverride, Request, Response};
 use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
-use crate::explain::{self, Flow};
-use crate::health::{self, HealthEvent};
+use crate::compile::explain::{self, Flow};
+use health::HealthEvent;
 use crate::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -119,7 +124,7 @@ struct Daemon {
     tick_error: Option<String>,
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
-    dns_view: crate::dns::ViewSender,
+    dns_view: crate::daemon::dns::ViewSender,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
     /// `[announce]`: the VIP routes the routing daemon exports.
@@ -253,12 +258,12 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
     }
     let (events, health_rx) = mpsc::channel(1024);
-    let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::dns::RoutingView::of(&ctl)));
+    let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     // The listen address is read at start only (a reload that changes `[dns]` is refused).
     let dns_tasks = match ctl.config().dns.clone() {
         Some(front) => {
             let (addr, tasks) =
-                crate::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
+                crate::daemon::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
             eprintln!("lb: DNS front on {addr} (UDP and TCP)");
             tasks
         }
@@ -355,7 +360,7 @@ impl Daemon {
 
     /// Republishes the DNS view, logs what was written and saves the state.
     fn after_reconcile(&mut self, report: Option<&crate::controller::ReconcileReport>) {
-        self.dns_view.send_replace(std::sync::Arc::new(crate::dns::RoutingView::of(&self.ctl)));
+        self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
         self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             eprintln!(

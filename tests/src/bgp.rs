@@ -372,3 +372,19 @@ mod tests {
         assert!(vias("").is_empty());
     }
 }
+
+#[cfg(test)]
+mod readme {
+    use super::*;
+
+    /// README's deployment section shows the BIRD configuration these tests run, verbatim.
+    #[test]
+    fn readme_shows_the_bird_configuration_of_the_tests() {
+        let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+        let router = router_bird_conf(&[balancer_addr(0), balancer_addr(1), balancer_addr(2)]);
+        let balancer = balancer_bird_conf(balancer_addr(0));
+        println!("{router}\n----\n{balancer}");
+        assert!(readme.contains(&router), "README lacks the router's BIRD configuration:\n{router}");
+        assert!(readme.contains(&balancer), "README lacks the balancer's BIRD configuration:\n{balancer}");
+    }
+}

@@ -13,7 +13,7 @@
 //! targets on the inner segment and answer clients through the router. Every namespace,
 //! daemon and BIRD goes when the [`ScaleOut`] drops (also when a test fails).
 
-use crate::e2e::{backends_toml_of, service_block, zones_toml, Daemon};
+use crate::e2e::{backends_toml_of, service_block, vip, zones_toml, Daemon, Session};
 use crate::netns::{sh, ChildGuard, Netns};
 use crate::topology::{client_addrs, hold_vips, napi_peer, pin_neighbours, plug, Host, PinDir, VIP4};
 use anyhow::{bail, Context, Result};
@@ -352,6 +352,48 @@ impl ScaleOut {
         }
         s
     }
+}
+
+/// A long-lived connection of a client to the VIP.
+pub struct Conn {
+    pub session: Session,
+    pub client: Ipv4Addr,
+    pub sport: u16,
+    /// The backend's name, from the greeting.
+    pub backend: String,
+}
+
+impl ScaleOut {
+    /// `n` long-lived connections, from the clients in turn.
+    pub fn open_sessions(&self, n: usize) -> Result<Vec<Conn>> {
+        (0..n)
+            .map(|i| {
+                let c = &self.clients[i % self.clients.len()];
+                let session = Session::open(c, vip(false, PORT))?;
+                let sport = session.local_addr()?.port();
+                let backend = session.greeting.clone();
+                Ok(Conn { session, client: c.v4, sport, backend })
+            })
+            .collect()
+    }
+
+    /// The balancer the router's hash sends each connection to now.
+    pub fn choices(&self, conns: &[Conn]) -> Result<Vec<usize>> {
+        conns.iter().map(|c| self.ecmp_choice(c.client, c.sport)).collect()
+    }
+}
+
+/// Ask on every connection; the indices of those that failed (reset, timeout) or answered from
+/// another backend.
+pub fn broken(conns: &mut [Conn], what: &str) -> Vec<usize> {
+    conns
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, c)| match c.session.ask(what) {
+            Ok(name) if name == c.backend => None,
+            _ => Some(i),
+        })
+        .collect()
 }
 
 /// The addresses after each `via` in `ip route` output.

@@ -4,49 +4,11 @@
 //! that long-lived connections survive a balancer crash (SIGKILL), its return and a host drain:
 //! the balancer ECMP moves a flow to has no connection-table entry for it and hashes the flow
 //! with Maglev to the same backend.
-use lb_tests::bgp::{balancer_addr, ScaleOut, ScaleOutSpec};
-use lb_tests::e2e::{vip, Session};
+use lb_tests::bgp::{balancer_addr, broken, ScaleOut, ScaleOutSpec};
 use std::time::{Duration, Instant};
 
 /// Long-lived connections per test.
 const SESSIONS: usize = 150;
-
-struct Conn {
-    session: Session,
-    client: std::net::Ipv4Addr,
-    sport: u16,
-    /// The backend's name, from the greeting.
-    backend: String,
-}
-
-fn open_sessions(so: &ScaleOut) -> Vec<Conn> {
-    (0..SESSIONS)
-        .map(|i| {
-            let c = &so.clients[i % so.clients.len()];
-            let session = Session::open(c, vip(false, lb_tests::bgp::PORT)).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
-            let sport = session.local_addr().unwrap().port();
-            let backend = session.greeting.clone();
-            Conn { session, client: c.v4, sport, backend }
-        })
-        .collect()
-}
-
-/// Ask on every connection; the indices of those that failed (reset, timeout) or answered
-/// from another backend.
-fn broken(conns: &mut [Conn], what: &str) -> Vec<usize> {
-    conns
-        .iter_mut()
-        .enumerate()
-        .filter_map(|(i, c)| match c.session.ask(what) {
-            Ok(name) if name == c.backend => None,
-            _ => Some(i),
-        })
-        .collect()
-}
-
-fn choices(so: &ScaleOut, conns: &[Conn]) -> Vec<usize> {
-    conns.iter().map(|c| so.ecmp_choice(c.client, c.sport).unwrap()).collect()
-}
 
 #[test]
 fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
@@ -56,12 +18,12 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     so.start_all(&config).unwrap();
     let announced = &so.balancers[0].lb().status().unwrap()["announce"];
     assert_eq!(announced["announced"], serde_json::json!(["198.18.0.100"]), "{announced}");
-    let mut conns = open_sessions(&so);
+    let mut conns = so.open_sessions(SESSIONS).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     assert!(broken(&mut conns, "hello").is_empty(), "{}", so.diagnostics());
 
     // Spread: the router's hash sends flows to every balancer, and each one's data plane
     // counted packets of the service.
-    let before = choices(&so, &conns);
+    let before = so.choices(&conns).unwrap();
     for i in 0..3 {
         let n = before.iter().filter(|&&c| c == i).count();
         assert!(n >= SESSIONS / 10, "balancer {i} carries {n} of {SESSIONS} flows");
@@ -84,7 +46,7 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     let gone = so
         .wait_paths("the router to drop the killed balancer", Duration::from_secs(30), |h| !h.contains(&balancer_addr(victim)) && h.len() == 2)
         .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
-    let after = choices(&so, &conns);
+    let after = so.choices(&conns).unwrap();
     assert!(carried.iter().all(|&i| after[i] != victim));
     let failed = broken(&mut conns, "after the crash");
     let failed_carried = failed.iter().filter(|i| carried.contains(i)).count();
@@ -107,7 +69,7 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     so.wait_paths("the router to route over the returned balancer", Duration::from_secs(30), |h| h.len() == 3)
         .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     let back = started.elapsed();
-    let now = choices(&so, &conns);
+    let now = so.choices(&conns).unwrap();
     let moved: Vec<usize> = (0..SESSIONS).filter(|&i| now[i] == victim).collect();
     assert!(!moved.is_empty(), "ECMP moved no flow to the returned balancer");
     let failed = broken(&mut conns, "after the return");

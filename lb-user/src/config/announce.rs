@@ -5,7 +5,8 @@
 //! `crate::daemon::announce`). BIRD imports that table (`protocol kernel { kernel table N; learn; }`)
 //! and announces the routes over BGP.
 
-use super::error::{Scope, Violation};
+use super::error::Scope;
+use super::validate::{Report, Sink};
 use serde::{Deserialize, Serialize};
 
 /// Default kernel routing table of the VIP routes.
@@ -53,10 +54,9 @@ fn valid_ifname(name: &str) -> bool {
         && !name.bytes().any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
 }
 
-pub(super) fn check(a: &Announce, out: &mut Vec<Violation>) {
-    let mut push = |field: &str, problem: String| {
-        out.push(Violation { scope: Scope::Announce, field: field.to_owned(), problem });
-    };
+pub(super) fn check(a: &Announce, out: &mut Sink) {
+    let mut r = Report { out, scope: Scope::Announce };
+    let mut push = |field: &str, problem: String| r.push(field, problem);
     if RESERVED_TABLES.contains(&a.table) {
         push("announce.table", format!("{} is not allowed: must be a table of its own, in [1, 252] or [256, 4294967295]", a.table));
     }

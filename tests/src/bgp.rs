@@ -93,6 +93,18 @@ pub fn balancer_bird_conf(me: Ipv4Addr) -> String {
     )
 }
 
+/// ECMP on the 5-tuple, as a router hashes packets from the wire. Policy 1 (L4) would not do
+/// here: for a packet that already carries an L4 hash it takes that hash, and a packet from a
+/// client namespace carries its TCP socket's random `sk_txhash` across the veth, so the path
+/// would depend on the socket, not on the flow, and `ip route get` could not tell it. Policy 3
+/// with the 5-tuple fields (source and destination address, protocol, ports) dissects the
+/// headers like policy 1 does on a real router.
+pub fn l4_ecmp_hash(router: &Netns) -> Result<()> {
+    router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_fields=0x0037"])?;
+    router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=3"])?;
+    Ok(())
+}
+
 /// A program from /usr/sbin, which a non-login root shell's PATH may lack.
 fn sbin(name: &str) -> PathBuf {
     ["/usr/sbin", "/sbin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file()).unwrap_or_else(|| PathBuf::from(name))
@@ -220,9 +232,10 @@ impl ScaleOut {
             router.ip(&["addr", "add", &format!("{}/24", gateway(z)), "dev", "eth1"])?;
         }
         router.ip(&["link", "set", "eth1", "up"])?;
-        for s in ["net.ipv4.conf.all.forwarding=1", "net.ipv4.fib_multipath_hash_policy=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"] {
+        for s in ["net.ipv4.conf.all.forwarding=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"] {
             router.exec(&["sysctl", "-qw", s])?;
         }
+        l4_ecmp_hash(&router)?;
         let mut backends = Vec::new();
         for i in 0..spec.backends {
             let (v4, v6) = backend_addrs(i);
@@ -312,10 +325,11 @@ impl ScaleOut {
         self.balancers.iter().position(|b| b.host.v4 == via).ok_or_else(|| anyhow::anyhow!("{via} is no balancer"))
     }
 
-    /// Packets balancer `i`'s data plane counted for the service (`lb stats`).
-    pub fn packets(&self, i: usize) -> Result<u64> {
+    /// A per-class counter of the service (`packets`, `new_flows`, ...) in balancer `i`'s
+    /// `lb stats`, summed over the client classes.
+    pub fn counter(&self, i: usize, name: &str) -> Result<u64> {
         let v: serde_json::Value = serde_json::from_str(&self.balancers[i].lb().cli(&["stats", "--json"])?)?;
-        Ok(v["services"].as_array().into_iter().flatten().flat_map(|s| s["classes"].as_array().into_iter().flatten()).filter_map(|c| c["packets"].as_u64()).sum())
+        Ok(v["services"].as_array().into_iter().flatten().flat_map(|s| s["classes"].as_array().into_iter().flatten()).filter_map(|c| c[name].as_u64()).sum())
     }
 
     /// The backend (address) `lb explain` on balancer `i` gives a TCP flow from `client:sport`.

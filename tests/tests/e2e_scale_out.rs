@@ -22,13 +22,14 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     assert!(broken(&mut conns, "hello").is_empty(), "{}", so.diagnostics());
 
     // Spread: the router's hash sends flows to every balancer, and each one's data plane
-    // counted packets of the service.
+    // counted exactly those connections as new flows.
     let before = so.choices(&conns).unwrap();
     for i in 0..3 {
         let n = before.iter().filter(|&&c| c == i).count();
         assert!(n >= SESSIONS / 10, "balancer {i} carries {n} of {SESSIONS} flows");
-        assert!(so.packets(i).unwrap() > 0, "lb stats of balancer {i}: no packets\n{}", so.diagnostics());
-        println!("balancer lb{}: {n} flows by the router's hash, {} packets in lb stats", i + 1, so.packets(i).unwrap());
+        let (packets, new_flows) = (so.counter(i, "packets").unwrap(), so.counter(i, "new_flows").unwrap());
+        println!("balancer lb{}: {n} flows by the router's hash; lb stats: {new_flows} new flows, {packets} packets", i + 1);
+        assert_eq!(new_flows, n as u64, "lb stats of balancer {i}\n{}", so.diagnostics());
     }
     // Same choice everywhere: `lb explain` on every balancer names the backend the flow reached.
     for c in &conns {

@@ -93,3 +93,56 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     println!("host drain of lb1: withdrawn after {} ms; {carried} connections it carried, {} of all broke", gone.as_millis(), failed.len());
     assert!(failed.is_empty(), "connections broke after the drain: {failed:?}\n{}", so.diagnostics());
 }
+
+/// Health views differ for a moment: balancer lb1 sees one backend of ten fail before lb2 and
+/// lb3 do (an operator override stands in for its probe). Established connections keep their
+/// entries and break nowhere; only flows ECMP moves to lb1 during that moment (here: lb3
+/// crashes) are hashed on lb1's table, and break exactly where that table differs from the
+/// others' — the failed backend's slots plus Maglev's small collateral.
+#[test]
+fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
+    let spec = ScaleOutSpec { prefix: "lbsh".into(), balancers: 3, backends: 10, clients: vec![2, 2] };
+    let mut so = ScaleOut::build(&spec).expect("scale-out topology (needs root and bird2)");
+    let config = so.lb_config();
+    so.start_all(&config).unwrap();
+    let mut conns = so.open_sessions(SESSIONS).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    let before = so.choices(&conns).unwrap();
+
+    // The tables lb1 and the others hold, compiled offline: slots that change besides the
+    // failed backend's are Maglev's collateral.
+    let failed = so.backends[0].v4.to_string();
+    let cfg = lb_user::config::Config::parse(&config).unwrap();
+    let mut ids = lb_user::compile::Ids::default();
+    let all = lb_user::compile::compile(&cfg, &|_, _| true, &mut ids).unwrap();
+    let partial = lb_user::compile::compile(&cfg, &|_, b| b != 0, &mut ids).unwrap();
+    let (full, part) = (&all.services[0].tables[0].entries, &partial.services[0].tables[0].entries);
+    let failed_id = all.services[0].backend_ids[0];
+    let own = full.iter().filter(|&&b| b == failed_id).count();
+    let collateral = full.iter().zip(part).filter(|(f, p)| **f != failed_id && f != p).count();
+    println!("Maglev table (M = {}): the failed backend held {own} slots; {collateral} other slots change ({:.2} %)", full.len(), collateral as f64 * 100.0 / full.len() as f64);
+    assert!(collateral * 100 <= full.len(), "more than 1 % collateral: {collateral} of {}", full.len());
+
+    so.balancers[0].lb().set_health("web", &failed, "unhealthy").unwrap();
+    let steady = broken(&mut conns, "while lb1 alone sees the failure");
+    println!("lb1 alone sees {failed} fail: {} of {SESSIONS} established connections broke (entries persist)", steady.len());
+    assert!(steady.is_empty(), "{steady:?}\n{}", so.diagnostics());
+
+    // What lb1's table gives each flow now; flows ECMP moves to lb1 get that.
+    let on_lb1: Vec<String> = conns.iter().map(|c| so.explain(0, c.client, c.sport).unwrap()).collect();
+    so.balancers[2].lb_mut().kill();
+    so.wait_paths("the router to drop lb3", Duration::from_secs(30), |h| h.len() == 2).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    let after = so.choices(&conns).unwrap();
+    let moved: Vec<usize> = (0..SESSIONS).filter(|&i| after[i] == 0 && before[i] != 0).collect();
+    let reached: Vec<String> = conns.iter().map(|c| so.backend_addr(&c.backend).unwrap()).collect();
+    let predicted: Vec<usize> = moved.iter().copied().filter(|&i| on_lb1[i] != reached[i]).collect();
+    let broke = broken(&mut conns, "after lb3 crashed");
+    let on_failed = broke.iter().filter(|&&i| reached[i] == failed).count();
+    println!(
+        "lb3 killed while the views differ: {} flows moved to lb1, {} broke ({on_failed} on {failed}, {} collateral), {} predicted from lb1's table",
+        moved.len(),
+        broke.len(),
+        broke.len() - on_failed,
+        predicted.len()
+    );
+    assert_eq!(broke, predicted, "the broken connections are exactly those lb1's table sends elsewhere\n{}", so.diagnostics());
+}

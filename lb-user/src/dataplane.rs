@@ -18,24 +18,75 @@ use aya::programs::xdp::XdpLink;
 use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
-pub use lb_common::addr_words;
-use lb_common::{
-    ct_buckets, ct_buckets_for, ct_find, ct_next_state, ct_state, ct_victim, stat, table_flags, AddrKey, Backend,
-    ClassCounters, ClassKey, CtBucket, CtBucket4, CtBucket6, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, GlobalStats, ServiceInfo,
-    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, CT_WAYS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
+pub use lb_common::maps::addr_words;
+use lb_common::ct_table;
+use lb_common::maps::{
+    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
+    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
 use crate::service_table::{self, ServiceTable};
 
-/// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
-/// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 14] = [
-    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CT_SEED_STORE", "CLIENT_CLASS",
-    "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
+/// A map of the balancer's object that is sized at load time.
+struct SizedMap {
+    name: &'static str,
+    /// Pinned (by its name) under the daemon's pin directory.
+    pinned: bool,
+    max_entries: fn(&DataplaneSizes) -> u32,
+}
+
+/// Every map of the object that is sized at load time: the one list that names them, their
+/// sizes and which are pinned. `NEXT_HOPS`, a per-CPU cache of route lookups that refills
+/// itself within a second, is not pinned.
+const SIZED_MAPS: &[SizedMap] = &[
+    // Two halves of S slots, S >= twice the key capacity (16 keys per service).
+    SizedMap { name: "SERVICE_TABLE", pinned: true, max_entries: |s| 2 * s.service_slots() },
+    SizedMap { name: "SERVICE_INDEX", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "VIPS", pinned: true, max_entries: |s| s.max_services.saturating_mul(4) },
+    SizedMap { name: "CONNTRACK", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CONNTRACK4", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CT_SEED_STORE", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLIENT_CLASS", pinned: true, max_entries: |s| s.class_pairs().saturating_mul(16).max(16) },
+    SizedMap { name: "CLASSED_SERVICES", pinned: true, max_entries: |s| s.max_services },
+    SizedMap { name: "TABLE_INDEX", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "TABLES", pinned: true, max_entries: |s| s.table_slots * s.table_size_m },
+    SizedMap { name: "BACKENDS", pinned: true, max_entries: |s| s.max_backends },
+    // One record of global counters; one record per (service, class).
+    SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
 ];
 
-/// The compiled XDP object (built by `build.rs`).
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+const fn pinned_count() -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < SIZED_MAPS.len() {
+        n += SIZED_MAPS[i].pinned as usize;
+        i += 1;
+    }
+    n
+}
+
+const fn pinned_names<const N: usize>() -> [&'static str; N] {
+    let (mut names, mut n, mut i) = ([""; N], 0, 0);
+    while i < SIZED_MAPS.len() {
+        if SIZED_MAPS[i].pinned {
+            names[n] = SIZED_MAPS[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    names
+}
+
+/// Every map of the object that is pinned (by these names), from [`SIZED_MAPS`].
+pub const MAP_NAMES: [&str; pinned_count()] = pinned_names();
+
+/// The balancer's XDP object (built by `build.rs`): `lb` and `clock_probe`, nothing else.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+
+/// Where `build.rs` left the bench build of the balancer's object (`lb` plus the bench
+/// programs, feature `bench` of lb-ebpf): only lb-tests' `dp_bench` loads it.
+pub const BENCH_OBJECT_PATH: &str = env!("LB_EBPF_BENCH_OBJ");
 
 /// Map sizes, fixed when the object is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,32 +107,18 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 15] {
-        let pairs = self.max_services * self.classes_per_service;
-        [
-            // Two halves of S slots, S >= twice the key capacity (16 keys per service).
-            ("SERVICE_TABLE", 2 * self.service_slots()),
-            ("SERVICE_INDEX", 1),
-            ("VIPS", self.max_services.saturating_mul(4)),
-            ("CONNTRACK", self.conntrack_buckets()),
-            ("CONNTRACK4", self.conntrack_buckets()),
-            ("CT_SEED_STORE", 1),
-            ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
-            ("CLASSED_SERVICES", self.max_services),
-            ("TABLE_INDEX", pairs),
-            ("TABLES", self.table_slots * self.table_size_m),
-            ("BACKENDS", self.max_backends),
-            // One record of global counters; one record per (service, class).
-            ("STATS", 1),
-            ("CLASS_STATS", pairs),
-            ("NEXT_HOPS", self.max_backends),
-            ("DECAP_ADDRS", 64),
-        ]
+    pub fn map_max_entries(&self) -> Vec<(&'static str, u32)> {
+        SIZED_MAPS.iter().map(|m| (m.name, (m.max_entries)(self))).collect()
+    }
+
+    /// (service, class) pairs: the rows of `TABLE_INDEX` and `CLASS_STATS`.
+    fn class_pairs(&self) -> u32 {
+        self.max_services * self.classes_per_service
     }
 
     /// Buckets per connection table (a power of two; the load-time `CT_BUCKET_MASK` + 1).
     pub fn conntrack_buckets(&self) -> u32 {
-        ct_buckets_for(self.conntrack_entries)
+        ct_table::buckets_for(self.conntrack_entries)
     }
 
     /// Slots per half of `SERVICE_TABLE` (a power of two; the load-time `SERVICE_SLOTS`).
@@ -117,13 +154,12 @@ impl DataplaneSizes {
     }
 }
 
-/// Which of the two XDP programs.
+/// The programs of the balancer's object. (The backend-side decapsulator is an object of its
+/// own, `crate::cli::decap::Decapsulator`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Program {
     /// The balancer.
     Lb,
-    /// The backend-side decapsulator.
-    Decap,
     /// Writes the data-plane clock for [`Dataplane::now_ns`]; never attached.
     ClockProbe,
 }
@@ -132,7 +168,6 @@ impl Program {
     fn name(self) -> &'static str {
         match self {
             Program::Lb => "lb",
-            Program::Decap => "lb_decap",
             Program::ClockProbe => "clock_probe",
         }
     }
@@ -173,7 +208,7 @@ pub struct ClassStats {
 /// All counters, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Indexed by `lb_common::stat::*` (`stat::NAMES` names them).
+    /// Indexed by `lb_common::maps::stat::*` (`stat::NAMES` names them).
     pub global: Vec<u64>,
     /// Only pairs with a non-zero counter.
     pub classes: Vec<ClassStats>,
@@ -213,8 +248,8 @@ pub struct Dataplane {
     sizes: DataplaneSizes,
     services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
-    conntrack: Array<MapData, CtBucket6>,
-    conntrack4: Array<MapData, CtBucket4>,
+    conntrack: Array<MapData, ct_table::Bucket6>,
+    conntrack4: Array<MapData, ct_table::Bucket4>,
     /// The connection tables' bucket hash seed (the data plane's `CT_SEED`).
     ct_seed: u64,
     client_class: LpmTrie<MapData, ClassKey, u32>,
@@ -230,7 +265,6 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
-    decap_addrs: HashMap<MapData, AddrKey, u32>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -241,7 +275,7 @@ pub struct Dataplane {
     free_slots: VecDeque<u32>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
+pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
 }
@@ -250,7 +284,7 @@ fn take_raw(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))
 }
 
-fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
+pub(crate) fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
     AddrKey { addr, family, _pad: [0; 3] }
 }
 
@@ -319,7 +353,8 @@ impl LoadSettings {
 }
 
 impl Dataplane {
-    /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
+    /// Loads the balancer's object (`lb`, `clock_probe`) with the given map sizes. Needs
+    /// CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load(sizes: DataplaneSizes) -> Result<Self> {
         Self::load_with(sizes, None)
     }
@@ -343,12 +378,8 @@ impl Dataplane {
             .apply(&mut loader)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
-        for p in [Program::Lb, Program::Decap, Program::ClockProbe] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(p.name())
-                .ok_or_else(|| anyhow!("program {} missing", p.name()))?
-                .try_into()?;
-            load_program(prog).with_context(|| format!("verifying program {}", p.name()))?;
+        for p in [Program::Lb, Program::ClockProbe] {
+            verify(&mut ebpf, p.name())?;
         }
         let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
         seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
@@ -367,7 +398,6 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
-            decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -665,8 +695,8 @@ impl Dataplane {
         let mut backends = 0;
         for id in (0..self.sizes.max_backends).filter(|id| !used.contains(id)) {
             let b = self.backend(id)?;
-            if b.family != 0 && b.flags & lb_common::backend_flags::REMOVED == 0 {
-                self.set_backend_state(id, b.flags | lb_common::backend_flags::REMOVED, now + drain_ns(id))?;
+            if b.family != 0 && b.flags & lb_common::maps::backend_flags::REMOVED == 0 {
+                self.set_backend_state(id, b.flags | lb_common::maps::backend_flags::REMOVED, now + drain_ns(id))?;
                 backends += 1;
             }
         }
@@ -717,13 +747,6 @@ impl Dataplane {
         self.free_slots.len()
     }
 
-    /// Adds an address this host decapsulates for (`lb_decap`).
-    pub fn add_decap_address(&mut self, addr: IpAddr) -> Result<()> {
-        let (words, family) = addr_words(addr);
-        self.decap_addrs.insert(addr_key(words, family), 1, 0).context("writing DECAP_ADDRS")?;
-        Ok(())
-    }
-
     /// The connection-table entry of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`; IPv4 flows
     /// live in `CONNTRACK4`, keyed by the packed form of `key`). For tests and inspection: the
     /// bucket is copied with one syscall and not re-checked against the slot's state word, so
@@ -759,12 +782,7 @@ impl Dataplane {
 
     /// All counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats> {
-        let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
-        for cpu in self.stats.get(&0, 0)?.iter() {
-            for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
-                *sum += v;
-            }
-        }
+        let global = global_counters(&self.stats)?;
         let mut classes = Vec::new();
         let cps = self.sizes.classes_per_service;
         for service in 0..self.sizes.max_services {
@@ -785,56 +803,24 @@ impl Dataplane {
         Ok(Stats { global, classes })
     }
 
-    fn program(&self, p: Program) -> Result<&Xdp> {
-        Ok(self.ebpf.program(p.name()).ok_or_else(|| anyhow!("program {} missing", p.name()))?.try_into()?)
-    }
-
     /// Attaches a program to an interface, native (driver) mode first, else generic.
     /// Returns the mode used. The attachment lives as long as this `Dataplane`.
     pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
-        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
-        match prog.attach(ifname, XdpMode::Driver) {
-            Ok(_) => Ok(XdpMode::Driver),
-            Err(native) => {
-                prog.attach(ifname, XdpMode::Skb)
-                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
-                Ok(XdpMode::Skb)
-            }
-        }
+        attach(&mut self.ebpf, p.name(), ifname)
     }
 
     /// Attaches a program to an interface through a bpf_link pinned at `link_pin`, so that it
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
-        let prog: &mut Xdp = self.ebpf.program_mut(p.name()).ok_or_else(|| anyhow!("program missing"))?.try_into()?;
-        if link_pin.exists() {
-            let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
-            let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
-            let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
-            // The pin keeps the link (and so the attachment); our fd to it can go.
-            drop(prog.take_link(id)?);
-            return Ok(XdpMode::Default);
-        }
-        let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
-            Ok(id) => (id, XdpMode::Driver),
-            Err(native) => {
-                let id = prog
-                    .attach(ifname, XdpMode::Skb)
-                    .with_context(|| format!("attaching {} to {ifname} (native mode failed: {native})", p.name()))?;
-                (id, XdpMode::Skb)
-            }
-        };
-        let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
-        link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
-        Ok(mode)
+        attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)
     }
 
     /// The data-plane clock now (ns; jiffies times the tick length, the kernel's jiffies epoch),
     /// read by running `clock_probe`, so it is exactly the clock the balancer stamps entries
     /// and compares drain deadlines with.
     pub fn now_ns(&self) -> Result<u64> {
-        self.run_once(Program::ClockProbe, &[0u8; 64], 0).context("running clock_probe")?;
+        run_test(&self.ebpf, Program::ClockProbe.name(), &[0u8; 64], 0).context("running clock_probe")?;
         self.clock_probe.get(&0, 0).context("reading CLOCK_PROBE")
     }
 
@@ -842,27 +828,91 @@ impl Dataplane {
     /// `ingress_ifindex` 0 means the loopback device of the calling thread's network namespace.
     #[cfg(feature = "test-helpers")]
     pub fn run_test(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
-        self.run_once(p, packet, ingress_ifindex)
+        run_test(&self.ebpf, p.name(), packet, ingress_ifindex)
     }
+}
 
-    fn run_once(&self, p: Program, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-        // Room for the headers an encapsulation adds.
-        let mut out = vec![0u8; packet.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ctx_in: if ingress_ifindex != 0 { Some(&ctx) } else { None },
-            repeat: 1,
-            ..Default::default()
-        };
-        let r = self.program(p)?.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-        out.truncate(r.data_size_out as usize);
-        Ok(TestOutput { action: r.return_value, data: out })
+/// The global counters of an object's `STATS` record, summed over CPUs.
+pub(crate) fn global_counters(stats: &PerCpuArray<MapData, GlobalStats>) -> Result<Vec<u64>> {
+    let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
+    for cpu in stats.get(&0, 0)?.iter() {
+        for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
+            *sum += v;
+        }
     }
+    Ok(global)
+}
+
+/// Verifies (loads into the kernel) the XDP program `name` of `ebpf`.
+pub(crate) fn verify(ebpf: &mut Ebpf, name: &str) -> Result<()> {
+    load_program(xdp_mut(ebpf, name)?).with_context(|| format!("verifying program {name}"))
+}
+
+fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    Ok(ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?)
+}
+
+/// Attaches the program `name` of `ebpf` to an interface, native (driver) mode first, else
+/// generic. Returns the mode used. The attachment lives as long as `ebpf`.
+pub(crate) fn attach(ebpf: &mut Ebpf, name: &str, ifname: &str) -> Result<XdpMode> {
+    let prog = xdp_mut(ebpf, name)?;
+    match prog.attach(ifname, XdpMode::Driver) {
+        Ok(_) => Ok(XdpMode::Driver),
+        Err(native) => {
+            prog.attach(ifname, XdpMode::Skb)
+                .with_context(|| format!("attaching {name} to {ifname} (native mode failed: {native})"))?;
+            Ok(XdpMode::Skb)
+        }
+    }
+}
+
+/// Attaches the program `name` of `ebpf` to an interface through a bpf_link pinned at
+/// `link_pin`, so that it stays attached when this process exits. If a link is already pinned
+/// there, its program is replaced atomically: no packet sees the interface without XDP.
+pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin: &Path) -> Result<XdpMode> {
+    let prog = xdp_mut(ebpf, name)?;
+    if link_pin.exists() {
+        let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
+        let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
+        let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
+        // The pin keeps the link (and so the attachment); our fd to it can go.
+        drop(prog.take_link(id)?);
+        return Ok(XdpMode::Default);
+    }
+    let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
+        Ok(id) => (id, XdpMode::Driver),
+        Err(native) => {
+            let id = prog
+                .attach(ifname, XdpMode::Skb)
+                .with_context(|| format!("attaching {name} to {ifname} (native mode failed: {native})"))?;
+            (id, XdpMode::Skb)
+        }
+    };
+    let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+    link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
+    Ok(mode)
+}
+
+/// Runs the program `name` of `ebpf` once on `packet` with `BPF_PROG_TEST_RUN`.
+/// `ingress_ifindex` 0 means the loopback device of the calling thread's network namespace.
+pub(crate) fn run_test(ebpf: &Ebpf, name: &str, packet: &[u8], ingress_ifindex: u32) -> Result<TestOutput> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    // Room for the headers an encapsulation adds.
+    let mut out = vec![0u8; packet.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        ctx_in: if ingress_ifindex != 0 { Some(&ctx) } else { None },
+        repeat: 1,
+        ..Default::default()
+    };
+    let prog: &Xdp = ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
+    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    out.truncate(r.data_size_out as usize);
+    Ok(TestOutput { action: r.return_value, data: out })
 }
 
 /// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in
@@ -995,60 +1045,69 @@ pub(crate) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
 }
 
 /// The two candidate buckets of `key`, as read now.
-fn table_buckets<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Result<([u32; 2], [CtBucket<S>; 2])>
+fn table_buckets<S: ct_table::Slot>(
+    map: &Array<MapData, ct_table::Bucket<S>>,
+    key: &S::Key,
+    seed: u64,
+) -> Result<([u32; 2], [ct_table::Bucket<S>; 2])>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let mask = map.len() - 1;
-    let index = ct_buckets::<S>(key, seed, mask);
+    let index = ct_table::buckets::<S>(key, seed, mask);
     Ok((index, [map.get(&index[0], 0)?, map.get(&index[1], 0)?]))
 }
 
-fn table_get<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Option<CtEntry>
+fn table_get<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>, key: &S::Key, seed: u64) -> Option<CtEntry>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let (_, b) = table_buckets(map, key, seed).ok()?;
-    let mut search = CtSearch::default();
-    let state = ct_find([&b[0], &b[1]], key, &mut search)?;
-    if state & ct_state::WRITING != 0 {
+    let mut search = ct_table::Search::default();
+    let state = ct_table::find([&b[0], &b[1]], key, &mut search)?;
+    if state & ct_table::state::WRITING != 0 {
         return None;
     }
     let k = search.index as usize;
-    Some(*b[k / CT_WAYS].slots[k % CT_WAYS].entry())
+    Some(*b[k / ct_table::WAYS].slots[k % ct_table::WAYS].entry())
 }
 
-pub fn table_set<S: CtSlot>(map: &mut Array<MapData, CtBucket<S>>, key: &S::Key, entry: &CtEntry, seed: u64) -> Result<()>
+pub fn table_set<S: ct_table::Slot>(
+    map: &mut Array<MapData, ct_table::Bucket<S>>,
+    key: &S::Key,
+    entry: &CtEntry,
+    seed: u64,
+) -> Result<()>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()) as usize;
-    let (which, way) = (k / CT_WAYS, k % CT_WAYS);
+    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()) as usize;
+    let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).
-    if b[which].slots.iter().any(|s| lb_common::ct_slot_state(s) & ct_state::WRITING != 0) {
+    if b[which].slots.iter().any(|s| ct_table::slot_state(s) & ct_table::state::WRITING != 0) {
         bail!("the data plane is writing bucket {} of the connection table", index[which]);
     }
     let slot = &mut b[which].slots[way];
-    let state = lb_common::ct_slot_state(slot);
+    let state = ct_table::slot_state(slot);
     slot.set(key, entry);
     // Written whole, with the state word: not WRITING, next version, live.
-    let next = ct_next_state(state & !ct_state::WRITING, true);
+    let next = ct_table::next_state(state & !ct_table::state::WRITING, true);
     unsafe { core::ptr::write(slot.state_mut(), next) };
     map.set(index[which], b[which], 0)?;
     Ok(())
 }
 
 /// The live slots of a connection table.
-fn live_slots<S: CtSlot>(map: &Array<MapData, CtBucket<S>>) -> impl Iterator<Item = S> + '_
+fn live_slots<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>) -> impl Iterator<Item = S> + '_
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     map.iter()
         .filter_map(|b| b.ok())
         .flat_map(|b| b.slots)
-        .filter(|s| lb_common::ct_slot_state(s) & (ct_state::LIVE | ct_state::WRITING) == ct_state::LIVE)
+        .filter(|s| ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE)
 }
 
 /// The connection tables' seed: the one stored with pinned tables that are being reused (also

@@ -12,7 +12,7 @@ use crate::model::MonitorStatus;
 use crate::policy::Pool;
 use crate::policy::tm::ProbeStatuses;
 use ipnet::IpNet;
-use lb_common::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
+use lb_common::maps::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -619,7 +619,7 @@ pub struct ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lb_common::BACKEND_DROP;
+    use lb_common::maps::BACKEND_DROP;
 
     /// Records what the controller writes, like the BPF maps would hold it.
     #[derive(Default)]

@@ -90,12 +90,12 @@ impl Announcer {
         for vip in self.announced.difference(&want).copied().collect::<Vec<_>>() {
             self.route("del", vip)?;
             self.announced.remove(&vip);
-            eprintln!("lb: announce: withdrew {vip}");
+            tracing::info!("announce: withdrew {vip}");
         }
         for vip in want.difference(&self.announced).copied().collect::<Vec<_>>() {
             self.route("replace", vip)?;
             self.announced.insert(vip);
-            eprintln!("lb: announce: announced {vip}");
+            tracing::info!("announce: announced {vip}");
         }
         Ok(())
     }
@@ -133,7 +133,7 @@ impl Drop for Announcer {
     /// A clean stop withdraws before the data plane goes; the device goes with the descriptor.
     fn drop(&mut self) {
         if let Err(e) = self.drain() {
-            eprintln!("lb: announce: withdrawing on stop: {e:#} (the routes go with the device)");
+            tracing::warn!("announce: withdrawing on stop: {e:#} (the routes go with the device)");
         }
     }
 }

@@ -4,21 +4,28 @@
 //! that long-lived connections survive a balancer crash (SIGKILL), its return and a host drain:
 //! the balancer ECMP moves a flow to has no connection-table entry for it and hashes the flow
 //! with Maglev to the same backend.
-use lb_tests::bgp::{balancer_addr, broken, ScaleOut, ScaleOutSpec};
+use lb_tests::bgp::{balancer_addr, broken, Conn, ScaleOut, ScaleOutSpec};
 use std::time::{Duration, Instant};
 
 /// Long-lived connections per test.
 const SESSIONS: usize = 150;
 
-#[test]
-fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
-    let spec = ScaleOutSpec { prefix: "lbso".into(), balancers: 3, backends: 6, clients: vec![2, 2] };
+/// Three balancers and `backends` backends, `lb` running with the topology's configuration
+/// (returned) and routed to by the router, and [`SESSIONS`] connections through them.
+fn running(prefix: &str, backends: usize) -> (ScaleOut, String, Vec<Conn>) {
+    let spec = ScaleOutSpec { prefix: prefix.into(), balancers: 3, backends, clients: vec![2, 2] };
     let mut so = ScaleOut::build(&spec).expect("scale-out topology (needs root and bird2)");
     let config = so.lb_config();
     so.start_all(&config).unwrap();
+    let conns = so.open_sessions(SESSIONS).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    (so, config, conns)
+}
+
+#[test]
+fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
+    let (mut so, _, mut conns) = running("lbso", 6);
     let announced = &so.balancers[0].lb().status().unwrap()["announce"];
     assert_eq!(announced["announced"], serde_json::json!(["198.18.0.100"]), "{announced}");
-    let mut conns = so.open_sessions(SESSIONS).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     assert!(broken(&mut conns, "hello").is_empty(), "{}", so.diagnostics());
 
     // Spread: the router's hash sends flows to every balancer, and each one's data plane
@@ -101,11 +108,7 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
 /// others' — the failed backend's slots plus Maglev's small collateral.
 #[test]
 fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
-    let spec = ScaleOutSpec { prefix: "lbsh".into(), balancers: 3, backends: 10, clients: vec![2, 2] };
-    let mut so = ScaleOut::build(&spec).expect("scale-out topology (needs root and bird2)");
-    let config = so.lb_config();
-    so.start_all(&config).unwrap();
-    let mut conns = so.open_sessions(SESSIONS).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    let (mut so, config, mut conns) = running("lbsh", 10);
     let before = so.choices(&conns).unwrap();
 
     // The tables lb1 and the others hold, compiled offline: slots that change besides the

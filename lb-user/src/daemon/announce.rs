@@ -55,6 +55,8 @@ pub struct Announcer {
 }
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
+const IFF_PERSIST: libc::c_short = 0x0800;
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 
@@ -66,18 +68,22 @@ struct IfReq {
 }
 
 impl Announcer {
-    /// Create the device (it must not exist: another daemon's, or a persistent one) and bring it
-    /// up. `cfg` is validated (the name fits IFNAMSIZ).
+    /// Create the device (it must not exist as another daemon's, or as a persistent one) and
+    /// bring it up. `cfg` is validated (the name fits IFNAMSIZ).
     pub fn open(cfg: &Announce) -> Result<Self> {
         let tun = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun").context("opening /dev/net/tun for [announce]")?;
         let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: IFF_TUN | IFF_NO_PI, _pad: [0; 22] };
         req.name[..cfg.device.len()].copy_from_slice(cfg.device.as_bytes());
-        if std::path::Path::new("/sys/class/net").join(&cfg.device).exists() {
-            bail!("[announce] device {:?} exists already (another lb daemon, or a persistent device): delete it or choose another name", cfg.device);
-        }
         // SAFETY: TUNSETIFF reads and writes one struct ifreq, which `req` is laid out as.
         if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF as _, &mut req) } != 0 {
-            bail!("creating the TUN device {:?}: {}", cfg.device, std::io::Error::last_os_error());
+            // EBUSY: another process (another lb daemon) holds it; EINVAL: not a TUN device.
+            bail!("creating the TUN device {:?}: {} (is another lb daemon running here?)", cfg.device, std::io::Error::last_os_error());
+        }
+        // An existing persistent device would be attached to, and outlive this process with
+        // its routes: a crash would then withdraw nothing.
+        // SAFETY: TUNGETIFF writes one struct ifreq.
+        if unsafe { libc::ioctl(tun.as_raw_fd(), TUNGETIFF as _, &mut req) } != 0 || req.flags & IFF_PERSIST != 0 {
+            bail!("[announce] device {:?} is a persistent TUN device: delete it (ip tuntap del {} mode tun) or choose another name", cfg.device, cfg.device);
         }
         ip(&["link", "set", "dev", &cfg.device, "up"])?;
         Ok(Self { table: cfg.table, device: cfg.device.clone(), _tun: tun, announced: BTreeSet::new(), draining: false })

@@ -46,6 +46,25 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
         }
     }
 
+    // No healthy backend on lb3 (operator overrides stand in for failed probes): lb3 withdraws
+    // the VIP; healthy again, it announces it again. Its flows go elsewhere and come back.
+    let lb3 = &so.balancers[2];
+    for b in &so.backends {
+        lb3.lb().set_health("web", &b.v4.to_string(), "unhealthy").unwrap();
+    }
+    so.wait_paths("lb3 to withdraw without a healthy backend", Duration::from_secs(30), |h| h.len() == 2 && !h.contains(&balancer_addr(2)))
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    assert_eq!(so.balancers[2].lb().status().unwrap()["announce"]["announced"], serde_json::json!([]));
+    let failed = broken(&mut conns, "while lb3 has no healthy backend");
+    assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
+    for b in &so.backends {
+        so.balancers[2].lb().set_health("web", &b.v4.to_string(), "auto").unwrap();
+    }
+    so.wait_paths("lb3 to announce again", Duration::from_secs(30), |h| h.len() == 3).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    let failed = broken(&mut conns, "with lb3 back");
+    println!("lb3 without a healthy backend: withdrawn, then announced again; {} of all broke", failed.len());
+    assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
+
     // A crash: SIGKILL. Its TUN device and routes vanish, BIRD withdraws, the router drops the
     // path; its flows go to balancers without an entry for them, and continue.
     let victim = 1;

@@ -236,3 +236,48 @@ impl fmt::Display for MacAddr {
         write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
     }
 }
+
+/// A backend as the controller keys its ids, health verdicts, overrides and drains: its
+/// service's name and its address. Serialized as the pair `[service, address]`, the form the
+/// persistent state (`state.json`) has always stored these keys in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(from = "(String, std::net::IpAddr)", into = "(String, std::net::IpAddr)")]
+pub struct BackendKey {
+    pub service: String,
+    pub address: std::net::IpAddr,
+}
+
+impl BackendKey {
+    pub fn new(service: &str, address: std::net::IpAddr) -> Self {
+        Self { service: service.to_owned(), address }
+    }
+}
+
+impl From<(String, std::net::IpAddr)> for BackendKey {
+    fn from((service, address): (String, std::net::IpAddr)) -> Self {
+        Self { service, address }
+    }
+}
+
+impl From<BackendKey> for (String, std::net::IpAddr) {
+    fn from(k: BackendKey) -> Self {
+        (k.service, k.address)
+    }
+}
+
+/// Serde form of a list of (backend, value) as flat triples `[service, address, value]`, the
+/// form `state.json` stores verdicts and ids in (`#[serde(with = "keyed_triples")]`).
+pub mod keyed_triples {
+    use super::BackendKey;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::net::IpAddr;
+
+    pub fn serialize<S: Serializer, V: Serialize>(list: &[(BackendKey, V)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(list.iter().map(|(k, v)| (&k.service, k.address, v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(d: D) -> Result<Vec<(BackendKey, V)>, D::Error> {
+        let triples = Vec::<(String, IpAddr, V)>::deserialize(d)?;
+        Ok(triples.into_iter().map(|(service, address, v)| (BackendKey { service, address }, v)).collect())
+    }
+}

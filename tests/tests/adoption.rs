@@ -79,7 +79,7 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     assert_eq!((installed.len(), installed[0].1.id), (1, applied.services[0].id), "web's key stays");
     let api_id = state.ids.services.iter().find(|(n, _)| n == "api").unwrap().1;
     assert!(dp.read_table(api_id, 0).unwrap().is_none(), "api's tables are inactive");
-    let id_of = |addr: &str| state.ids.backends.iter().find(|(_, a, _)| a.to_string() == addr).unwrap().2;
+    let id_of = |addr: &str| state.ids.backends.iter().find(|(k, _)| k.address.to_string() == addr).unwrap().1;
     let web2 = dp.backend(id_of("198.18.10.2")).unwrap();
     assert_eq!((web2.flags & backend_flags::REMOVED, web2.drain_deadline_ns), (backend_flags::REMOVED, now + 300_000_000_000), "web's removed backend drains");
     let api1 = dp.backend(id_of("198.18.11.1")).unwrap();

@@ -400,6 +400,11 @@ impl Config {
         self.services.iter().position(|s| s.name == name)
     }
 
+    /// Whether the service `key.service` has a backend at `key.address`.
+    pub fn has_backend(&self, key: &BackendKey) -> bool {
+        self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.address == key.address))
+    }
+
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     pub fn load(path: &Path) -> anyhow::Result<Config> {

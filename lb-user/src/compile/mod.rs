@@ -132,7 +132,7 @@ pub fn compile_cached(
                     family,
                     flags: if ep.healthy { backend_flags::HEALTHY } else { 0 },
                     zone_class: ep.zone_class as u16,
-                    mac: b.mac_addr().unwrap_or_default().0,
+                    mac: b.mac.unwrap_or_default().0,
                     generation: ids.backend_generation(bid),
                     ..Default::default()
                 },

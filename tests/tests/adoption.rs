@@ -36,9 +36,9 @@ fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &Per
     let now = dp.now_ns().unwrap();
     ctl.depart_unconfigured(now);
     let next = ctl.preview(now).unwrap();
-    let (keys, prefixes, tables) = dp.sweep_unowned(&next).unwrap();
+    let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).unwrap();
     ctl.reconcile(&mut dp).expect("the configuration fits the data plane it is written to");
-    let backends = dp.depart_unused_backends(ctl.applied().unwrap(), now, &|id| ctl.drain_ns_of(id)).unwrap();
+    let backends = dp.depart_unused_backends(&ctl.applied().unwrap().demand(None), now, &|id| ctl.drain_ns_of(id)).unwrap();
     (dp, ctl, (keys, prefixes, tables, backends), now)
 }
 

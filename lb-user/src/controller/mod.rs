@@ -6,7 +6,8 @@
 //! backend records first, then tables (standby slot + flip, inside the sink), then service keys,
 //! then removals. Pure logic plus the sink: unit-testable without BPF.
 
-use crate::compile::{self, Compiled, CompiledService, Ids};
+use crate::compile::{self, tables_to_write, Compiled, CompiledService, Ids};
+use crate::dataplane::Demand;
 use crate::config::Config;
 use crate::model::{keyed_triples, BackendKey, MonitorStatus};
 use crate::policy::Pool;
@@ -37,23 +38,14 @@ pub trait Tables {
     fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
     /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
     fn now_ns(&self) -> anyhow::Result<u64>;
-    /// Whether `new` fits where `old` (what the controller last wrote) is: asked before
+    /// Whether a change that needs `demand` (see `Compiled::demand`) fits: asked before
     /// anything is written, so that a change beyond what the sink holds (ids, table slots,
     /// service keys, class prefixes sized at load) is refused whole instead of failing half
     /// written. A sink without limits takes everything.
-    fn admit(&self, old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
-        let _ = (old, new);
+    fn admit(&self, demand: &Demand) -> anyhow::Result<()> {
+        let _ = demand;
         Ok(())
     }
-}
-
-/// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
-/// writes them.
-pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl Iterator<Item = (&'a CompiledService, &'a compile::ClassTable)> {
-    new.services.iter().flat_map(move |svc| {
-        let prev = old.and_then(|o| o.services.iter().find(|p| p.name == svc.name));
-        svc.tables.iter().filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t))).map(move |t| (svc, t))
-    })
 }
 
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
@@ -337,7 +329,7 @@ impl Controller {
         let now = sink.now_ns()?;
         let (mut new, ids) = self.next_state(now)?;
         let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
-        sink.admit(self.applied.as_ref(), &new)?;
+        sink.admit(&new.demand(self.applied.as_ref()))?;
         self.write_next(new, ids, pools, pool_changed_ns, now, sink)
     }
 
@@ -694,8 +686,8 @@ mod tests {
         fn now_ns(&self) -> anyhow::Result<u64> {
             Ok(self.now)
         }
-        fn admit(&self, _old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
-            match (self.max_services, new.services.iter().map(|s| s.id).max()) {
+        fn admit(&self, demand: &Demand) -> anyhow::Result<()> {
+            match (self.max_services, demand.services.iter().map(|s| s.id).max()) {
                 (Some(max), Some(id)) if id >= max => anyhow::bail!("service id {id} out of range"),
                 _ => Ok(()),
             }

@@ -220,7 +220,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             let now = dp.now_ns().map_err(fail)?;
             ctl.depart_unconfigured(now);
             let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next).context("removing what the previous configuration left").map_err(fail)?;
+            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
             if keys + prefixes + tables > 0 {
                 eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
@@ -232,7 +232,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
         if backends > 0 {
             eprintln!("lb: {backends} backends the configuration no longer has are draining");
         }

@@ -17,6 +17,4 @@ pub mod controller;
 pub mod daemon;
 pub mod dataplane;
 pub mod model;
-pub mod pinning;
 pub mod policy;
-pub mod service_table;

@@ -86,7 +86,7 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     assert_eq!((api1.flags & backend_flags::REMOVED, api1.drain_deadline_ns), (backend_flags::REMOVED, now), "a removed service's backends do not");
     assert_eq!(applied.backends.len(), 1);
     drop(dp);
-    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }
 
 /// `::ffff:198.19.0.0/112` and `198.19.0.0/16` are one trie key: read back after a restart, the
@@ -106,5 +106,5 @@ fn an_ipv4_mapped_prefix_survives_adoption() {
     let (dp, _, swept, _) = restart(pins.path(), sizes, &cfg, &state);
     assert_eq!(swept, (0, 0, 0, 0));
     drop(dp);
-    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }

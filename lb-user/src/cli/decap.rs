@@ -5,7 +5,7 @@
 //! different namespaces often share interface names.
 
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
-use crate::pinning;
+use crate::dataplane::pinning;
 use anyhow::{bail, Context, Result};
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;

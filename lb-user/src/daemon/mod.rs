@@ -13,7 +13,7 @@ use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
-use crate::pinning::{self, PinState};
+use crate::dataplane::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -622,7 +622,7 @@ mod tests {
         let cfg = Config::parse(&service(300)).unwrap();
         let s = sizes_for(&cfg);
         assert!(s.max_services * 16 >= 300, "{s:?}");
-        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 300);
+        assert!(crate::dataplane::service_table::slots_for(s.max_services) / 2 >= 300);
         // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
         let zones: String = (0..2)
             .map(|z| {

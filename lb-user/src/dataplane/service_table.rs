@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use aya::maps::{Array, MapData};
 use lb_common::{service_slot_hash, ServiceInfo, ServiceKey, ServiceSlot, ServiceTableRef, SERVICE_PROBES};
 
-use crate::dataplane::{update_batch, ArrayMmap};
+use super::sys::{update_batch, ArrayMmap};
 
 /// Slots per half for a data plane of `max_services` services: the power of two at or above
 /// twice the key capacity (16 keys per service, as the former hash map held).

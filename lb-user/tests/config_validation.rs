@@ -1296,3 +1296,121 @@ fn failover_example() {
         "both primaries and failover backends"
     );
 }
+
+// ------------------------------------------------------------------ addresses and text that cannot work
+
+#[test]
+fn non_unicast_vips_rejected() {
+    for (vip, what) in [
+        ("255.255.255.255", "broadcast"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("127.0.0.1", "loopback"),
+        ("ff02::1", "multicast"),
+        ("::1", "loopback"),
+    ] {
+        let mut cfg = base();
+        cfg.services[0].vip = vip.parse().unwrap();
+        // Backends of the VIP's family, so the family rule stays quiet.
+        if vip.contains(':') {
+            cfg.services[0].backends[0].address = "2001:db8:11::1".parse().unwrap();
+            cfg.services[0].backends[1].address = "2001:db8:12::1".parse().unwrap();
+        }
+        reject_web(cfg, "vip", &[vip, what, "allowed: a unicast address"]);
+    }
+}
+
+#[test]
+fn non_unicast_backends_rejected() {
+    for (addr, what) in [("255.255.255.255", "broadcast"), ("224.0.0.1", "multicast"), ("127.0.0.1", "loopback")] {
+        let mut cfg = base();
+        cfg.services[0].backends[1].address = addr.parse().unwrap();
+        reject_web(cfg, "backend[1].address", &[addr, what, "allowed: a unicast address"]);
+    }
+    let mut cfg = base();
+    cfg.services[0].vip = "2001:db8::100".parse().unwrap();
+    cfg.services[0].backends[0].address = "2001:db8:11::1".parse().unwrap();
+    cfg.services[0].backends[1].address = "ff02::1".parse().unwrap();
+    reject_web(cfg, "backend[1].address", &["ff02::1", "multicast", "allowed: a unicast address"]);
+}
+
+#[test]
+fn non_unicast_l2_dsr_macs_rejected() {
+    for (mac, what) in [
+        ("ff:ff:ff:ff:ff:ff", "broadcast"),
+        ("01:00:5e:00:00:01", "multicast"),
+        ("00:00:00:00:00:00", "zero"),
+    ] {
+        let mut cfg = base();
+        cfg.services[0].forwarding = Forwarding::L2Dsr;
+        cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
+        cfg.services[0].backends[1].mac = Some(mac.parse().unwrap());
+        reject_web(cfg, "backend[1].mac", &[mac, what, "allowed a unicast MAC"]);
+    }
+}
+
+#[test]
+fn encap_sources_covering_special_ranges_rejected() {
+    for (field, value, needles) in [
+        ("encap_source_v4", "0.0.0.0/0", ["0.0.0.0/8", "127.0.0.0/8, 224.0.0.0/4, 240.0.0.0/4"]),
+        ("encap_source_v4", "127.0.0.1", ["127.0.0.0/8", "loopback"]),
+        ("encap_source_v4", "224.0.0.0/3", ["224.0.0.0/4", "multicast"]),
+        ("encap_source_v4", "255.255.255.255", ["240.0.0.0/4", "broadcast"]),
+        ("encap_source_v6", "::/0", ["::/8", "ff00::/8"]),
+        ("encap_source_v6", "::1", ["::/8", "loopback"]),
+        ("encap_source_v6", "ff02::/16", ["ff00::/8", "multicast"]),
+    ] {
+        let text = format!("[dataplane]\n{field} = \"{value}\"\n{}", toml_with("", ""));
+        let full = format!("dataplane.{field}");
+        let mut all = vec!["every outer source must be a unicast address", "allowed"];
+        all.extend(needles);
+        reject_text(&text, &full, &full, &all);
+    }
+}
+
+#[test]
+fn health_check_request_path_with_control_characters_rejected() {
+    for path in ["/health\r\nX-Injected: 1", "/a b", "/\u{1b}[2J"] {
+        let mut cfg = base();
+        cfg.services[0].health_check = Some(lb_user::config::HealthCheck {
+            protocol: HealthProtocol::Http,
+            port: None,
+            request_path: Some(path.into()),
+            expected_status: None,
+            check_interval_sec: 5,
+            timeout_sec: 5,
+            healthy_threshold: 2,
+            unhealthy_threshold: 2,
+        });
+        reject_web(cfg, "health_check.request_path", &["control character", "allowed printable ASCII only"]);
+    }
+}
+
+#[test]
+fn names_with_control_characters_rejected() {
+    let mut cfg = base();
+    cfg.services[0].name = "web\nlb: forged line".into();
+    assert_single(cfg.validate(), "service \"web\\nlb: forged line\"", "name", &["control characters", "allowed printable"]);
+
+    let mut cfg = base();
+    cfg.zones[0].name = "zone-\u{1b}[31m".into();
+    cfg.services[0].backends[0].zone = Some(cfg.zones[0].name.clone());
+    assert_single(cfg.validate(), "zone \"zone-\\u{1b}[31m\"", "name", &["control characters", "allowed printable"]);
+
+    let mut cfg = base();
+    cfg.services[0].backends[0].name = Some("b\r\n".into());
+    reject_web(cfg, "backend[0].name", &["control characters", "allowed printable"]);
+}
+
+#[test]
+fn conntrack_entries_above_the_maximum_rejected() {
+    let text = format!("[dataplane]\nconntrack_entries = 4294967295\n{}", toml_with("", ""));
+    reject_text(
+        &text,
+        "dataplane.conntrack_entries",
+        "dataplane.conntrack_entries",
+        &["4294967295", "too large", "allowed 1..=16777216", "MiB"],
+    );
+    let ok = format!("[dataplane]\nconntrack_entries = 16777216\n{}", toml_with("", ""));
+    Config::parse(&ok).expect("the maximum is allowed");
+}

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::model::{keyed_triples, BackendKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 /// Stable ids for services (by name) and backends (by service name and address).
@@ -14,6 +14,11 @@ pub struct Ids {
     /// Generation of each backend id's current holder (`Backend::generation`): bumped when the
     /// id is handed to another backend, kept after the id is freed.
     generations: BTreeMap<u32, u16>,
+    /// The ids not in use, derived from `services` / `backends` when first needed after a
+    /// change other than handing out an id (then kept up to date): handing out n ids costs
+    /// O(n log n), not a sort of every id in use per new id.
+    free_services: Option<FreeIds>,
+    free_backends: Option<FreeIds>,
 }
 
 /// Serializable form of [`Ids`] (JSON maps need string keys).
@@ -42,6 +47,7 @@ impl Ids {
             services: s.services.iter().cloned().collect(),
             backends: s.backends.iter().cloned().collect(),
             generations: s.generations.iter().copied().collect(),
+            ..Self::default()
         }
     }
 
@@ -49,7 +55,9 @@ impl Ids {
         if let Some(id) = self.services.get(name) {
             return *id;
         }
-        let id = first_free(self.services.len() as u32, self.services.values());
+        let hint = self.services.len() as u32;
+        let services = &self.services;
+        let id = self.free_services.get_or_insert_with(|| FreeIds::of(services.values())).take(hint);
         self.services.insert(name.to_owned(), id);
         id
     }
@@ -60,7 +68,8 @@ impl Ids {
         if let Some(id) = self.backends.get(&key) {
             return *id;
         }
-        let id = first_free(next, self.backends.values());
+        let backends = &self.backends;
+        let id = self.free_backends.get_or_insert_with(|| FreeIds::of(backends.values())).take(next);
         self.backends.insert(key, id);
         let generation = self.generations.entry(id).or_insert(0);
         *generation = generation.wrapping_add(1);
@@ -77,6 +86,8 @@ impl Ids {
             self.backends.entry(key.clone()).or_insert(*id);
         }
         self.generations.extend(other.generations.iter().map(|(i, g)| (*i, *g)));
+        self.free_services = None;
+        self.free_backends = None;
     }
 
     /// Every backend's key and id.
@@ -97,11 +108,13 @@ impl Ids {
     /// Forget ids of services and backends that are no longer configured, except backends for
     /// which `keep(key)` holds (tracked flows may still point at their id).
     pub fn retain(&mut self, cfg: &Config, keep: &dyn Fn(&BackendKey) -> bool) {
-        self.backends.retain(|k, _| {
-            keep(k) || cfg.has_backend(k)
-        });
-        let backends = &self.backends;
-        self.services.retain(|name, _| cfg.services.iter().any(|s| &s.name == name) || backends.keys().any(|k| &k.service == name));
+        let configured: HashSet<(&str, IpAddr)> =
+            cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| (s.name.as_str(), b.address))).collect();
+        self.backends.retain(|k, _| keep(k) || configured.contains(&(k.service.as_str(), k.address)));
+        let named: HashSet<&str> = cfg.services.iter().map(|s| s.name.as_str()).chain(self.backends.keys().map(|k| k.service.as_str())).collect();
+        self.services.retain(|name, _| named.contains(name.as_str()));
+        self.free_services = None;
+        self.free_backends = None;
     }
 
     pub fn backend_id(&self, service: &str, addr: IpAddr) -> Option<u32> {
@@ -109,12 +122,100 @@ impl Ids {
     }
 }
 
-/// The lowest id not in use (ids are dense so arrays stay small).
-fn first_free<'a>(hint: u32, used: impl Iterator<Item = &'a u32>) -> u32 {
-    let mut used: Vec<u32> = used.copied().collect();
-    used.sort_unstable();
-    if !used.contains(&hint) {
-        return hint;
+/// The ids not in use: every id from `end` on, and the gaps below it as ranges (start -> end,
+/// exclusive), so a sparse set of ids (an old state file) costs no more than a dense one.
+#[derive(Clone, Debug, Default)]
+struct FreeIds {
+    end: u32,
+    gaps: BTreeMap<u32, u32>,
+}
+
+impl FreeIds {
+    fn of<'a>(used: impl Iterator<Item = &'a u32>) -> Self {
+        #[cfg(test)]
+        tests::SCANS.with(|n| n.set(n.get() + 1));
+        let mut used: Vec<u32> = used.copied().collect();
+        used.sort_unstable();
+        let mut free = Self::default();
+        for id in used {
+            if id > free.end {
+                free.gaps.insert(free.end, id);
+            }
+            free.end = id.saturating_add(1);
+        }
+        free
     }
-    (0..).find(|i| used.binary_search(i).is_err()).unwrap_or(hint)
+
+    /// `hint` if it is free, else the lowest free id (ids are dense so arrays stay small).
+    fn take(&mut self, hint: u32) -> u32 {
+        let id = match self.gaps.range(..=hint).next_back() {
+            _ if hint >= self.end => hint,
+            Some((_, &gap_end)) if hint < gap_end => hint,
+            _ => match self.gaps.keys().next() {
+                Some(&lowest) => lowest,
+                None => self.end,
+            },
+        };
+        if id >= self.end {
+            if id > self.end {
+                self.gaps.insert(self.end, id);
+            }
+            self.end = id.saturating_add(1);
+            return id;
+        }
+        let (&start, &gap_end) = self.gaps.range(..=id).next_back().expect("a free id lies in a gap");
+        self.gaps.remove(&start);
+        if start < id {
+            self.gaps.insert(start, id);
+        }
+        if id + 1 < gap_end {
+            self.gaps.insert(id + 1, gap_end);
+        }
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        /// Scans of every id in use (`FreeIds::of`) on this test's thread.
+        pub(super) static SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The old rule: `hint` if unused, else the lowest unused id.
+    fn lowest_free(hint: u32, used: &[u32]) -> u32 {
+        if !used.contains(&hint) {
+            return hint;
+        }
+        (0..).find(|i| !used.contains(i)).unwrap()
+    }
+
+    #[test]
+    fn free_ids_hand_out_what_the_lowest_free_rule_does() {
+        for used in [vec![], vec![0, 1, 2], vec![1, 2, 5, 9], vec![0, 3, 4, 7, 8]] {
+            let mut all = used.clone();
+            let mut free = FreeIds::of(used.iter());
+            for _ in 0..12 {
+                let hint = all.len() as u32;
+                let id = free.take(hint);
+                assert_eq!(id, lowest_free(hint, &all), "used {all:?}");
+                all.push(id);
+            }
+        }
+    }
+
+    #[test]
+    fn a_hundred_thousand_backends_get_dense_ids_from_one_scan() {
+        let mut ids = Ids::default();
+        for n in 0..100_000u32 {
+            let addr = IpAddr::from([198, 18, (n >> 8) as u8, n as u8]);
+            assert_eq!(ids.backend(&format!("s{}", n / 250), addr), n);
+        }
+        // The free ids were derived once (from nothing) and then kept, never re-sorted.
+        assert_eq!(SCANS.with(|n| n.get()), 1);
+        let free = ids.free_backends.as_ref().unwrap();
+        assert_eq!((free.end, free.gaps.len()), (100_000, 0));
+    }
 }

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 /// The object a violation belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// The configuration as a whole (the count of problems not listed).
+    Config,
     /// `[dataplane]`.
     Dataplane,
     /// The `index`-th `[[zone]]`.
@@ -22,6 +24,7 @@ impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // An empty name cannot identify the object, so fall back to its position in the file.
         match self {
+            Scope::Config => f.write_str("configuration"),
             Scope::Dataplane => f.write_str("dataplane"),
             Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
@@ -57,6 +60,7 @@ impl Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
+            Scope::Config => f.write_str(&self.problem),
             Scope::Dataplane => write!(f, "{}: {}", self.field, self.problem),
             _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
         }

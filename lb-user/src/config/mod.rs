@@ -16,7 +16,9 @@ pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
-    MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
+    MAX_CONNTRACK_ENTRIES, MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_VIOLATIONS, MAX_WEIGHT,
+    MIN_IDLE_TIMEOUT_SEC,
+    MIN_MAGLEV_TABLE_SIZE,
 };
 
 use crate::model::*;

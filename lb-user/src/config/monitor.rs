@@ -98,6 +98,13 @@ impl MonitorSettings {
             (Some(p), true) if !p.starts_with('/') => {
                 problems.push(("path", format!("{p:?} must start with '/'")))
             }
+            (Some(p), true) if !p.bytes().all(|c| c.is_ascii_graphic()) => problems.push((
+                "path",
+                format!(
+                    "{p:?} contains a space, control character (CR, LF, ...) or non-ASCII byte: \
+                     allowed printable ASCII only (percent-encode the rest, e.g. %20)"
+                ),
+            )),
             _ => {}
         }
         let interval_ok = ALLOWED_INTERVALS_SEC.contains(&m.interval_sec);

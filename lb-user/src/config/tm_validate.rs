@@ -3,8 +3,8 @@
 //! `[[geo]]` and nesting. Same style as `validate`: every problem, with field path and the
 //! allowed values.
 
-use super::error::{Scope, Violation};
-use super::validate::Report;
+use super::error::Scope;
+use super::validate::{Report, Sink};
 use super::{Backend, Config, Service};
 use crate::model::*;
 use super::monitor::{parse_custom_headers, MonitorSettings};
@@ -24,7 +24,7 @@ const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALU
 
 // ---------------------------------------------------------------- [[latency]] and [[geo]]
 
-pub(super) fn check_client_inputs(cfg: &Config, out: &mut Vec<Violation>) {
+pub(super) fn check_client_inputs(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
     for (index, entry) in cfg.latency.iter().enumerate() {
         let mut r = Report {
@@ -568,8 +568,14 @@ fn check_nested_endpoint(
 // ---------------------------------------------------------------- nesting across services
 
 /// Spec §2.5 / vector H5: no loops, at most `MAX_NESTING_DEPTH` nesting levels below any
-/// service (a chain of 11 services has 10 levels and is allowed).
-pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
+/// service (a chain of 11 services has 10 levels and is allowed). Linear in services plus
+/// nested endpoints: every service's depth is computed once (`Nesting`), however many paths
+/// lead to it.
+pub(super) fn check_nesting(cfg: &Config, out: &mut Sink) {
+    let mut index_of: HashMap<&str, usize> = HashMap::new();
+    for (s, svc) in cfg.services.iter().enumerate() {
+        index_of.entry(svc.name.as_str()).or_insert(s);
+    }
     let edges: Vec<Vec<usize>> = cfg
         .services
         .iter()
@@ -577,11 +583,12 @@ pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
         .map(|(s, svc)| {
             svc.backends
                 .iter()
-                .filter_map(|b| cfg.service_index(b.target_service.as_deref()?))
+                .filter_map(|b| index_of.get(b.target_service.as_deref()?).copied())
                 .filter(|&c| c != s)
                 .collect()
         })
         .collect();
+    let nesting = Nesting::of(&edges);
     for (index, svc) in cfg.services.iter().enumerate() {
         let mut r = Report {
             out,
@@ -590,59 +597,202 @@ pub(super) fn check_nesting(cfg: &Config, out: &mut Vec<Violation>) {
                 name: svc.name.clone(),
             },
         };
-        let mut path = vec![index];
-        match longest_chain(&edges, &mut path) {
-            Err(cycle) => {
-                let names: Vec<&str> = cycle
-                    .iter()
-                    .map(|&s| cfg.services[s].name.as_str())
-                    .collect();
+        if nesting.on_loop[index] {
+            // Finding the loop costs a search; past the listing cap only the count matters.
+            let cycle = if r.out.is_full() { Vec::new() } else { nesting.cycle_through(&edges, index) };
+            let mut names: Vec<&str> = cycle.iter().map(|&s| cfg.services[s].name.as_str()).collect();
+            let shown = MAX_NESTING_DEPTH + 2;
+            if names.len() > shown {
+                let n = names.len() - 1;
+                names.truncate(shown);
+                names.push("...");
+                names.push(&svc.name);
                 r.push(
                     "backend.target_service",
-                    format!(
-                        "nesting loop {}: nested services must form a tree",
-                        names.join(" -> ")
-                    ),
+                    format!("nesting loop of {n} services {}: nested services must form a tree", names.join(" -> ")),
+                );
+            } else {
+                r.push(
+                    "backend.target_service",
+                    format!("nesting loop {}: nested services must form a tree", names.join(" -> ")),
                 );
             }
-            Ok(depth) if depth > MAX_NESTING_DEPTH => r.push(
+        } else if nesting.depth[index] > MAX_NESTING_DEPTH {
+            r.push(
                 "backend.target_service",
                 format!(
-                    "nesting is {depth} levels deep below this service: allowed at most \
-                     {MAX_NESTING_DEPTH}"
+                    "nesting is {} levels deep below this service: allowed at most \
+                     {MAX_NESTING_DEPTH}",
+                    nesting.depth[index]
                 ),
-            ),
-            Ok(_) => {}
+            );
         }
     }
 }
 
-/// Levels of nesting below the last service of `path`, or the loop through the path's first
-/// service. Loops not through the first service are reported from their own members; the
-/// search stops one level past the limit.
-fn longest_chain(edges: &[Vec<usize>], path: &mut Vec<usize>) -> Result<usize, Vec<usize>> {
-    let Some(&here) = path.last() else {
-        return Ok(0);
-    };
-    if path.len() > MAX_NESTING_DEPTH + 2 {
-        return Ok(0);
-    }
-    let mut best = 0;
-    for &c in &edges[here] {
-        if c == path[0] {
-            let mut cycle = path.clone();
-            cycle.push(c);
-            return Err(cycle);
+/// The nesting graph's loops and depths, from one pass of Tarjan's strongly connected
+/// components: a service is on a loop iff its component has several members, and components
+/// come out children first, so each depth is computed once from its children's. A service
+/// above a loop counts its levels down to the loop (the loop is reported on its members).
+struct Nesting {
+    on_loop: Vec<bool>,
+    depth: Vec<usize>,
+    component: Vec<usize>,
+    /// Nodes and edges visited: a measure of work for tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    steps: usize,
+}
+
+impl Nesting {
+    fn of(edges: &[Vec<usize>]) -> Self {
+        const UNSEEN: usize = usize::MAX;
+        let n = edges.len();
+        let mut order = vec![UNSEEN; n];
+        let mut low = vec![0; n];
+        let mut on_stack = vec![false; n];
+        let mut stack: Vec<usize> = Vec::new();
+        let mut component = vec![UNSEEN; n];
+        let mut on_loop = vec![false; n];
+        let mut depth = vec![0; n];
+        let (mut next, mut components, mut steps) = (0, 0, 0);
+        for root in 0..n {
+            if order[root] != UNSEEN {
+                continue;
+            }
+            // (node, next edge to look at)
+            let mut calls: Vec<(usize, usize)> = vec![(root, 0)];
+            order[root] = next;
+            low[root] = next;
+            next += 1;
+            stack.push(root);
+            on_stack[root] = true;
+            while let Some(&mut (v, ref mut e)) = calls.last_mut() {
+                steps += 1;
+                if let Some(&c) = edges[v].get(*e) {
+                    *e += 1;
+                    if order[c] == UNSEEN {
+                        order[c] = next;
+                        low[c] = next;
+                        next += 1;
+                        stack.push(c);
+                        on_stack[c] = true;
+                        calls.push((c, 0));
+                    } else if on_stack[c] {
+                        low[v] = low[v].min(order[c]);
+                    }
+                    continue;
+                }
+                calls.pop();
+                if let Some(&(parent, _)) = calls.last() {
+                    low[parent] = low[parent].min(low[v]);
+                }
+                if low[v] != order[v] {
+                    continue;
+                }
+                // v roots a component: pop it; its children's components are all done.
+                let mut members = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    component[w] = components;
+                    members.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                components += 1;
+                let looped = members.len() > 1;
+                for &w in &members {
+                    on_loop[w] = looped;
+                    if !looped {
+                        depth[w] = edges[w]
+                            .iter()
+                            .map(|&c| if on_loop[c] { 1 } else { depth[c] + 1 })
+                            .max()
+                            .unwrap_or(0);
+                        steps += edges[w].len();
+                    }
+                }
+            }
         }
-        if path.contains(&c) {
-            continue;
+        Self {
+            on_loop,
+            depth,
+            component,
+            steps,
         }
-        path.push(c);
-        let below = longest_chain(edges, path);
-        path.pop();
-        best = best.max(below? + 1);
     }
-    Ok(best)
+
+    /// A shortest loop from `start` back to it (breadth first, in edge order, inside its
+    /// component), with `start` at both ends.
+    fn cycle_through(&self, edges: &[Vec<usize>], start: usize) -> Vec<usize> {
+        let mut parent: HashMap<usize, usize> = HashMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        while let Some(v) = queue.pop_front() {
+            for &c in &edges[v] {
+                if self.component[c] != self.component[start] {
+                    continue;
+                }
+                if c == start {
+                    let mut path = vec![start, v];
+                    let mut w = v;
+                    while w != start {
+                        w = parent[&w];
+                        path.push(w);
+                    }
+                    path.reverse();
+                    return path;
+                }
+                if let std::collections::hash_map::Entry::Vacant(slot) = parent.entry(c) {
+                    slot.insert(v);
+                    queue.push_back(c);
+                }
+            }
+        }
+        vec![start]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `levels` levels of `width` services, each nesting every service of the next level.
+    fn layered(levels: usize, width: usize) -> Vec<Vec<usize>> {
+        (0..levels * width)
+            .map(|s| {
+                let next = (s / width + 1) * width;
+                if next < levels * width {
+                    (next..next + width).collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nesting_depth_is_linear_in_services_and_edges() {
+        // 4^10 paths lead from a top service to the bottom level; each edge is looked at a
+        // bounded number of times.
+        let edges = layered(11, 4);
+        let nesting = Nesting::of(&edges);
+        assert_eq!(nesting.depth[0], 10);
+        assert_eq!(nesting.depth[43], 0);
+        assert!(nesting.on_loop.iter().all(|l| !l));
+        let work = edges.len() + edges.iter().map(Vec::len).sum::<usize>();
+        assert!(nesting.steps <= 3 * work, "{} steps for {work} nodes and edges", nesting.steps);
+    }
+
+    #[test]
+    fn nesting_loops_are_found_on_their_members_only() {
+        // 0 -> 1 -> 2 -> 1, 3 -> 0
+        let edges = vec![vec![1], vec![2], vec![1], vec![0]];
+        let nesting = Nesting::of(&edges);
+        assert_eq!(nesting.on_loop, [false, true, true, false]);
+        assert_eq!(nesting.depth[0], 1);
+        assert_eq!(nesting.depth[3], 2);
+        assert_eq!(nesting.cycle_through(&edges, 2), [2, 1, 2]);
+    }
 }
 
 // ---------------------------------------------------------------- DNS names
@@ -675,7 +825,7 @@ pub fn canonical_dns_name(name: &str) -> String {
 }
 
 /// `dns_name`: a valid host name, unique across services (case-insensitive).
-pub(super) fn check_dns_names(cfg: &Config, out: &mut Vec<Violation>) {
+pub(super) fn check_dns_names(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<String, &str> = HashMap::new();
     for (index, svc) in cfg.services.iter().enumerate() {
         let Some(name) = &svc.dns_name else { continue };

@@ -22,6 +22,9 @@ pub const MAX_MAGLEV_TABLE_SIZE: u32 = 1_000_003;
 /// Spec §1.4: 10 min .. 16 h.
 pub const MIN_IDLE_TIMEOUT_SEC: u32 = 600;
 pub const MAX_IDLE_TIMEOUT_SEC: u32 = 57_600;
+/// Flows per connection table: 2^24 flows take 2^23 buckets of 8 slots per address family, a few
+/// GiB of kernel memory in all; more fails at load time with ENOMEM.
+pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 24;
 /// Spec §1.4: `drainingTimeoutSec` ∈ [0, 3600].
 pub const MAX_DRAINING_TIMEOUT_SEC: u32 = 3600;
 
@@ -32,9 +35,51 @@ const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] = [
     SessionAffinity::ClientIpNoDestination,
 ];
 
+/// At most this many violations are listed; the rest are counted in one closing line. A file
+/// with thousands of copies of one mistake gets a readable answer in bounded memory.
+pub const MAX_VIOLATIONS: usize = 100;
+
+/// Where the checks put their violations: the first `MAX_VIOLATIONS` are kept, the others only
+/// counted.
+#[derive(Default)]
+pub(super) struct Sink {
+    kept: Vec<Violation>,
+    omitted: usize,
+}
+
+impl Sink {
+    pub(super) fn push(&mut self, v: Violation) {
+        if self.kept.len() < MAX_VIOLATIONS {
+            self.kept.push(v);
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    /// True once nothing more is kept: a check may skip building further messages.
+    pub(super) fn is_full(&self) -> bool {
+        self.kept.len() >= MAX_VIOLATIONS
+    }
+
+    fn finish(mut self) -> Vec<Violation> {
+        if self.omitted > 0 {
+            self.kept.push(Violation {
+                scope: Scope::Config,
+                field: String::new(),
+                problem: format!(
+                    "{} more problems not listed (only the first {MAX_VIOLATIONS} are): fix these and \
+                     validate again",
+                    self.omitted
+                ),
+            });
+        }
+        self.kept
+    }
+}
+
 /// Collects violations for one scope.
 pub(super) struct Report<'a> {
-    pub(super) out: &'a mut Vec<Violation>,
+    pub(super) out: &'a mut Sink,
     pub(super) scope: Scope,
 }
 
@@ -49,7 +94,7 @@ impl Report<'_> {
 }
 
 pub(super) fn check(cfg: &Config) -> Vec<Violation> {
-    let mut out = Vec::new();
+    let mut out = Sink::default();
     check_dataplane(&cfg.dataplane, &mut out);
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
@@ -69,7 +114,7 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     super::tm_validate::check_client_inputs(cfg, &mut out);
     super::tm_validate::check_nesting(cfg, &mut out);
     super::tm_validate::check_dns_names(cfg, &mut out);
-    out
+    out.finish()
 }
 
 // ---------------------------------------------------------------- dataplane
@@ -82,7 +127,7 @@ fn is_prime(n: u32) -> bool {
     (2u64..).take_while(|d| d * d <= n).all(|d| n % d != 0)
 }
 
-fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
+fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
     let mut r = Report {
         out,
         scope: Scope::Dataplane,
@@ -102,6 +147,31 @@ fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
             "dataplane.conntrack_entries",
             "0 is not allowed: must be at least 1",
         );
+    } else if dp.conntrack_entries > MAX_CONNTRACK_ENTRIES {
+        let bytes = u64::from(lb_common::ct_buckets_for(dp.conntrack_entries))
+            * (std::mem::size_of::<lb_common::CtBucket4>() + std::mem::size_of::<lb_common::CtBucket6>()) as u64;
+        r.push(
+            "dataplane.conntrack_entries",
+            format!(
+                "{} is too large: allowed 1..={MAX_CONNTRACK_ENTRIES} (the connection tables would \
+                 take {} MiB of kernel memory)",
+                dp.conntrack_entries,
+                bytes >> 20
+            ),
+        );
+    }
+    for (field, net) in [("dataplane.encap_source_v4", dp.encap_source_v4), ("dataplane.encap_source_v6", dp.encap_source_v6)] {
+        if let Some((special, what)) = net.and_then(|n| special_overlap(&n)) {
+            r.push(
+                field,
+                format!(
+                    "{} includes {special} ({what}): every outer source must be a unicast address; \
+                     allowed: an address or prefix outside {}",
+                    net.expect("checked"),
+                    special_ranges(&special).join(", ")
+                ),
+            );
+        }
     }
     if let Some(net @ IpNet::V6(_)) = dp.encap_source_v4 {
         r.push(
@@ -117,9 +187,65 @@ fn check_dataplane(dp: &Dataplane, out: &mut Vec<Violation>) {
     }
 }
 
+/// Ranges no VIP, backend or outer source may use: (prefix, what it is).
+const SPECIAL_V4: [(&str, &str); 4] = [
+    ("0.0.0.0/8", "unspecified / \"this network\""),
+    ("127.0.0.0/8", "loopback"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved, with the broadcast address 255.255.255.255"),
+];
+const SPECIAL_V6: [(&str, &str); 2] = [
+    ("::/8", "reserved, with the unspecified address :: and loopback ::1"),
+    ("ff00::/8", "multicast"),
+];
+
+fn special_table(net: &IpNet) -> &'static [(&'static str, &'static str)] {
+    match net {
+        IpNet::V4(_) => &SPECIAL_V4,
+        IpNet::V6(_) => &SPECIAL_V6,
+    }
+}
+
+/// The first special range `net` overlaps, if any.
+fn special_overlap(net: &IpNet) -> Option<(IpNet, &'static str)> {
+    special_table(net).iter().find_map(|(text, what)| {
+        let special: IpNet = text.parse().expect("valid constant");
+        (special.contains(&net.network()) || net.contains(&special.network())).then_some((special, *what))
+    })
+}
+
+/// The special ranges of `net`'s family, for messages.
+fn special_ranges(net: &IpNet) -> Vec<&'static str> {
+    special_table(net).iter().map(|(text, _)| *text).collect()
+}
+
+/// Why a VIP or backend address cannot carry unicast traffic, if it cannot.
+fn non_unicast(addr: &IpAddr) -> Option<&'static str> {
+    match addr {
+        IpAddr::V4(a) if a.is_broadcast() => Some("the broadcast address"),
+        a if a.is_unspecified() => Some("the unspecified address"),
+        a if a.is_multicast() => Some("a multicast address"),
+        a if a.is_loopback() => Some("a loopback address"),
+        _ => None,
+    }
+}
+
+const UNICAST_ONLY: &str = "allowed: a unicast address (not unspecified 0.0.0.0 / ::, loopback 127.0.0.0/8 / \
+     ::1, multicast 224.0.0.0/4 / ff00::/8 or broadcast 255.255.255.255)";
+
+/// A name that ends up in logs and terminals: no control characters (newlines, escapes).
+pub(super) fn check_printable(field: impl Into<String>, text: &str, r: &mut Report) {
+    if text.chars().any(char::is_control) {
+        r.push(
+            field,
+            format!("{text:?} contains control characters: allowed printable characters only (no newlines, tabs or escape sequences)"),
+        );
+    }
+}
+
 // ---------------------------------------------------------------- zones
 
-fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
+fn check_zones(zones: &[Zone], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, zone) in zones.iter().enumerate() {
         let mut r = Report {
@@ -129,6 +255,7 @@ fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
                 name: zone.name.clone(),
             },
         };
+        check_printable("name", &zone.name, &mut r);
         if zone.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(zone.name.as_str()) {
@@ -158,7 +285,7 @@ fn check_zones(zones: &[Zone], out: &mut Vec<Violation>) {
 /// address names at most one zone. Sorting by network address makes this O(n log n): canonical
 /// prefixes are nested or disjoint, so a prefix overlaps an earlier one iff its first address
 /// lies at or below the highest last address seen so far in the same family.
-fn check_prefix_overlaps(zones: &[Zone], out: &mut Vec<Violation>) {
+fn check_prefix_overlaps(zones: &[Zone], out: &mut Sink) {
     // (network, zone index, prefix index); host bits are cleared (reported separately).
     let mut all: Vec<(IpNet, usize, usize)> = zones
         .iter()
@@ -223,6 +350,9 @@ fn zone_label(zones: &[Zone], index: usize) -> String {
 // ---------------------------------------------------------------- one service
 
 fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
+    if let Some(what) = non_unicast(&svc.vip) {
+        r.push("vip", format!("{} is {what}: {UNICAST_ONLY}", svc.vip));
+    }
     check_ports(svc, r);
     check_zonal_affinity(svc, r);
     check_failover_policy(svc, r);
@@ -422,6 +552,14 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
                 "health_check.request_path",
                 format!("{path:?} must start with '/'"),
             );
+        } else if !path.bytes().all(|c| c.is_ascii_graphic()) {
+            r.push(
+                "health_check.request_path",
+                format!(
+                    "{path:?} contains a space, control character (CR, LF, ...) or non-ASCII byte: \
+                     allowed printable ASCII only (percent-encode the rest, e.g. %20)"
+                ),
+            );
         }
     }
     if let Some(status) = hc.expected_status {
@@ -502,6 +640,13 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             ),
         );
     }
+    // 0.0.0.0 and :: stand for "absent" (reported as a missing address elsewhere).
+    if let Some(what) = non_unicast(&b.address).filter(|_| !b.address.is_unspecified()) {
+        r.push(format!("backend[{i}].address"), format!("{} is {what}: {UNICAST_ONLY}", b.address));
+    }
+    if let Some(name) = &b.name {
+        check_printable(format!("backend[{i}].name"), name, r);
+    }
     if let Some(zone) = &b.zone {
         if !zone_names.contains(&zone.as_str()) {
             let configured = if zone_names.is_empty() {
@@ -528,19 +673,37 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
              without one, allowed: false",
         );
     }
-    // A malformed `mac` is refused when the file is parsed (`MacAddr`). A nested endpoint
-    // forwards to its child's backends, whose own MACs are used.
-    if b.mac.is_none() && svc.forwarding == Forwarding::L2Dsr && !b.is_nested() {
-        r.push(
+    // A malformed `mac` is refused when the file is parsed (`MacAddr`).
+    match b.mac {
+        Some(mac) => {
+            let what = if mac.0 == [0; 6] {
+                Some("the zero address")
+            } else if mac.0 == [0xff; 6] {
+                Some("the broadcast address")
+            } else if mac.0[0] & 1 == 1 {
+                Some("a multicast address (the low bit of the first octet is set)")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                r.push(
+                    format!("backend[{i}].mac"),
+                    format!("\"{mac}\" is {what}: allowed a unicast MAC, not zero, with an even first octet (e.g. \"02:00:c6:12:0b:01\")"),
+                );
+            }
+        }
+        // A nested endpoint forwards to its child's backends, whose own MACs are used.
+        None if svc.forwarding == Forwarding::L2Dsr && !b.is_nested() => r.push(
             format!("backend[{i}].mac"),
             format!("required with forwarding = {}: the backend's MAC address", Forwarding::L2Dsr),
-        );
+        ),
+        None => {}
     }
 }
 
 // ---------------------------------------------------------------- across services
 
-fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
+fn check_service_names(services: &[Service], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
         let mut r = Report {
@@ -550,6 +713,7 @@ fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
                 name: svc.name.clone(),
             },
         };
+        check_printable("name", &svc.name, &mut r);
         if svc.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(svc.name.as_str()) {
@@ -567,23 +731,134 @@ fn check_service_names(services: &[Service], out: &mut Vec<Violation>) {
 
 /// No two services may claim the same (vip, port, protocol). An empty port list claims every
 /// port of its protocol; L3_DEFAULT claims every protocol and port of its VIP.
-fn check_listeners(services: &[Service], out: &mut Vec<Violation>) {
+///
+/// Services that clash, directly or through one another, form a group; each group is reported
+/// once, on its first member that clashes with an earlier one, with the group's size and first
+/// names. Linear in the number of claims: each service is compared with the first earlier
+/// owner of each claim, not with every earlier service.
+fn check_listeners(services: &[Service], out: &mut Sink) {
     let mut by_vip: HashMap<IpAddr, Vec<usize>> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        let earlier = by_vip.entry(svc.vip).or_default();
-        for &j in earlier.iter() {
-            if let Some((field, problem)) = listener_clash(svc, &services[j], j) {
-                out.push(Violation {
-                    scope: Scope::Service {
-                        index,
-                        name: svc.name.clone(),
-                    },
-                    field,
-                    problem,
-                });
+        by_vip.entry(svc.vip).or_default().push(index);
+    }
+    let mut groups = UnionFind::new(services.len());
+    // The first earlier service each service clashes with.
+    let mut partner: Vec<Option<usize>> = vec![None; services.len()];
+    for members in by_vip.values().filter(|m| m.len() > 1) {
+        let mut l3: Option<usize> = None;
+        let mut all_ports: HashMap<Protocol, usize> = HashMap::new();
+        let mut of_protocol: HashMap<Protocol, Vec<usize>> = HashMap::new();
+        let mut port_owner: HashMap<(Protocol, u16), usize> = HashMap::new();
+        for (k, &s) in members.iter().enumerate() {
+            let svc = &services[s];
+            let mut clashes: Vec<usize> = Vec::new();
+            if svc.protocol == Protocol::L3Default {
+                // The first L3_DEFAULT joins every earlier service; later ones join it.
+                match l3 {
+                    Some(first) => clashes.push(first),
+                    None => clashes.extend(&members[..k]),
+                }
+                l3.get_or_insert(s);
+            } else {
+                clashes.extend(l3);
+                let same = of_protocol.entry(svc.protocol).or_default();
+                if svc.ports.is_empty() {
+                    match all_ports.get(&svc.protocol) {
+                        Some(&first) => clashes.push(first),
+                        None => clashes.extend(same.iter().copied()),
+                    }
+                    all_ports.entry(svc.protocol).or_insert(s);
+                } else {
+                    clashes.extend(all_ports.get(&svc.protocol));
+                    for &port in &svc.ports {
+                        match port_owner.get(&(svc.protocol, port)) {
+                            Some(&owner) if owner != s => clashes.push(owner),
+                            Some(_) => {}
+                            None => {
+                                port_owner.insert((svc.protocol, port), s);
+                            }
+                        }
+                    }
+                }
+                // An all-ports service joins all earlier ones of its protocol once; keep the
+                // list only while no all-ports service exists.
+                if all_ports.contains_key(&svc.protocol) {
+                    same.clear();
+                } else {
+                    same.push(s);
+                }
             }
+            for &j in &clashes {
+                groups.union(s, j);
+            }
+            partner[s] = clashes.iter().copied().min();
         }
-        earlier.push(index);
+    }
+    const SHOWN: usize = 8;
+    // Per group: its size and its first names.
+    let mut group: HashMap<usize, (usize, Vec<usize>)> = HashMap::new();
+    for s in 0..services.len() {
+        let (n, first) = group.entry(groups.find(s)).or_default();
+        *n += 1;
+        if first.len() < SHOWN {
+            first.push(s);
+        }
+    }
+    let mut reported: HashSet<usize> = HashSet::new();
+    for (index, svc) in services.iter().enumerate() {
+        let Some(j) = partner[index] else { continue };
+        let root = groups.find(index);
+        if !reported.insert(root) {
+            continue;
+        }
+        let Some((field, mut problem)) = listener_clash(svc, &services[j], j) else { continue };
+        let (n, first) = &group[&root];
+        let n = *n;
+        if n > 2 {
+            let names: Vec<String> = first.iter().map(|&s| format!("{:?}", services[s].name)).collect();
+            let more = if n > SHOWN { format!(" and {} more", n - SHOWN) } else { String::new() };
+            problem.push_str(&format!(
+                " ({n} services on {} clash in one group: {}{more}; reported once)",
+                svc.vip,
+                names.join(", ")
+            ));
+        }
+        out.push(Violation {
+            scope: Scope::Service {
+                index,
+                name: svc.name.clone(),
+            },
+            field,
+            problem,
+        });
+    }
+}
+
+/// Disjoint sets of indices (path halving, union by index).
+struct UnionFind {
+    parent: Vec<usize>,
+}
+
+impl UnionFind {
+    fn new(n: usize) -> Self {
+        Self {
+            parent: (0..n).collect(),
+        }
+    }
+
+    fn find(&mut self, mut x: usize) -> usize {
+        while self.parent[x] != x {
+            self.parent[x] = self.parent[self.parent[x]];
+            x = self.parent[x];
+        }
+        x
+    }
+
+    fn union(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.parent[a.max(b)] = a.min(b);
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use super::rng::{mix64, Rng};
 use super::status::{Statuses, MAX_NESTING_DEPTH};
 use crate::config::Service;
 use crate::model::{AdminStatus, MonitorStatus, RoutingMethod};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 /// What one selection step chose in one service: endpoints with their relative share, or
@@ -70,6 +71,7 @@ pub fn select(
     family: Option<Family>,
     depth: usize,
 ) -> Selection {
+    st.count_work();
     let service = &st.cfg.services[svc];
     if service.profile_status() == AdminStatus::Disabled {
         return Selection::none("profile Disabled (NXDOMAIN)");
@@ -417,16 +419,23 @@ const MAX_EMITTED_WEIGHT: u128 = crate::config::MAX_WEIGHT as u128;
 /// leaves qualify (MULTIVALUE may mix families; IPIP only carries one).
 pub fn eligible(st: &Statuses, svc: usize, client: &Client) -> Eligible {
     let family = Family::of(&st.cfg.services[svc].vip);
-    eligible_at(st, svc, client, family, 0)
+    eligible_at(st, svc, client, family, 0, &mut HashMap::new())
 }
 
+/// The eligible set of `svc` at nesting `depth`, from `memo` if already expanded for this
+/// client: a child nested by several endpoints (or several parents) is expanded once, so the
+/// work grows with the number of services, not with the number of paths through them.
 fn eligible_at(
     st: &Statuses,
     svc: usize,
     client: &Client,
     family: Family,
     depth: usize,
+    memo: &mut HashMap<(usize, usize), Eligible>,
 ) -> Eligible {
+    if let Some(e) = memo.get(&(svc, depth)) {
+        return e.clone();
+    }
     let service = &st.cfg.services[svc];
     let sel = select(st, svc, client, Some(family), depth);
     let mut reason = sel.reason.clone();
@@ -436,8 +445,14 @@ fn eligible_at(
         match b.target_service.as_deref() {
             Some(child) => {
                 let child_set = match st.cfg.service_index(child) {
+                    // Spelled out once per answer: repeating it under every parent would grow
+                    // the text exponentially with the nesting depth.
+                    Some(c) if memo.contains_key(&(c, depth + 1)) => Eligible {
+                        reason: format!("{child:?} as above"),
+                        ..eligible_at(st, c, client, family, depth + 1, memo)
+                    },
                     Some(c) if depth < MAX_NESTING_DEPTH => {
-                        eligible_at(st, c, client, family, depth + 1)
+                        eligible_at(st, c, client, family, depth + 1, memo)
                     }
                     _ => Eligible {
                         backends: Vec::new(),
@@ -459,10 +474,12 @@ fn eligible_at(
             None => {}
         }
     }
-    Eligible {
+    let set = Eligible {
         backends: mix(parts),
         reason,
-    }
+    };
+    memo.insert((svc, depth), set.clone());
+    set
 }
 
 fn gcd(a: u128, b: u128) -> u128 {

@@ -6,6 +6,8 @@ use super::monitor::{nested_endpoint_status, profile_monitor_status};
 use super::ranges::Family;
 use crate::config::{Config, Service};
 use crate::model::{AdminStatus, MonitorStatus, ProfileMonitorStatus};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
 pub use crate::config::MAX_NESTING_DEPTH;
 
@@ -79,15 +81,39 @@ pub fn is_routable(status: MonitorStatus) -> bool {
 }
 
 /// Read-only view of a configuration plus probe results: statuses and availability.
-#[derive(Clone, Copy, Debug)]
+///
+/// Statuses are memoized per view: a nested endpoint's status reads every endpoint of its child
+/// (and the child's profile status reads them again), so without the memo a tree of services
+/// that each nest several children of the next level costs exponential time in its depth. With
+/// it, each (service, endpoint, record type, depth) is evaluated once.
+#[derive(Clone, Debug)]
 pub struct Statuses<'a> {
     pub cfg: &'a Config,
     pub probes: &'a ProbeStatuses,
+    endpoints: RefCell<HashMap<(usize, usize, Option<Family>, usize), MonitorStatus>>,
+    profiles: RefCell<HashMap<(usize, usize), ProfileMonitorStatus>>,
+    work: Cell<u64>,
 }
 
 impl<'a> Statuses<'a> {
     pub fn new(cfg: &'a Config, probes: &'a ProbeStatuses) -> Self {
-        Self { cfg, probes }
+        Self {
+            cfg,
+            probes,
+            endpoints: RefCell::default(),
+            profiles: RefCell::default(),
+            work: Cell::new(0),
+        }
+    }
+
+    /// Evaluations done through this view so far: endpoint and profile statuses computed (not
+    /// answered from the memo) and selection steps. A measure of work for tests.
+    pub fn work(&self) -> u64 {
+        self.work.get()
+    }
+
+    pub(super) fn count_work(&self) {
+        self.work.set(self.work.get() + 1);
     }
 
     fn service(&self, svc: usize) -> &'a Service {
@@ -108,6 +134,17 @@ impl<'a> Statuses<'a> {
         family: Option<Family>,
         depth: usize,
     ) -> MonitorStatus {
+        let key = (svc, ep, family, depth);
+        if let Some(&status) = self.endpoints.borrow().get(&key) {
+            return status;
+        }
+        let status = self.evaluate_endpoint(svc, ep, family, depth);
+        self.endpoints.borrow_mut().insert(key, status);
+        status
+    }
+
+    fn evaluate_endpoint(&self, svc: usize, ep: usize, family: Option<Family>, depth: usize) -> MonitorStatus {
+        self.count_work();
         let service = self.service(svc);
         let b = &service.backends[ep];
         if service.profile_status() == AdminStatus::Disabled {
@@ -190,11 +227,17 @@ impl<'a> Statuses<'a> {
     }
 
     fn profile_status_at(&self, svc: usize, depth: usize) -> ProfileMonitorStatus {
+        if let Some(&status) = self.profiles.borrow().get(&(svc, depth)) {
+            return status;
+        }
+        self.count_work();
         let service = self.service(svc);
-        profile_monitor_status(
+        let status = profile_monitor_status(
             service.profile_status(),
             (0..service.backends.len()).map(|e| self.endpoint_status_for(svc, e, None, depth)),
-        )
+        );
+        self.profiles.borrow_mut().insert((svc, depth), status);
+        status
     }
 
     /// The endpoints a method may return (spec §2.2): enabled, not Stopped/Inactive, and

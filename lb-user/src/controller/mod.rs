@@ -7,7 +7,7 @@
 //! then removals. Pure logic plus the sink: unit-testable without BPF.
 
 use crate::compile::{self, tables_to_write, Compiled, CompiledService, Ids};
-use crate::dataplane::Demand;
+use crate::dataplane::Tables;
 use crate::config::Config;
 use crate::model::{keyed_triples, BackendKey, MonitorStatus};
 use crate::policy::Pool;
@@ -23,30 +23,6 @@ pub const POOL_CHANGE_DRAIN_NS: u64 = 600 * 1_000_000_000;
 
 /// A pool change restored without its time (see `Controller::restore`).
 const CHANGE_TIME_UNKNOWN: u64 = u64::MAX;
-
-/// Where the controller writes. Implemented by the BPF data plane and by test recorders.
-pub trait Tables {
-    fn set_backend(&mut self, id: u32, backend: &Backend) -> anyhow::Result<()>;
-    /// Write a class table into a standby slot and make it active in one update.
-    fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()>;
-    /// Replace the service's client-class prefixes.
-    fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()>;
-    /// Removes `remove`, then installs services (each under its keys), as one change: the
-    /// data plane publishes its service table once per call.
-    fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> anyhow::Result<()>;
-    /// Release a removed service's table slots.
-    fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
-    /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
-    fn now_ns(&self) -> anyhow::Result<u64>;
-    /// Whether a change that needs `demand` (see `Compiled::demand`) fits: asked before
-    /// anything is written, so that a change beyond what the sink holds (ids, table slots,
-    /// service keys, class prefixes sized at load) is refused whole instead of failing half
-    /// written. A sink without limits takes everything.
-    fn admit(&self, demand: &Demand) -> anyhow::Result<()> {
-        let _ = demand;
-        Ok(())
-    }
-}
 
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
 /// that tracked flows refer to, the pool generations, the last health verdicts, and the
@@ -616,6 +592,7 @@ pub struct ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::Demand;
     use lb_common::BACKEND_DROP;
 
     /// Records what the controller writes, like the BPF maps would hold it.

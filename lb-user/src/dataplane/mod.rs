@@ -10,7 +10,8 @@
 //!   `stats` (counters): the maps;
 //! - `admission`: whether a change fits, and what an adopted data plane keeps;
 //! - `programs`: attaching and running the programs; `pinning`: bpffs and pins;
-//! - `sys`: raw system calls; `sink`: the data plane as the controller's `Tables`.
+//! - `sys`: raw system calls; `sink`: the [`Tables`] trait the controller writes through,
+//!   and its implementation.
 
 mod admission;
 mod classes;
@@ -44,6 +45,7 @@ pub use conntrack::{ct_seed, table_set};
 pub use lb_common::addr_words;
 pub use pinning::detach_pinned;
 pub use programs::{Program, TestOutput};
+pub use sink::Tables;
 #[cfg(feature = "test-helpers")]
 pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
 pub use sizes::DataplaneSizes;

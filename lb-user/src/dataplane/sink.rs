@@ -1,5 +1,6 @@
-//! The data plane as the controller's sink: each call of the `Tables` trait maps to one of the
-//! writer's operations.
+//! What the controller writes through, the [`Tables`] trait, defined here in the data plane's
+//! own terms so that the dependency points from the controller to the data plane; and the
+//! data plane's implementation of it, each call one of the writer's operations.
 
 use anyhow::{Context, Result};
 use ipnet::IpNet;
@@ -8,8 +9,32 @@ use lb_common::{Backend, ServiceInfo, ServiceKey};
 use super::classes::canonical_prefix;
 use super::{Dataplane, Demand};
 
+/// Where the controller writes. Implemented by the BPF data plane and by test recorders.
+pub trait Tables {
+    fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<()>;
+    /// Write a class table into a standby slot and make it active in one update.
+    fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> Result<()>;
+    /// Replace the service's client-class prefixes.
+    fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> Result<()>;
+    /// Removes `remove`, then installs services (each under its keys), as one change: the
+    /// data plane publishes its service table once per call.
+    fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()>;
+    /// Release a removed service's table slots.
+    fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()>;
+    /// The data plane's clock (ns, see [`Dataplane::now_ns`]), for drain deadlines.
+    fn now_ns(&self) -> Result<u64>;
+    /// Whether a change that needs `demand` fits: asked before anything is written, so that a
+    /// change beyond what the sink holds (ids, table slots, service keys, class prefixes sized
+    /// at load) is refused whole instead of failing half written. A sink without limits takes
+    /// everything.
+    fn admit(&self, demand: &Demand) -> Result<()> {
+        let _ = demand;
+        Ok(())
+    }
+}
+
 /// The controller writes through this; each call maps to one of the writer's operations.
-impl crate::controller::Tables for Dataplane {
+impl Tables for Dataplane {
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<()> {
         Dataplane::set_backend(self, id, *backend)
     }

@@ -231,7 +231,7 @@ mod tests {
     use lb_common::find_service;
 
     // Reproducible random keys: the DNS view's generator.
-    use crate::policy::tm::rng::{Rng as _, SplitMix64 as Rng};
+    use crate::rng::{Rng as _, SplitMix64 as Rng};
 
     /// A random key: IPv4 or IPv6, exact port, all-ports or L3_DEFAULT.
     fn random_key(rng: &mut Rng) -> ServiceKey {

@@ -6,8 +6,7 @@ use std::collections::HashSet;
 
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
-use lb_common::{ServiceInfo, ServiceKey};
-use lb_common::{AddrKey};
+use lb_common::{AddrKey, ServiceInfo, ServiceKey};
 
 use super::classes::canonical_prefix;
 use super::{addr_key, Dataplane};

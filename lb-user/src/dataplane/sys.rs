@@ -27,7 +27,7 @@ impl<T: Copy> ArrayMmap<T> {
 
     /// A mapping of the first `entries` elements; None if the map was not created mmapable
     /// (e.g. pinned by an older daemon).
-    pub(crate) fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
+    pub(super) fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
         use std::os::fd::{AsFd, AsRawFd};
         const { assert!(std::mem::align_of::<T>() <= 8) };
         let aya::maps::Map::Array(data) = map else { return None };
@@ -48,7 +48,7 @@ impl<T: Copy> ArrayMmap<T> {
         Some(Self { ptr: ptr as *mut u8, len: entries, _elem: std::marker::PhantomData })
     }
 
-    pub(crate) fn write(&mut self, at: usize, values: &[T]) {
+    pub(super) fn write(&mut self, at: usize, values: &[T]) {
         assert!(at + values.len() <= self.len, "write beyond the mapped array");
         for (i, v) in values.iter().enumerate() {
             // SAFETY: in bounds (checked), the mapping lives as long as self; the element is
@@ -58,7 +58,7 @@ impl<T: Copy> ArrayMmap<T> {
         }
     }
 
-    pub(crate) fn read(&self, at: usize, count: usize) -> Vec<T> {
+    pub(super) fn read(&self, at: usize, count: usize) -> Vec<T> {
         assert!(at + count <= self.len, "read beyond the mapped array");
         // SAFETY: as in `write`.
         (at..at + count).map(|i| unsafe { (self.ptr.add(i * Self::STRIDE) as *const T).read() }).collect()

@@ -1,7 +1,7 @@
 //! The connection table's layout and its pure routines, shared by the data plane and userspace.
 //!
 //! A set-associative table in an array map (`CONNTRACK4` for IPv4 flows, `CONNTRACK` for IPv6):
-//! each key has two candidate buckets of [`CT_WAYS`] slots, both derived from one seeded 64-bit
+//! each key has two candidate buckets of [`WAYS`] slots, both derived from one seeded 64-bit
 //! hash. A lookup compares the key with up to 16 slots, all inline (an array lookup is inlined
 //! by the verifier; a kernel hash map costs a helper call, and its LRU insert hundreds of ns,
 //! see BENCHMARKS.md). An insert takes the key's own slot, else a free one, else the least
@@ -9,11 +9,11 @@
 //! connections are not removed (as with the LRU hash before), so a busy table fills up and
 //! every new flow then evicts: the least recently seen of its 16 candidates, which keeps active
 //! flows as long as the table has at least a third more slots than flows are active
-//! ([`ct_buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
+//! ([`buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
 //! candidates all taken by live flows, BENCHMARKS.md).
 //!
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
-//! takes the slot by setting [`ct_state::WRITING`] with a compare-and-swap, writes, then
+//! takes the slot by setting [`state::WRITING`] with a compare-and-swap, writes, then
 //! stores a new version with WRITING clear. Readers check the state before and after copying.
 //! A writer that finds its slot taken gives up: the flow is untracked for that packet and its
 //! next packet makes the entry. Two CPUs inserting the same new key at the same instant can
@@ -23,10 +23,10 @@
 use crate::maps::{CtEntry, CtKey, CtKey4};
 
 /// Slots per bucket.
-pub const CT_WAYS: usize = 8;
+pub const WAYS: usize = 8;
 
 /// Bits of a slot's `state` word.
-pub mod ct_state {
+pub mod state {
     /// A writer holds the slot.
     pub const WRITING: u32 = 1;
     /// The slot holds a flow.
@@ -37,10 +37,10 @@ pub mod ct_state {
 
 /// The state a completed write leaves: next version, WRITING clear, LIVE as given.
 #[inline(always)]
-pub const fn ct_next_state(observed: u32, live: bool) -> u32 {
-    let next = (observed & !(ct_state::WRITING | ct_state::LIVE)).wrapping_add(ct_state::VERSION);
+pub const fn next_state(observed: u32, live: bool) -> u32 {
+    let next = (observed & !(state::WRITING | state::LIVE)).wrapping_add(state::VERSION);
     if live {
-        next | ct_state::LIVE
+        next | state::LIVE
     } else {
         next
     }
@@ -49,7 +49,7 @@ pub const fn ct_next_state(observed: u32, live: bool) -> u32 {
 /// One slot of an IPv4 bucket (48 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSlot4 {
+pub struct Slot4 {
     pub state: u32,
     pub key: CtKey4,
     pub _pad: u32,
@@ -59,7 +59,7 @@ pub struct CtSlot4 {
 /// One slot of an IPv6 bucket (72 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSlot6 {
+pub struct Slot6 {
     pub state: u32,
     pub key: CtKey,
     pub entry: CtEntry,
@@ -68,21 +68,21 @@ pub struct CtSlot6 {
 /// A bucket: the unit of the array map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtBucket<S> {
-    pub slots: [S; CT_WAYS],
+pub struct Bucket<S> {
+    pub slots: [S; WAYS],
 }
 
-impl<S: Default + Copy> Default for CtBucket<S> {
+impl<S: Default + Copy> Default for Bucket<S> {
     fn default() -> Self {
-        Self { slots: [S::default(); CT_WAYS] }
+        Self { slots: [S::default(); WAYS] }
     }
 }
 
-pub type CtBucket4 = CtBucket<CtSlot4>;
-pub type CtBucket6 = CtBucket<CtSlot6>;
+pub type Bucket4 = Bucket<Slot4>;
+pub type Bucket6 = Bucket<Slot6>;
 
 /// What the table routines need of a slot type.
-pub trait CtSlot: Copy {
+pub trait Slot: Copy {
     /// A `repr(C)` struct of `KEY_WORDS` 32-bit words without padding (explicit pad fields
     /// count as words), so it is hashed and compared as words, read in place.
     type Key: Copy;
@@ -119,7 +119,7 @@ pub trait CtSlot: Copy {
 
 macro_rules! ct_slot {
     ($slot:ty, $key:ty) => {
-        impl CtSlot for $slot {
+        impl Slot for $slot {
             type Key = $key;
             const KEY_WORDS: usize = core::mem::size_of::<$key>() / 4;
             #[inline(always)]
@@ -152,8 +152,8 @@ macro_rules! ct_slot {
         }
     };
 }
-ct_slot!(CtSlot4, CtKey4);
-ct_slot!(CtSlot6, CtKey);
+ct_slot!(Slot4, CtKey4);
+ct_slot!(Slot6, CtKey);
 // The word views above rely on these: whole words, alignment 4, no implicit padding.
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16 && core::mem::align_of::<CtKey4>() == 4);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of::<CtKey>() == 4);
@@ -161,18 +161,18 @@ const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of
 /// The two candidate buckets of `key` in a table of `mask + 1` buckets (a power of two), for
 /// the tables' `seed` (random when they are made, pinned with them: a client who cannot
 /// predict the buckets cannot aim flows at one): the flow hash's construction
-/// ([`crate::pair_hash`]) over the key's words; the halves of the result pick the buckets.
+/// ([`crate::hash::pair_hash`]) over the key's words; the halves of the result pick the buckets.
 #[inline(always)]
-pub fn ct_buckets<S: CtSlot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
+pub fn buckets<S: Slot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
     let h = crate::hash::pair_hash(|i| S::key_word(key, i), S::KEY_WORDS, seed);
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 
 /// Buckets for a table of `entries` flows: at least a third more slots, rounded up to a power
 /// of two buckets (so 4/3 to 8/3 slots per flow; 2^21 slots for 2^20 flows).
-pub const fn ct_buckets_for(entries: u32) -> u32 {
+pub const fn buckets_for(entries: u32) -> u32 {
     let slots = (entries as u64 * 4).div_ceil(3);
-    let buckets = slots.div_ceil(CT_WAYS as u64);
+    let buckets = slots.div_ceil(WAYS as u64);
     let mut b = 1u64;
     while b < buckets {
         b *= 2;
@@ -186,7 +186,7 @@ pub const fn ct_buckets_for(entries: u32) -> u32 {
 
 /// Reads a slot's state word as it is now (another CPU may be writing it).
 #[inline(always)]
-pub fn ct_slot_state<S: CtSlot>(slot: &S) -> u32 {
+pub fn slot_state<S: Slot>(slot: &S) -> u32 {
     unsafe { core::ptr::read_volatile(slot.state_ptr()) }
 }
 
@@ -196,13 +196,13 @@ pub fn ct_slot_state<S: CtSlot>(slot: &S) -> u32 {
 /// rest of the program, which would exceed its instruction budget.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CtSearch {
-    /// The slot found or chosen, `candidate * CT_WAYS + way`.
+pub struct Search {
+    /// The slot found or chosen, `candidate * WAYS + way`.
     pub index: u32,
     /// That slot's state when the search saw it: a writer takes the slot only from this state,
     /// so a slot another CPU wrote since the search is left alone.
     pub state: u32,
-    /// The first slot without a flow and without a writer, or [`CT_NO_SLOT`].
+    /// The first slot without a flow and without a writer, or [`NO_SLOT`].
     pub free: u32,
     /// The state of `free` when seen.
     pub free_state: u32,
@@ -211,7 +211,7 @@ pub struct CtSearch {
 }
 
 /// No slot (a search's `free` before it found one).
-pub const CT_NO_SLOT: u32 = 2 * CT_WAYS as u32;
+pub const NO_SLOT: u32 = 2 * WAYS as u32;
 
 /// Keeps the compiler from moving memory accesses across this point (no instruction): plain
 /// loads may otherwise move across volatile ones. The BPF target has no fence instruction;
@@ -236,64 +236,67 @@ fn get<T: Copy>(p: *const T) -> T {
     unsafe { core::ptr::read_volatile(p) }
 }
 
-/// Whether a live slot holds `key`; if so its index (`candidate * CT_WAYS + way`) is in
+/// Whether a live slot holds `key`; if so its index (`candidate * WAYS + way`) is in
 /// `search.index` and returned state is the slot's state when seen.
+// `search` is a raw pointer on purpose: the data plane passes its per-CPU search record,
+// written with volatile stores (see `put`), and must be valid for both callers.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[inline(always)]
-pub fn ct_find<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> Option<u32> {
+pub fn find<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Option<u32> {
     let mut k = 0;
-    while k < 2 * CT_WAYS {
-        let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
-        let state = ct_slot_state(slot);
+    while k < 2 * WAYS {
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
+        let bits = slot_state(slot);
         // The key is read after the state: the data plane's reader validates what it read
         // against this state (lb-ebpf `conntrack::find`).
         compiler_barrier();
-        if state & ct_state::LIVE != 0 && slot.key_is(key) {
+        if bits & state::LIVE != 0 && slot.key_is(key) {
             put(unsafe { &mut (*search).index }, k as u32);
-            return Some(state);
+            return Some(bits);
         }
         k += 1;
     }
     None
 }
 
-/// The slot (`candidate * CT_WAYS + way`, at most 15) an insert of `key` writes: the key's own
+/// The slot (`candidate * WAYS + way`, at most 15) an insert of `key` writes: the key's own
 /// slot, else the first slot that holds no flow (and has no writer), else the least recently
 /// seen flow of the two buckets. The chosen slot's state as seen is left in `search.state`.
 #[inline(always)]
-pub fn ct_victim<S: CtSlot>(buckets: [&CtBucket<S>; 2], key: &S::Key, search: *mut CtSearch) -> u32 {
+pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> u32 {
     let st = search;
     put(unsafe { &mut (*st).index }, 0);
-    put(unsafe { &mut (*st).state }, ct_state::WRITING);
-    put(unsafe { &mut (*st).free }, CT_NO_SLOT);
+    put(unsafe { &mut (*st).state }, state::WRITING);
+    put(unsafe { &mut (*st).free }, NO_SLOT);
     put(unsafe { &mut (*st).oldest }, u64::MAX);
     let mut k = 0;
-    while k < 2 * CT_WAYS {
-        let slot = &buckets[k / CT_WAYS].slots[k % CT_WAYS];
-        let state = ct_slot_state(slot);
-        // Key and last-seen time are read after the state (see `ct_find`).
+    while k < 2 * WAYS {
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
+        let bits = slot_state(slot);
+        // Key and last-seen time are read after the state (see `find`).
         compiler_barrier();
-        if state & ct_state::LIVE == 0 {
+        if bits & state::LIVE == 0 {
             // Remembered; the key's own slot, if further on, still wins.
-            if state & ct_state::WRITING == 0 && get(unsafe { &(*st).free }) == CT_NO_SLOT {
+            if bits & state::WRITING == 0 && get(unsafe { &(*st).free }) == NO_SLOT {
                 put(unsafe { &mut (*st).free }, k as u32);
-                put(unsafe { &mut (*st).free_state }, state);
+                put(unsafe { &mut (*st).free_state }, bits);
             }
         } else if slot.key_is(key) {
-            put(unsafe { &mut (*st).state }, state);
+            put(unsafe { &mut (*st).state }, bits);
             return k as u32;
-        } else if state & ct_state::WRITING == 0 {
+        } else if bits & state::WRITING == 0 {
             // (A slot another CPU is rewriting is not a candidate: taking it would fail.)
             let seen = slot.entry().last_seen_ns;
             if seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);
                 put(unsafe { &mut (*st).index }, k as u32);
-                put(unsafe { &mut (*st).state }, state);
+                put(unsafe { &mut (*st).state }, bits);
             }
         }
         k += 1;
     }
     let free = get(unsafe { &(*st).free });
-    if free != CT_NO_SLOT {
+    if free != NO_SLOT {
         put(unsafe { &mut (*st).state }, get(unsafe { &(*st).free_state }));
         return free;
     }
@@ -311,15 +314,15 @@ mod tests {
 
     #[test]
     fn sizing_leaves_a_quarter_free_and_is_a_power_of_two() {
-        assert_eq!(ct_buckets_for(1), 1);
-        assert_eq!(ct_buckets_for(6), 1);
-        assert_eq!(ct_buckets_for(7), 2);
+        assert_eq!(buckets_for(1), 1);
+        assert_eq!(buckets_for(6), 1);
+        assert_eq!(buckets_for(7), 2);
         // 2^20 flows: 2^20 * 4/3 / 8 = 174763 buckets -> 2^18.
-        assert_eq!(ct_buckets_for(1 << 20), 1 << 18);
+        assert_eq!(buckets_for(1 << 20), 1 << 18);
         for n in [1, 100, 65536, 1_000_000, u32::MAX] {
-            let b = ct_buckets_for(n) as u64;
+            let b = buckets_for(n) as u64;
             assert!(b.is_power_of_two());
-            assert!(b * CT_WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
+            assert!(b * WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
         }
     }
 
@@ -328,73 +331,73 @@ mod tests {
         let mask = (1 << 10) - 1;
         let mut hits = [0u32; 1 << 10];
         for i in 0..(1 << 16) {
-            let [a, b] = ct_buckets::<CtSlot4>(&key4(i), 7, mask);
+            let [a, b] = buckets::<Slot4>(&key4(i), 7, mask);
             hits[a as usize] += 1;
             hits[b as usize] += 1;
         }
         // 128 per bucket on average; a fair hash stays well within these bounds.
         assert!(hits.iter().all(|&h| (64..=200).contains(&h)), "{:?}", (hits.iter().min(), hits.iter().max()));
-        let moved = (0..1000).filter(|&i| ct_buckets::<CtSlot4>(&key4(i), 7, mask) != ct_buckets::<CtSlot4>(&key4(i), 8, mask)).count();
+        let moved = (0..1000).filter(|&i| buckets::<Slot4>(&key4(i), 7, mask) != buckets::<Slot4>(&key4(i), 8, mask)).count();
         assert!(moved > 990, "{moved}");
         // Every word of an IPv6 key counts.
         let t = FlowTuple { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], sport: 9, dport: 10, proto: 6, _pad: [0; 3] };
         let k = CtKey { tuple: t, service: 11 };
-        let base = ct_buckets::<CtSlot6>(&k, 7, u32::MAX);
+        let base = buckets::<Slot6>(&k, 7, u32::MAX);
         let mut k2 = k;
         k2.service = 12;
-        assert_ne!(ct_buckets::<CtSlot6>(&k2, 7, u32::MAX), base);
+        assert_ne!(buckets::<Slot6>(&k2, 7, u32::MAX), base);
         let mut k3 = k;
         k3.tuple.dst[3] = 9;
-        assert_ne!(ct_buckets::<CtSlot6>(&k3, 7, u32::MAX), base);
+        assert_ne!(buckets::<Slot6>(&k3, 7, u32::MAX), base);
     }
 
-    fn live(key: CtKey4, last_seen_ns: u64) -> CtSlot4 {
-        CtSlot4 { state: ct_state::LIVE, key, _pad: 0, entry: CtEntry { last_seen_ns, backend: 1, ..Default::default() } }
+    fn live(key: CtKey4, last_seen_ns: u64) -> Slot4 {
+        Slot4 { state: state::LIVE, key, _pad: 0, entry: CtEntry { last_seen_ns, backend: 1, ..Default::default() } }
     }
 
     #[test]
     fn find_and_victim_follow_the_slot_states() {
-        let mut b0 = CtBucket4::default();
-        let mut b1 = CtBucket4::default();
-        let mut st = CtSearch::default();
-        let st: *mut CtSearch = &mut st;
-        let find = |b0: &CtBucket4, b1: &CtBucket4, k: u32| ct_find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s));
-        let victim = |b0: &CtBucket4, b1: &CtBucket4, k: u32| ct_victim([b0, b1], &key4(k), st);
+        let mut b0 = Bucket4::default();
+        let mut b1 = Bucket4::default();
+        let mut st = Search::default();
+        let st: *mut Search = &mut st;
+        let find = |b0: &Bucket4, b1: &Bucket4, k: u32| super::find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s));
+        let victim = |b0: &Bucket4, b1: &Bucket4, k: u32| victim([b0, b1], &key4(k), st);
         assert_eq!(find(&b0, &b1, 1), None);
         // Empty table: the first slot.
         assert_eq!(victim(&b0, &b1, 1), 0);
         b0.slots[0] = live(key4(1), 50);
-        assert_eq!(find(&b0, &b1, 1), Some((0, ct_state::LIVE)));
+        assert_eq!(find(&b0, &b1, 1), Some((0, state::LIVE)));
         // Its own slot, else the next free one.
         assert_eq!(victim(&b0, &b1, 1), 0);
         assert_eq!(victim(&b0, &b1, 2), 1);
         // A removed flow (not LIVE) is not found, and its slot is reused.
-        b0.slots[0].state = ct_next_state(ct_state::LIVE, false);
+        b0.slots[0].state = next_state(state::LIVE, false);
         assert_eq!(find(&b0, &b1, 1), None);
         assert_eq!(victim(&b0, &b1, 2), 0);
         // A slot being written (not yet live) is not taken as free.
-        b0.slots[0].state |= ct_state::WRITING;
+        b0.slots[0].state |= state::WRITING;
         assert_eq!(victim(&b0, &b1, 2), 1);
         assert_eq!(unsafe { (*st).state }, 0, "the chosen slot's state as seen");
         // Both buckets full: the least recently seen flow of the 16 goes.
-        for w in 0..CT_WAYS {
+        for w in 0..WAYS {
             b0.slots[w] = live(key4(10 + w as u32), 100 + w as u64);
             b1.slots[w] = live(key4(20 + w as u32), 200 + w as u64);
         }
         b1.slots[5].entry.last_seen_ns = 3;
         assert_eq!(victim(&b0, &b1, 99), 13);
-        assert_eq!(unsafe { (*st).state }, ct_state::LIVE);
-        assert_eq!(find(&b0, &b1, 25), Some((13, ct_state::LIVE)));
+        assert_eq!(unsafe { (*st).state }, state::LIVE);
+        assert_eq!(find(&b0, &b1, 25), Some((13, state::LIVE)));
     }
 
     #[test]
     fn writes_bump_the_version_and_clear_the_writer_bit() {
-        let s = ct_next_state(0, true);
-        assert_eq!(s, ct_state::VERSION | ct_state::LIVE);
-        let taken = s | ct_state::WRITING;
-        let s2 = ct_next_state(taken, true);
-        assert_eq!(s2 & ct_state::WRITING, 0);
+        let s = next_state(0, true);
+        assert_eq!(s, state::VERSION | state::LIVE);
+        let taken = s | state::WRITING;
+        let s2 = next_state(taken, true);
+        assert_eq!(s2 & state::WRITING, 0);
         assert_ne!(s2, s);
-        assert_eq!(ct_next_state(s2, false) & ct_state::LIVE, 0);
+        assert_eq!(next_state(s2, false) & state::LIVE, 0);
     }
 }

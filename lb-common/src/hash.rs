@@ -94,7 +94,7 @@ pub fn maglev_slot(hash: u32, m: u32) -> u32 {
     hash % m
 }
 
-/// Home slot hash of a service key ([`crate::ServiceKey::words`]) in a service table half built
+/// Home slot hash of a service key ([`crate::maps::ServiceKey::words`]) in a service table half built
 /// with `seed`; the slot is `hash & (S - 1)`. Each word is multiplied by its own odd constant
 /// (the multiplications are independent, so the critical path is one multiply, not five:
 /// the hash runs on every packet), the products are combined and finished with a
@@ -240,7 +240,7 @@ mod tests {
     }
 
     fn slot_of(k: [u32; 5], id: u32) -> ServiceSlot {
-        let key = crate::ServiceKey {
+        let key = crate::maps::ServiceKey {
             addr: [k[0], k[1], k[2], k[3]],
             port: k[4] as u16,
             proto: (k[4] >> 16) as u8,

@@ -11,8 +11,3 @@ pub mod ct_table;
 pub mod decide;
 pub mod hash;
 pub mod maps;
-
-pub use ct_table::*;
-pub use decide::*;
-pub use hash::*;
-pub use maps::*;

@@ -114,7 +114,7 @@ pub struct ServiceKey {
 
 impl ServiceKey {
     /// The key as five native-endian words, exactly as it sits in memory: what
-    /// [`crate::service_slot_hash`] hashes and the probe compares. The data plane builds the same
+    /// [`crate::hash::service_slot_hash`] hashes and the probe compares. The data plane builds the same
     /// words from a packet as `addr[0..4], port | proto << 16 | family << 24` (little endian).
     #[inline(always)]
     pub fn words(&self) -> [u32; 5] {
@@ -166,7 +166,7 @@ pub const SERVICE_PROBES: u32 = 8;
 pub struct ServiceTableRef {
     /// Index of the first slot of the active half (0 or S).
     pub base: u32,
-    /// Seed of [`crate::service_slot_hash`] the active half was built with.
+    /// Seed of [`crate::hash::service_slot_hash`] the active half was built with.
     pub seed: u32,
 }
 
@@ -334,47 +334,58 @@ pub struct TableRef {
     pub flags: u32,
 }
 
+/// Defines the counters from one list, in index order: each `NAME = "name"` becomes the index
+/// constant `NAME` (its position in the list) and the entry `"name"` of `NAMES`.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident = $text:literal,)*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[repr(u32)]
+        enum Index {
+            $($name,)*
+        }
+        $($(#[$doc])* pub const $name: u32 = Index::$name as u32;)*
+        /// Each counter's name, indexed like the counters.
+        pub const NAMES: [&str; [$($text),*].len()] = [$($text),*];
+    };
+}
+
 /// Global counters: index into [`GlobalStats::counters`] (the `STATS` record).
 pub mod stat {
-    pub const RX_PACKETS: u32 = 0;
-    pub const PASS_NOT_VIP: u32 = 1;
-    pub const CT_HIT: u32 = 2;
-    pub const CT_MISS: u32 = 3;
-    pub const NEW_FLOW: u32 = 4;
-    pub const TX: u32 = 5;
-    pub const REDIRECT: u32 = 6;
-    pub const DROP_TRUNCATED_ETH: u32 = 7;
-    pub const DROP_TRUNCATED_IP: u32 = 8;
-    pub const DROP_BAD_IP_HEADER: u32 = 9;
-    pub const DROP_TRUNCATED_L4: u32 = 10;
-    pub const DROP_NO_BACKEND: u32 = 11;
-    pub const DROP_NO_TABLE: u32 = 12;
-    pub const DROP_FIB: u32 = 13;
-    pub const DROP_ENCAP: u32 = 14;
-    pub const DROP_UNROUTABLE: u32 = 15;
-    pub const CT_EXPIRED: u32 = 16;
-    pub const CT_REROUTED_UNHEALTHY: u32 = 17;
-    pub const CT_DRAIN_EXPIRED: u32 = 18;
-    pub const CT_POOL_FLUSHED: u32 = 19;
-    pub const DECAP: u32 = 20;
-    /// Encapsulated packet to a decap address whose inner header is truncated or malformed.
-    pub const DECAP_DROP_MALFORMED: u32 = 21;
-    /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
-    /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
-    pub const DROP_CLASS_UNROUTABLE: u32 = 22;
-    /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
-    /// but not tracked; its next packet makes the entry.
-    pub const CT_INSERT_BUSY: u32 = 23;
-    /// Counters in the global record ([`GlobalStats::counters`]); indices above are spare.
-    pub const GLOBAL_COUNT: u32 = 29;
+    counters! {
+        RX_PACKETS = "rx_packets",
+        PASS_NOT_VIP = "pass_not_vip",
+        CT_HIT = "ct_hit",
+        CT_MISS = "ct_miss",
+        NEW_FLOW = "new_flow",
+        TX = "tx",
+        REDIRECT = "redirect",
+        DROP_TRUNCATED_ETH = "drop_truncated_eth",
+        DROP_TRUNCATED_IP = "drop_truncated_ip",
+        DROP_BAD_IP_HEADER = "drop_bad_ip_header",
+        DROP_TRUNCATED_L4 = "drop_truncated_l4",
+        DROP_NO_BACKEND = "drop_no_backend",
+        DROP_NO_TABLE = "drop_no_table",
+        DROP_FIB = "drop_fib",
+        DROP_ENCAP = "drop_encap",
+        DROP_UNROUTABLE = "drop_unroutable",
+        CT_EXPIRED = "ct_expired",
+        CT_REROUTED_UNHEALTHY = "ct_rerouted_unhealthy",
+        CT_DRAIN_EXPIRED = "ct_drain_expired",
+        CT_POOL_FLUSHED = "ct_pool_flushed",
+        DECAP = "decap",
+        /// Encapsulated packet to a decap address whose inner header is truncated or malformed.
+        DECAP_DROP_MALFORMED = "decap_drop_malformed",
+        /// New flow of a client class whose table is marked `table_flags::UNROUTABLE` (Traffic
+        /// Manager: no endpoint for this client). `DROP_UNROUTABLE` is the FIB's verdict instead.
+        DROP_CLASS_UNROUTABLE = "drop_class_unroutable",
+        /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
+        /// but not tracked; its next packet makes the entry.
+        CT_INSERT_BUSY = "ct_insert_busy",
+    }
 
-    pub const NAMES: [&str; 24] = [
-        "rx_packets", "pass_not_vip", "ct_hit", "ct_miss", "new_flow", "tx", "redirect",
-        "drop_truncated_eth", "drop_truncated_ip", "drop_bad_ip_header", "drop_truncated_l4",
-        "drop_no_backend", "drop_no_table", "drop_fib", "drop_encap", "drop_unroutable",
-        "ct_expired", "ct_rerouted_unhealthy", "ct_drain_expired", "ct_pool_flushed", "decap",
-        "decap_drop_malformed", "drop_class_unroutable", "ct_insert_busy",
-    ];
+    /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
+    pub const GLOBAL_COUNT: u32 = 29;
+    const _: () = assert!(NAMES.len() <= GLOBAL_COUNT as usize);
 }
 
 /// Value of the `STATS` per-CPU array (one entry): the global counters, indexed by `stat::*`.
@@ -386,12 +397,12 @@ pub mod stat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {
     pub counters: [u64; stat::GLOBAL_COUNT as usize],
-    pub ct_search: crate::CtSearch,
+    pub ct_search: crate::ct_table::Search,
 }
 
 impl Default for GlobalStats {
     fn default() -> Self {
-        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::CtSearch::default() }
+        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::ct_table::Search::default() }
     }
 }
 
@@ -413,6 +424,7 @@ pub struct ClassCounters {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    use crate::ct_table::{Bucket4, Bucket6, Search, Slot4, Slot6};
     macro_rules! pod {
         ($($t:ty),*) => {$(
             unsafe impl aya::Pod for $t {}
@@ -420,7 +432,10 @@ mod pod {
             unsafe impl bytemuck::Pod for $t {}
         )*};
     }
-    pod!(ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, crate::CtSlot4, crate::CtSlot6, crate::CtBucket4, crate::CtBucket6, crate::CtSearch, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters);
+    pod!(
+        ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Slot4, Slot6, Bucket4,
+        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters
+    );
 }
 
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
@@ -434,11 +449,11 @@ const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::CtSlot4>() == 48);
-const _: () = assert!(core::mem::size_of::<crate::CtSearch>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::CtSlot6>() == 72);
-const _: () = assert!(core::mem::size_of::<crate::CtBucket4>() == 48 * crate::CT_WAYS);
-const _: () = assert!(core::mem::size_of::<crate::CtBucket6>() == 72 * crate::CT_WAYS);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot4>() == 48);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Search>() == 24);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot6>() == 72);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket4>() == 48 * crate::ct_table::WAYS);
+const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket6>() == 72 * crate::ct_table::WAYS);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
@@ -451,6 +466,15 @@ const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counter_indices_follow_the_list_and_keep_their_values() {
+        // The indices are ABI: a restarted daemon adopts the pinned STATS record.
+        assert_eq!((stat::RX_PACKETS, stat::DECAP, stat::CT_INSERT_BUSY), (0, 20, 23));
+        assert_eq!(stat::NAMES.len(), 24);
+        assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
+        assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
+    }
 
     #[test]
     fn ct_key4_packs_and_unpacks_every_field() {

@@ -1,8 +1,8 @@
 //! Bench-only XDP programs for `BPF_PROG_TEST_RUN` with `repeat > 1` (`dp_bench` in lb-tests).
 //!
-//! They live in the same object so that they share the balancer's maps, but the data-plane
-//! writer never loads them: the production program `lb` is compiled and verified exactly as
-//! without them (`balance` is `#[inline(always)]`, nothing here is called from `lb`).
+//! They exist only in the bench build of the balancer's object (feature `bench`, built by
+//! lb-user's build.rs into `target/bpf-bench`), where they share the balancer's maps; the
+//! production object, which the data plane loads, holds `lb` and `clock_probe` only.
 //!
 //! With `repeat > 1` the kernel runs every iteration on the same buffer, so after the first
 //! encapsulation the next iterations would see the encapsulated frame. `bench_lb` therefore
@@ -12,11 +12,13 @@
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
 
-use lb_common::{stat, CtEntry, CtKey4};
+use lb_common::maps::{stat, CtEntry, CtKey4};
+
+use lb_ebpf::consts::{ETH_LEN, ETH_P_IP};
+use lb_ebpf::packet::ptr_at;
 
 use crate::conntrack::FlowKey;
-use crate::parse::{ptr_at, ETH_LEN, ETH_P_IP};
-use crate::stats::Counters;
+use crate::stats;
 
 /// Bytes saved and rewritten: the Ethernet header plus one VLAN tag (for an untagged frame the
 /// last 4 are the first bytes of the IP header, rewritten with the same values).
@@ -47,7 +49,7 @@ fn save(ctx: &XdpContext) -> bool {
         let s = core::ptr::addr_of_mut!(BENCH_SAVED);
         (*s).len = ctx.data_end() - ctx.data();
         // Plain loads, not `read_unaligned` (which the BPF target lowers to byte loads): BPF
-        // allows misaligned packet access, see `parse::word`.
+        // allows misaligned packet access, see `lb_ebpf::packet::word`.
         (*s).head[0] = core::ptr::read(p as *const u64);
         (*s).head[1] = core::ptr::read(p.add(8) as *const u64);
         (*s).tail = core::ptr::read(p.add(16) as *const u16);
@@ -96,7 +98,7 @@ fn bench_ct_key() -> CtKey4 {
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
-    let counters = Counters::get();
+    let counters = stats::counters();
     let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, backend_gen: 0, hash: 0 };
     if FlowKey::V4(&bench_ct_key()).insert(&entry, counters) {
         counters.inc(stat::NEW_FLOW);
@@ -116,7 +118,7 @@ static mut BENCH_NEXT_SRC: u32 = 0;
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
-    let counters = Counters::get();
+    let counters = stats::counters();
     let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, backend_gen: 0, hash: 0 };
     let mut key = bench_ct_key();
     unsafe {
@@ -135,7 +137,7 @@ pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
 #[xdp]
 #[inline(always)]
 pub fn bench_ct_lookup(_ctx: XdpContext) -> u32 {
-    let counters = Counters::get();
+    let counters = stats::counters();
     if FlowKey::V4(&bench_ct_key()).get(counters).is_some() {
         counters.inc(stat::CT_HIT);
     }

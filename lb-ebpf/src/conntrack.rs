@@ -1,15 +1,14 @@
 //! Connection tracking: look up the flow's entry, check it against the backend's state and the
-//! service's persistence flags (`lb_common::ct_verdict`), refresh or delete it. The tables are
+//! service's persistence flags (`lb_common::decide::ct_verdict`), refresh or delete it. The tables are
 //! set-associative arrays (`lb_common::ct_table`): lookups and inserts are inline code; a
 //! slot's state word, taken with a compare-and-swap, keeps concurrent writers apart.
 
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use aya_ebpf::maps::Array;
-use lb_common::{
-    ct_buckets, ct_find, ct_next_state, ct_slot_state, ct_state, ct_verdict, ct_victim, stat, table_flags, Backend,
-    CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CtVerdict, ServiceInfo, CT_WAYS,
-};
+use lb_common::ct_table;
+use lb_common::decide::{ct_verdict, CtVerdict};
+use lb_common::maps::{stat, table_flags, Backend, CtEntry, CtKey, CtKey4, ServiceInfo};
 
 use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
 use crate::select;
@@ -49,8 +48,8 @@ impl FlowKey<'_> {
 /// A slot found by `FlowKey::get`.
 #[derive(Clone, Copy)]
 pub enum Slot {
-    V4(*mut lb_common::CtSlot4),
-    V6(*mut lb_common::CtSlot6),
+    V4(*mut ct_table::Slot4),
+    V6(*mut ct_table::Slot6),
 }
 
 impl Slot {
@@ -76,27 +75,31 @@ impl Slot {
 
 /// The key's two candidate buckets.
 #[inline(always)]
-fn buckets<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key) -> Option<[*mut CtBucket<S>; 2]> {
-    let [a, b] = ct_buckets::<S>(key, CT_SEED.load(), CT_BUCKET_MASK.load());
+fn buckets<S: ct_table::Slot>(map: &Array<ct_table::Bucket<S>>, key: &S::Key) -> Option<[*mut ct_table::Bucket<S>; 2]> {
+    let [a, b] = ct_table::buckets::<S>(key, CT_SEED.load(), CT_BUCKET_MASK.load());
     Some([map.get_ptr_mut(a)?, map.get_ptr_mut(b)?])
 }
 
-/// The slot at `index` (`candidate * CT_WAYS + way`), read back from the search record: the
+/// The slot at `index` (`candidate * ct_table::WAYS + way`), read back from the search record: the
 /// verifier sees one unknown index (masked into range), not one state per slot.
 #[inline(always)]
-fn slot_at<S: CtSlot>(b: [*mut CtBucket<S>; 2], index: u32) -> *mut S {
-    let k = index as usize & (2 * CT_WAYS - 1);
-    let bucket = if k < CT_WAYS { b[0] } else { b[1] };
-    unsafe { &mut (*bucket).slots[k & (CT_WAYS - 1)] }
+fn slot_at<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2], index: u32) -> *mut S {
+    let k = index as usize & (2 * ct_table::WAYS - 1);
+    let bucket = if k < ct_table::WAYS { b[0] } else { b[1] };
+    unsafe { &mut (*bucket).slots[k & (ct_table::WAYS - 1)] }
 }
 
 /// The live slot of `key`, a copy of its entry taken while no writer held the slot, and the
 /// slot's state then. `st`: this CPU's search record.
 #[inline(always)]
-fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, st: *mut CtSearch) -> Option<(*mut S, CtEntry, u32)> {
+fn find<S: ct_table::Slot>(
+    map: &Array<ct_table::Bucket<S>>,
+    key: &S::Key,
+    st: *mut ct_table::Search,
+) -> Option<(*mut S, CtEntry, u32)> {
     let b = buckets(map, key)?;
-    let state = ct_find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
-    if state & ct_state::WRITING != 0 {
+    let state = ct_table::find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
+    if state & ct_table::state::WRITING != 0 {
         return None;
     }
     let slot = slot_at(b, unsafe { core::ptr::read_volatile(&(*st).index) });
@@ -104,7 +107,7 @@ fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, st: *mut CtSearch) ->
     // between the two reads of the state: if the state is unchanged, no writer touched the
     // slot meanwhile and both belong to the version the search saw.
     let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
-    if ct_slot_state(unsafe { &*slot }) != state {
+    if ct_table::slot_state(unsafe { &*slot }) != state {
         return None;
     }
     Some((slot, entry, state))
@@ -112,34 +115,40 @@ fn find<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, st: *mut CtSearch) ->
 
 /// Takes `slot` for writing if its state is still `observed`: false if another writer has it.
 #[inline(always)]
-fn take<S: CtSlot>(slot: &mut S, observed: u32) -> bool {
-    if observed & ct_state::WRITING != 0 {
+fn take<S: ct_table::Slot>(slot: &mut S, observed: u32) -> bool {
+    if observed & ct_table::state::WRITING != 0 {
         return false;
     }
     let state = slot.state_mut();
     // BPF_ATOMIC | BPF_CMPXCHG (needs the v3 instruction set, kernel 5.12+; see .cargo/config.toml).
-    unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, observed | ct_state::WRITING) }.1
+    let writing = observed | ct_table::state::WRITING;
+    unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, writing) }.1
 }
 
 /// Ends a write begun by `take`: the next version, live or not.
 #[inline(always)]
-fn finish<S: CtSlot>(slot: &mut S, observed: u32, live: bool) {
-    // Volatile, after the volatile stores of `CtSlot::set`: the compiler keeps the order, and
+fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
+    // Volatile, after the volatile stores of `ct_table::Slot::set`: the compiler keeps the order, and
     // x86 (TSO) makes stores visible in program order. A weakly ordered CPU (arm64) would need
     // a store-release here; this data plane is built and tested for x86-64 only.
-    unsafe { core::ptr::write_volatile(slot.state_mut(), ct_next_state(observed, live)) };
+    unsafe { core::ptr::write_volatile(slot.state_mut(), ct_table::next_state(observed, live)) };
 }
 
 /// Writes `key`'s entry into its own slot, a free one, or the least recently seen one. If
 /// another CPU is writing that slot at this instant the flow goes untracked for this packet;
 /// its next packet makes the entry.
 #[inline(always)]
-fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st: *mut CtSearch) -> bool {
+fn insert<S: ct_table::Slot>(
+    map: &Array<ct_table::Bucket<S>>,
+    key: &S::Key,
+    entry: &CtEntry,
+    st: *mut ct_table::Search,
+) -> bool {
     let b = match buckets(map, key) {
         Some(b) => b,
         None => return false,
     };
-    let slot = unsafe { &mut *slot_at(b, ct_victim([&*b[0], &*b[1]], key, st)) };
+    let slot = unsafe { &mut *slot_at(b, ct_table::victim([&*b[0], &*b[1]], key, st)) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
@@ -153,7 +162,7 @@ fn insert<S: CtSlot>(map: &Array<CtBucket<S>>, key: &S::Key, entry: &CtEntry, st
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
 /// the compare-and-swap leaves it alone.
 #[inline(always)]
-fn release<S: CtSlot>(slot: &mut S, observed: u32) {
+fn release<S: ct_table::Slot>(slot: &mut S, observed: u32) {
     if take(slot, observed) {
         finish(slot, observed, false);
     }

@@ -1,16 +1,37 @@
-//! `lb_decap`: on a backend host, strip the outer IPIP / IP6IP6 header of packets addressed to
-//! one of this host's tunnel endpoints (`DECAP_ADDRS`) and pass the inner packet up the stack.
-//! Everything else is passed untouched.
+//! The decapsulator's XDP object, `lb_decap`: on a backend host, strip the outer IPIP / IP6IP6
+//! header of packets addressed to one of this host's tunnel endpoints (`DECAP_ADDRS`) and pass
+//! the inner packet up the stack. Everything else is passed untouched.
+//!
+//! An object of its own, with only its own maps at their real sizes (`lb decap attach` loads
+//! nothing of the balancer).
+#![no_std]
+#![no_main]
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
-use lb_common::{stat, AddrKey, FAMILY_V4, FAMILY_V6};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::bpf_xdp_adjust_head,
+    macros::{map, xdp},
+    maps::{HashMap, PerCpuArray},
+    programs::XdpContext,
+};
+use lb_common::maps::{stat, AddrKey, GlobalStats, FAMILY_V4, FAMILY_V6};
+use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6};
+use lb_ebpf::counters::{drop, Counters};
+use lb_ebpf::packet::{parse_eth, ptr_at, read};
 
-use crate::maps::DECAP_ADDRS;
-use crate::parse::{parse_eth, ptr_at, read, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
-use crate::stats;
+/// This host's tunnel endpoint addresses (`lb decap attach --address`, or the interface's).
+#[map]
+static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(64, 0);
+/// The counters, as the balancer's `STATS` record; only `stat::DECAP` and
+/// `stat::DECAP_DROP_MALFORMED` are used here.
+#[map]
+static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);
 
-const IPPROTO_IPIP: u8 = 4;
-const IPPROTO_IPV6: u8 = 41;
+#[xdp]
+#[inline(always)]
+pub fn lb_decap(ctx: XdpContext) -> u32 {
+    run(&ctx)
+}
 
 #[inline(always)]
 fn is_local(addr: [u32; 4], family: u8) -> bool {
@@ -18,7 +39,8 @@ fn is_local(addr: [u32; 4], family: u8) -> bool {
     unsafe { DECAP_ADDRS.get(key).is_some() }
 }
 
-pub fn run(ctx: &XdpContext) -> u32 {
+#[inline(always)]
+fn run(ctx: &XdpContext) -> u32 {
     let (l3_off, ethertype) = match parse_eth(ctx) {
         Ok(x) => x,
         Err(_) => return xdp_action::XDP_PASS,
@@ -85,11 +107,10 @@ pub fn run(ctx: &XdpContext) -> u32 {
     h[0..12].copy_from_slice(&eth);
     h[12..14].copy_from_slice(&inner_type.to_be_bytes());
     unsafe { core::ptr::write_unaligned(p, h) };
-    stats::inc(stat::DECAP);
+    Counters::get(&STATS).inc(stat::DECAP);
     xdp_action::XDP_PASS
 }
 
 fn malformed() -> u32 {
-    stats::inc(stat::DECAP_DROP_MALFORMED);
-    xdp_action::XDP_DROP
+    drop(stat::DECAP_DROP_MALFORMED, Counters::get(&STATS))
 }

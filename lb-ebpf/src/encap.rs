@@ -4,23 +4,23 @@
 //! of an encapsulation is untagged: the route decides the egress device, so an ingress VLAN tag
 //! is dropped with the old header.
 //!
-//! Headers are written as 32-bit words (see `parse::word` on alignment), not byte by byte.
+//! Headers are written as 32-bit words (see `lb_ebpf::packet::word` on alignment), not byte by byte.
 
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
-use lb_common::{encap_source_word, stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
+use lb_common::decide::encap_source_word;
+use lb_common::maps::{stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
+
+use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN};
+use lb_ebpf::packet::put_word;
 
 use crate::nexthop::{self, Outer, Route};
-use crate::parse::{put_word, Packet, ETH_LEN, ETH_P_IP, ETH_P_IPV6};
-use crate::stats::Counters;
+use crate::parse::Packet;
+use crate::stats::{drop, Counters};
 
-const IPPROTO_IPIP: u32 = 4;
-const IPPROTO_IPV6: u32 = 41;
-const IPV4_HDR_LEN: usize = 20;
-const IPV6_HDR_LEN: usize = 40;
 /// TTL / hop limit of the outer header; the inner packet is not touched.
 const OUTER_TTL: u32 = 64;
 
@@ -34,12 +34,6 @@ fn transmit(route: &Route, counters: Counters) -> u32 {
         counters.inc(stat::REDIRECT);
         unsafe { bpf_redirect(route.egress_ifindex, 0) as u32 }
     }
-}
-
-#[inline(always)]
-fn drop(reason: u32, counters: Counters) -> u32 {
-    counters.inc(reason);
-    xdp_action::XDP_DROP
 }
 
 /// IPv4 header checksum of the five header words (checksum field zero). The one's-complement
@@ -118,7 +112,7 @@ pub fn ipip_v4(
     let mut h = [
         0x45 | (pkt.tclass as u32) << 8 | ((tot_len as u16).to_be() as u32) << 16,
         pkt.id_df,
-        OUTER_TTL | IPPROTO_IPIP << 8,
+        OUTER_TTL | (IPPROTO_IPIP as u32) << 8,
         src,
         backend.addr[0],
     ];
@@ -168,7 +162,7 @@ pub fn ip6ip6(
     // Version 6, the inner traffic class, flow label from the flow hash (spreads ECMP/RSS).
     let h = [
         ((6u32 << 28) | ((pkt.tclass as u32) << 20) | (hash & 0x000f_ffff)).to_be(),
-        (((pkt.l3_len as u32) << 16) | (IPPROTO_IPV6 << 8) | OUTER_TTL).to_be(),
+        (((pkt.l3_len as u32) << 16) | ((IPPROTO_IPV6 as u32) << 8) | OUTER_TTL).to_be(),
         src[0],
         src[1],
         src[2],

@@ -1,4 +1,7 @@
-//! XDP programs of the load balancer: `lb` (the balancer) and `lb_decap` (backend side).
+//! The balancer's XDP object: the program `lb` and `clock_probe` (the daemon's reading of the
+//! data-plane clock, see `clock`), nothing else. The backend side (`lb_decap`) is an object of
+//! its own (src/decap.rs); the bench programs are in the bench build of this object only
+//! (feature `bench`, loaded by lb-tests' `dp_bench`).
 //!
 //! Per packet: parse -> service -> connection table -> (new flow) client class -> class table
 //! -> backend -> encapsulate or rewrite -> transmit. No policy here: the controller has
@@ -10,10 +13,13 @@
 #![feature(core_intrinsics, adt_const_params)]
 #![no_main]
 
+#[cfg(feature = "bench")]
 mod bench;
+// `clock_probe` stays in this object: it must read the clock exactly as `lb` computes it,
+// from this object's load-time `NS_PER_JIFFY`, and the daemon loads this object anyway (an
+// object of its own would need the same constant set apart, and one more load).
 mod clock;
 mod conntrack;
-mod decap;
 mod encap;
 mod maps;
 mod nexthop;
@@ -22,15 +28,18 @@ mod select;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use lb_common::{
-    flow_hash, forwarding, hash_tuple, is_new_flow, stat, table_flags, track_tuple, CtEntry, CtKey, CtKey4,
-    FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
+use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
+use lb_common::hash::flow_hash;
+use lb_common::maps::{
+    forwarding, stat, table_flags, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
 };
+use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
+use lb_ebpf::packet::{as_key, parse_eth, Verdict};
 
 use crate::conntrack::FlowKey;
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
-use crate::parse::{as_key, Packet, Verdict, ETH_P_IP, ETH_P_IPV6};
-use crate::stats::Counters;
+use crate::parse::Packet;
+use crate::stats::{drop, Counters};
 
 // `#[xdp]` wraps the function in the program's entry point; `inline(always)` makes it part
 // of that entry instead of a BPF-to-BPF call (a call and a return per packet, and returns
@@ -41,16 +50,17 @@ pub fn lb(ctx: XdpContext) -> u32 {
     balance(&ctx)
 }
 
-#[xdp]
-#[inline(always)]
-pub fn lb_decap(ctx: XdpContext) -> u32 {
-    decap::run(&ctx)
-}
-
-#[inline(always)]
-fn drop(reason: u32, counters: Counters) -> u32 {
-    counters.inc(reason);
-    xdp_action::XDP_DROP
+/// Stage boundary `$n` of `dp_bench --stages`: `balance_until::<$n>` passes the packet here
+/// instead of going on. Only the bench build (feature `bench`) instantiates `balance_until`
+/// with a stage; `lb` runs it with `u32::MAX`, where the test folds away at compile time. The
+/// test is not compiled out without the feature: rustc then lays `lb` out differently (same
+/// instructions in another block order, one more), where with it `lb` is exactly as before.
+macro_rules! stop_before {
+    ($stop:ident, $n:literal) => {
+        if $stop == $n {
+            return xdp_action::XDP_PASS;
+        }
+    };
 }
 
 /// The flow hash of the packet (spec §1.3 table S fields). For IPv4 the tuple's unused address
@@ -71,13 +81,13 @@ fn balance(ctx: &XdpContext) -> u32 {
     balance_until::<{ u32::MAX }>(ctx)
 }
 
-/// The balancer, stopping with XDP_PASS before stage `STOP` (1 service lookup, 2 connection
-/// table / backend choice, 3 class counters, 4 forwarding) for `dp_bench --stages`; `lb` runs
-/// it with `u32::MAX`, where every stop test folds away at compile time.
+/// The balancer. In the bench build it stops with XDP_PASS before stage `STOP` (1 service
+/// lookup, 2 connection table / backend choice, 3 class counters, 4 forwarding) for
+/// `dp_bench --stages`; `lb` runs it with `u32::MAX` (no stop, see `stop_before!`).
 #[inline(always)]
 pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
-    let counters = Counters::get();
+    let counters = stats::counters();
     counters.inc(stat::RX_PACKETS);
     // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
     // copy has no IPv6 address words and no family tests (fewer instructions).
@@ -85,7 +95,7 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     // Both IPv4 parsers feed the one IPv4 copy of `forward`.
     let v4 = match parse::parse_v4_fast(ctx) {
         Some(pkt) => Ok(pkt),
-        None => match parse::parse_eth(ctx) {
+        None => match parse_eth(ctx) {
             Ok((l3_off, ETH_P_IP)) => parse::parse_v4(ctx, l3_off),
             Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
                 Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
@@ -119,9 +129,7 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
 /// counters, encapsulation and transmit.
 #[inline(always)]
 fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
-    if STOP == 1 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 1);
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -130,9 +138,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             return xdp_action::XDP_PASS;
         }
     };
-    if STOP == 2 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 2);
     let proto = pkt.tuple.proto;
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
     // Both keys are built only in the copy of their family (the other one folds away).
@@ -179,9 +185,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             (id, class, b, 1, spill as u64, hash)
         }
     };
-    if STOP == 3 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 3);
     if let Some(c) = stats::class_counters(svc.id, class, CLASSES_PER_SERVICE.load()) {
         unsafe {
             (*c).packets += 1;
@@ -194,18 +198,10 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         }
     }
 
-    if STOP == 4 {
-        return xdp_action::XDP_PASS;
-    }
+    stop_before!(STOP, 4);
     match svc.forwarding {
         forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, counters),
         _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
         _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
     }
-}
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
 }

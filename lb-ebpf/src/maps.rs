@@ -1,15 +1,13 @@
-//! The maps and load-time constants of the data plane. Every `max_entries` here is a placeholder:
-//! `lb_user::dataplane` sets the real sizes before load, from the configuration.
+//! The maps and load-time constants of the balancer's object. Every `max_entries` here is a
+//! placeholder: `lb_user::dataplane` sets the real sizes before load, from the configuration.
 
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray},
     Global,
 };
-use lb_common::{
-    AddrKey, Backend, ClassCounters, ClassKey, CtBucket4, CtBucket6, GlobalStats, ServiceSlot, ServiceTableRef,
-    TableRef,
-};
+use lb_common::ct_table;
+use lb_common::maps::{AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, ServiceSlot, ServiceTableRef, TableRef};
 
 use crate::nexthop::{FibParams, NextHop};
 
@@ -28,10 +26,10 @@ pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0)
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 /// The connection table of IPv6 flows: CT_BUCKET_MASK + 1 buckets (`lb_common::ct_table`).
 #[map]
-pub static CONNTRACK: Array<CtBucket6> = Array::with_max_entries(1, 0);
+pub static CONNTRACK: Array<ct_table::Bucket6> = Array::with_max_entries(1, 0);
 /// The connection table of IPv4 flows (4-word keys: cheaper to hash and compare).
 #[map]
-pub static CONNTRACK4: Array<CtBucket4> = Array::with_max_entries(1, 0);
+pub static CONNTRACK4: Array<ct_table::Bucket4> = Array::with_max_entries(1, 0);
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
@@ -49,7 +47,7 @@ pub static TABLES: Array<u32> = Array::with_max_entries(1, aya_ebpf::bindings::B
 /// Backend id -> address, MAC, state flags.
 #[map]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(1, 0);
-/// Global counters (one record), see `lb_common::stat`.
+/// Global counters (one record), see `lb_common::maps::stat`.
 #[map]
 pub static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0);
 /// service * CLASSES_PER_SERVICE + class -> that pair's counters.
@@ -61,9 +59,6 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 /// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
 #[map]
 pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
-/// `lb_decap`: this host's tunnel endpoint addresses.
-#[map]
-pub static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 
 /// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
 #[map]

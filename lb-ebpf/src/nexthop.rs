@@ -19,7 +19,8 @@
 //! than per packet. Per CPU, so there is no shared writer and no torn entry.
 
 use aya_ebpf::{bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, programs::XdpContext};
-use lb_common::stat;
+use lb_common::maps::stat;
+use lb_ebpf::consts::{IPPROTO_IPIP, IPPROTO_IPV6};
 
 use crate::maps::{FIB_PARAMS, NEXT_HOPS};
 
@@ -28,8 +29,6 @@ pub const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
-const IPPROTO_IPIP: u32 = 4;
-const IPPROTO_IPV6: u32 = 41;
 /// `BPF_FIB_LKUP_RET_FWD_DISABLED`: forwarding is off on the ingress device (no lookup done).
 const FIB_FWD_DISABLED: i64 = 5;
 /// `BPF_FIB_LKUP_RET_NO_NEIGH`: routed, but no valid neighbour entry for the next hop.
@@ -157,8 +156,8 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
     let family = if o.ipv6 { AF_INET6 } else { AF_INET };
     let l4 = match (o.l2, o.ipv6) {
         (true, _) => 0,
-        (false, true) => IPPROTO_IPV6,
-        (false, false) => IPPROTO_IPIP,
+        (false, true) => IPPROTO_IPV6 as u32,
+        (false, false) => IPPROTO_IPIP as u32,
     };
     let ingress = ctx.ingress_ifindex() as u32;
     let s = o.src;

@@ -6,15 +6,12 @@
 //! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_ebpf::consts::{ETH_LEN, IPV6_HDR_LEN};
+use lb_ebpf::packet::{as_key, ptr_at, read, word, Verdict};
 
 use crate::maps::VIPS;
 
-pub const ETH_LEN: usize = 14;
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const IPV6_HDR_LEN: usize = 40;
 /// Extension headers skipped at most; more is treated as malformed.
 const MAX_EXT_HEADERS: usize = 6;
 
@@ -42,82 +39,11 @@ pub struct Packet {
     pub id_df: u32,
 }
 
-pub enum Verdict {
-    /// Not addressed to a VIP (or not IP): leave it to the stack.
-    Pass,
-    /// Unusable before the destination is known: drop and count this stat.
-    Drop(u32),
-    /// Malformed, destination (address, family) known: drop and count this stat if the
-    /// destination is a VIP, else pass.
-    DropIfVip(u32, [u32; 4], u8),
-}
-
-/// Bounds-checked pointer to a `T` at `offset` in the packet.
-#[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
-    // Hide the offset from LLVM: otherwise it drops this check as implied by earlier length
-    // checks, and the verifier, which cannot follow that reasoning, rejects the access.
-    let offset = core::hint::black_box(offset);
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + offset + core::mem::size_of::<T>() > end {
-        return None;
-    }
-    Some((start + offset) as *mut T)
-}
-
-/// The `index`-th 32-bit word at `p`, bytes as they lie in the packet (network order kept).
-///
-/// A plain (not `read_unaligned`) load, so LLVM emits one 32-bit load instead of four byte
-/// loads: the BPF target has no unaligned-access lowering, and packet data is only 2-aligned
-/// behind an Ethernet header. BPF allows misaligned packet access (the verifier only enforces
-/// alignment with BPF_F_STRICT_ALIGNMENT or on architectures without efficient unaligned
-/// access, which the kernel then handles), so this is how C XDP programs read headers too.
-#[inline(always)]
-pub fn word(p: *const u32, index: usize) -> u32 {
-    unsafe { core::ptr::read(p.add(index)) }
-}
-
-/// Stores a 32-bit word at byte `offset` from `p`, see [`word`] for the alignment.
-#[inline(always)]
-pub fn put_word(p: *mut u8, offset: usize, value: u32) {
-    unsafe { core::ptr::write(p.add(offset) as *mut u32, value) }
-}
-
-/// A map key of `N` words as the `#[repr(C)]` key type `K` (same size, no implicit padding),
-/// so keys are built with word stores instead of byte stores and memsets for the pad bytes.
-#[inline(always)]
-pub fn as_key<K, const N: usize>(words: &[u32; N]) -> &K {
-    const { assert!(core::mem::size_of::<K>() == N * 4) };
-    unsafe { &*(words as *const [u32; N] as *const K) }
-}
-
-#[inline(always)]
-pub fn read<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
-    ptr_at::<T>(ctx, offset).map(|p| unsafe { core::ptr::read_unaligned(p) })
-}
-
-#[inline(always)]
-fn be16(ctx: &XdpContext, offset: usize) -> Option<u16> {
-    read::<[u8; 2]>(ctx, offset).map(u16::from_be_bytes)
-}
-
 /// Whether `addr` is a VIP: packets to it are ours (malformed ones are dropped).
 #[inline(always)]
 pub fn is_vip(addr: [u32; 4], family: u8) -> bool {
     let key = [addr[0], addr[1], addr[2], addr[3], family as u32];
     unsafe { VIPS.get(as_key::<AddrKey, 5>(&key)).is_some() }
-}
-
-/// Offset of the IP header and the ethertype behind at most one VLAN tag.
-#[inline(always)]
-pub fn parse_eth(ctx: &XdpContext) -> Result<(usize, u16), Verdict> {
-    let ethertype = be16(ctx, 12).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_ETH))?;
-    if ethertype != ETH_P_8021Q {
-        return Ok((ETH_LEN, ethertype));
-    }
-    let inner = be16(ctx, 16).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_ETH))?;
-    Ok((ETH_LEN + 4, inner))
 }
 
 /// The common IPv4 packet with one bounds check and constant offsets: untagged, no IP options,

@@ -2,15 +2,17 @@
 //! active table, then `table[hash % M]`. Only table reads; the policy is in the tables.
 
 use aya_ebpf::maps::lpm_trie::Key;
-use lb_common::{
-    find_service, maglev_slot, table_flags, ClassKey, ServiceInfo, ServiceTableRef, TableRef,
-    CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_V4, PROTO_ANY,
+use lb_common::hash::{find_service, maglev_slot};
+use lb_common::maps::{
+    table_flags, ClassKey, ServiceInfo, ServiceTableRef, TableRef, CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_V4,
+    PROTO_ANY,
 };
+use lb_ebpf::packet::as_key;
 
 use crate::maps::{
     CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
 };
-use crate::parse::{as_key, is_vip, Packet};
+use crate::parse::{is_vip, Packet};
 
 /// The active half of the service table (copied: 8 bytes), and its slot mask; None before
 /// the load-time size is set (never, once loaded by `lb_user::dataplane`).
@@ -25,7 +27,7 @@ fn service_table() -> Option<(ServiceTableRef, u32)> {
 
 /// The service under (addr, port, proto, family); a reference into the map (valid for the
 /// rest of the program run), not a copy. Probes the active half of SERVICE_TABLE inline
-/// (`lb_common::find_service`, the routine userspace tests run): every array lookup is
+/// (`lb_common::hash::find_service`, the routine userspace tests run): every array lookup is
 /// inlined by the verifier, with its own bounds check, so no helper call and no unbounded
 /// index.
 #[inline(always)]

@@ -1,7 +1,8 @@
 //! Weighted Maglev tables: agreement with a textbook reference, balance, disruption,
 //! determinism (golden tables), edge cases, and the userspace prediction of the kernel's choice.
 
-use lb_common::{flow_hash, maglev_permutation, maglev_slot, FlowTuple, BACKEND_DROP};
+use lb_common::hash::{flow_hash, maglev_permutation, maglev_slot};
+use lb_common::maps::{FlowTuple, BACKEND_DROP};
 use lb_user::compile::maglev::{build_table, is_prime, MaglevBackend, MaglevError};
 
 // A deterministic test RNG: the DNS view's SplitMix64.

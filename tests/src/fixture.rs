@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use lb_common::{backend_flags, Backend, ServiceKey, PROTO_ANY};
+use lb_common::maps::{backend_flags, Backend, ServiceKey, PROTO_ANY};
 use lb_user::dataplane::{addr_words, Dataplane, DataplaneSizes};
 
 /// Small prime M keeps table writes fast in tests.
@@ -49,10 +49,10 @@ pub fn backend_mac(id: u32) -> [u8; 6] {
 
 /// A service with the given policy bits; persistence flags from the spec's table
 /// (DEFAULT_FOR_PROTOCOL unless the caller changes `flags`).
-pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_common::ServiceInfo {
-    let flags = lb_common::persistence_flags(lb_common::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
+pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_common::maps::ServiceInfo {
+    let flags = lb_common::decide::persistence_flags(lb_common::maps::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
         .expect("valid persistence configuration");
-    lb_common::ServiceInfo {
+    lb_common::maps::ServiceInfo {
         id,
         affinity,
         tracking,
@@ -67,7 +67,7 @@ pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_c
 
 /// The kernel's flow hash for a packet, predicted with lb-common's functions.
 pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, ports_valid: bool) -> u32 {
-    let full = lb_common::FlowTuple {
+    let full = lb_common::maps::FlowTuple {
         src: addr_words(src).0,
         dst: addr_words(dst).0,
         sport: if ports_valid { sport.to_be() } else { 0 },
@@ -75,7 +75,7 @@ pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport:
         proto,
         _pad: [0; 3],
     };
-    lb_common::flow_hash(&lb_common::hash_tuple(affinity, &full, ports_valid))
+    lb_common::hash::flow_hash(&lb_common::decide::hash_tuple(affinity, &full, ports_valid))
 }
 
 /// A bpffs directory for one test's pinned maps (`/sys/fs/bpf/lb-test-NAME-PID`), removed with

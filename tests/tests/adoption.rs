@@ -4,7 +4,7 @@
 //! stays live and the new configuration finds the room it needs; after it, the backends its
 //! configuration no longer has drain like ones a reload removes (`depart_unused_backends`).
 
-use lb_common::backend_flags;
+use lb_common::maps::backend_flags;
 use lb_user::config::Config;
 use lb_user::controller::{Controller, PersistentState};
 use lb_user::daemon::sizes_for;

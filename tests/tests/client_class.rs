@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, tracking, PROTO_TCP};
+use lb_common::maps::{affinity, forwarding, tracking, PROTO_TCP};
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Dataplane, Program, XDP_TX};

@@ -4,9 +4,10 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use lb_common::{
-    affinity, backend_flags, forwarding, persistence, persistence_flags, service_flags, stat, table_flags,
-    track_tuple, tracking, CtKey, FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP,
+use lb_common::decide::{persistence_flags, track_tuple};
+use lb_common::maps::{
+    affinity, backend_flags, forwarding, persistence, service_flags, stat, table_flags, tracking, CtKey, FlowTuple,
+    ServiceInfo, BACKEND_DROP, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP,
 };
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
@@ -196,12 +197,12 @@ fn idle_entry_expires_and_flow_is_rehashed() {
     assert_eq!(e.backend, B1);
     // Aged by a minute less than the timeout (a margin no stall of this machine reaches):
     // still valid, and refreshed by the packet.
-    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 60_000_000_000), ..e }).unwrap();
+    dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 60_000_000_000), ..e }).unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     let refreshed = dp.conntrack_get(FAMILY_V4, &key).unwrap();
     assert!(refreshed.last_seen_ns >= e.last_seen_ns, "a hit refreshes last_seen");
     // Aged past the timeout: expired, re-hashed to b2.
-    dp.conntrack_set(FAMILY_V4, &key, lb_common::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
+    dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B2);
     assert_eq!(dp.stats().unwrap().get(stat::CT_EXPIRED), 1);
     assert_eq!(dp.conntrack_get(FAMILY_V4, &key).unwrap().backend, B2);
@@ -232,7 +233,7 @@ fn entry_of_a_reused_backend_id_is_void() {
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "same holder: the flow stays");
     let other = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, 9)), backend_mac(B1), 0);
-    dp.set_backend(B1, lb_common::Backend { generation: 1, ..other }).unwrap();
+    dp.set_backend(B1, lb_common::maps::Backend { generation: 1, ..other }).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the id's new holder does not inherit the flow");
     assert_eq!(dp.stats().unwrap().get(stat::CT_DRAIN_EXPIRED), 1);
     let e = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap();
@@ -392,7 +393,7 @@ fn entries_are_stamped_with_the_clock_userspace_reads() {
 /// the slot of the least recently seen flow; the other eight keep their entries.
 #[test]
 fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
-    assert_eq!(lb_common::ct_buckets_for(6), 1);
+    assert_eq!(lb_common::ct_table::buckets_for(6), 1);
     lb_tests::fixture_net::enter_lo_routed_netns();
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let sizes = DataplaneSizes { conntrack_entries: 6, ..fixture::sizes() };
@@ -408,7 +409,7 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     for (i, &p) in ports.iter().enumerate() {
         let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
         let age = if i == 3 { 5_000_000_000 } else { 1_000_000_000 + i as u64 };
-        dp.conntrack_set(FAMILY_V4, &key(p), lb_common::CtEntry { last_seen_ns: now - age, ..e }).unwrap();
+        dp.conntrack_set(FAMILY_V4, &key(p), lb_common::maps::CtEntry { last_seen_ns: now - age, ..e }).unwrap();
     }
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(41100, TCP_SYN)), B2, "a ninth flow");

@@ -3,11 +3,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{self, backend, service_info, service_key, uniform};
 use lb_tests::fixture_net::{in_netns, GW_MAC, LB_MAC};
 use lb_tests::packet::*;
 use lb_user::dataplane::{addr_words, Program, XDP_DROP, XDP_PASS, XDP_TX};
+use lb_user::cli::decap::Decapsulator;
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
 const BACKEND4: Ipv4Addr = Ipv4Addr::new(198, 19, 10, 3);
@@ -31,7 +32,7 @@ fn balancer_output_decapsulates_to_the_original_inner_packet() {
         lb.write_table(1, 0, 0, &uniform(3)).unwrap();
         lb.write_table(2, 0, 0, &uniform(4)).unwrap();
 
-        let mut host = fixture::load();
+        let mut host = Decapsulator::load().expect("loading lb_decap (tests must run as root)");
         host.add_decap_address(BACKEND4.into()).unwrap();
         host.add_decap_address(BACKEND6.into()).unwrap();
 
@@ -42,7 +43,7 @@ fn balancer_output_decapsulates_to_the_original_inner_packet() {
         for (inner, ethertype) in [(inner4, ETH_P_IP), (inner6, ETH_P_IPV6)] {
             let encapsulated = lb.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ethertype, &inner), topo.lbv0).unwrap();
             assert_eq!(encapsulated.action, XDP_TX);
-            let out = host.run_test(Program::Decap, &encapsulated.data, 0).unwrap();
+            let out = host.run_test(&encapsulated.data, 0).unwrap();
             assert_eq!(out.action, XDP_PASS);
             assert_eq!(out.data, ethernet(GW_MAC, LB_MAC, ethertype, &inner), "the original inner packet");
         }
@@ -52,21 +53,21 @@ fn balancer_output_decapsulates_to_the_original_inner_packet() {
 
 #[test]
 fn decap_leaves_other_traffic_alone_and_drops_malformed_tunnels() {
-    let mut host = fixture::load();
+    let mut host = Decapsulator::load().expect("loading lb_decap (tests must run as root)");
     host.add_decap_address(BACKEND4.into()).unwrap();
     let c4 = Ipv4Addr::new(198, 18, 1, 5);
     let inner = V4::new(c4, Ipv4Addr::new(198, 18, 0, 100), PROTO_UDP).build(&udp4(c4, Ipv4Addr::new(198, 18, 0, 100), 1, 2, b"x"));
     // Tunnel to another address: untouched.
     let other = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 10, 4), 4).build(&inner));
-    let out = host.run_test(Program::Decap, &other, 0).unwrap();
+    let out = host.run_test(&other, 0).unwrap();
     assert_eq!((out.action, out.data), (XDP_PASS, other));
     // Plain traffic to this host: untouched.
     let plain = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &inner);
-    let out = host.run_test(Program::Decap, &plain, 0).unwrap();
+    let out = host.run_test(&plain, 0).unwrap();
     assert_eq!((out.action, out.data), (XDP_PASS, plain));
     // IPIP to this host whose inner header is not IPv4: dropped and counted.
     let bogus = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4).build(&[0x60; 24]));
-    assert_eq!(host.run_test(Program::Decap, &bogus, 0).unwrap().action, XDP_DROP);
+    assert_eq!(host.run_test(&bogus, 0).unwrap().action, XDP_DROP);
     assert_eq!(host.stats().unwrap().get(stat::DECAP_DROP_MALFORMED), 1);
     // A piece of a fragmented tunnel datagram (first or later) holds no whole inner packet:
     // passed untouched, for the stack to reassemble.
@@ -74,7 +75,7 @@ fn decap_leaves_other_traffic_alone_and_drops_malformed_tunnels() {
         let mut outer = V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4);
         outer.frag = frag;
         let piece = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &outer.build(&inner[..16]));
-        let out = host.run_test(Program::Decap, &piece, 0).unwrap();
+        let out = host.run_test(&piece, 0).unwrap();
         assert_eq!((out.action, out.data), (XDP_PASS, piece), "frag {frag:#x}");
     }
     assert_eq!(host.stats().unwrap().get(stat::DECAP), 0);

@@ -2,7 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, tracking, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{affinity, forwarding, tracking, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, uniform};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Program, XDP_TX};
@@ -43,7 +43,7 @@ fn l2_dsr_rewrites_destination_mac_ipv4_and_ipv6() {
 /// when forwarding is off on the ingress device (the kernel then does no route lookup).
 #[test]
 fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
-    use lb_common::stat;
+    use lb_common::maps::stat;
     use lb_tests::fixture_net::{add_neighbour, in_netns, sysctl, LB2_MAC};
     use lb_user::dataplane::{XDP_DROP, XDP_REDIRECT};
     // What the host's neighbour table says about the backends: not the configured MAC, which
@@ -170,10 +170,10 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
         for round in 0..2 {
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &long_l2), topo.lbv0).unwrap();
             assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &long_l2)), "round {round}: L2 DSR, no neighbour");
-            let drops = dp.stats().unwrap().get(lb_common::stat::DROP_FIB);
+            let drops = dp.stats().unwrap().get(lb_common::maps::stat::DROP_FIB);
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
             assert_eq!(out.action, lb_user::dataplane::XDP_DROP, "round {round}: IPIP without a neighbour entry");
-            assert_eq!(dp.stats().unwrap().get(lb_common::stat::DROP_FIB), drops + 1);
+            assert_eq!(dp.stats().unwrap().get(lb_common::maps::stat::DROP_FIB), drops + 1);
         }
     });
 }

@@ -5,10 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use lb_common::{
-    affinity, flow_hash, forwarding, hash_tuple, maglev_slot, tracking, FlowTuple, ServiceKey, PROTO_ANY, PROTO_TCP,
-    PROTO_UDP,
-};
+use lb_common::decide::hash_tuple;
+use lb_common::hash::{flow_hash, maglev_slot};
+use lb_common::maps::{affinity, forwarding, tracking, FlowTuple, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, TEST_M};
 use lb_tests::packet::*;
 use lb_user::dataplane::{addr_words, Dataplane, Program, XDP_TX};

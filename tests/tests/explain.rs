@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
@@ -102,7 +102,7 @@ fn explain_names_the_backend_the_kernel_picks() {
         }
         if out.action != XDP_TX {
             let st = dp.stats().unwrap();
-            let counters: Vec<String> = lb_common::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
+            let counters: Vec<String> = lb_common::maps::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
             panic!("{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}", svc.name, out.action);
         }
         let mac = out.data[5];

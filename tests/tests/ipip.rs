@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{self, backend, predicted_hash, service_info, service_key, uniform};
 use lb_tests::fixture_net::{in_netns, GW2_MAC, GW_MAC, LB2_MAC, LB_MAC};
 use lb_tests::packet::*;

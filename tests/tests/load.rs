@@ -32,7 +32,8 @@ fn attaches_natively_to_a_veth_device() {
         let mut dp = fixture::load();
         let mode = dp.attach("lbv1", lb_user::dataplane::Program::Lb).expect("attach");
         assert_eq!(mode, aya::programs::XdpMode::Driver, "veth supports native XDP");
-        let decap = dp.attach("lbv3", lb_user::dataplane::Program::Decap).expect("attach decap");
+        let mut decapsulator = lb_user::cli::decap::Decapsulator::load().expect("load decap");
+        let decap = decapsulator.attach("lbv3").expect("attach decap");
         assert_eq!(decap, aya::programs::XdpMode::Driver);
         assert!(dp.attach("nonexistent0", lb_user::dataplane::Program::Lb).is_err());
     });

@@ -4,7 +4,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, maglev_slot, stat, tracking, PROTO_TCP, PROTO_UDP};
+use lb_common::hash::maglev_slot;
+use lb_common::maps::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{self, backend, backend_mac, predicted_hash, service_info, service_key, TEST_M};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_PASS, XDP_TX};
@@ -216,7 +217,7 @@ fn ipv6_fragments_with_a_header_after_the_fragment_header_stay_together() {
     let mut dp = setup();
     let vip = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x101);
     let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
-    dp.set_service(&[service_key(vip.into(), 0, lb_common::PROTO_ANY)], info).unwrap();
+    dp.set_service(&[service_key(vip.into(), 0, lb_common::maps::PROTO_ANY)], info).unwrap();
     let want = spread_table()[maglev_slot(predicted_hash(affinity::NONE, CLIENT6.into(), vip.into(), 0, 0, 60, false), TEST_M) as usize];
     // Fragmentable part: destination options, then UDP (8 + 8 + 40 bytes), cut at 32.
     let part = ext_header(PROTO_UDP, 1, &udp6(CLIENT6, vip, 5000, 53, &[9u8; 40]));

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{affinity, forwarding, stat, tracking, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{affinity, forwarding, stat, tracking, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP};
 use lb_tests::fixture::{backend, backend_mac, l3_default_key, service_info, service_key, TEST_M};
 use lb_tests::packet::*;
 use lb_user::dataplane::{Dataplane, DataplaneSizes, Program, XDP_PASS, XDP_TX};

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use lb_common::{stat, PROTO_TCP};
+use lb_common::maps::{stat, PROTO_TCP};
 use lb_tests::packet::*;
 use lb_user::config::Config;
 use lb_user::controller::Controller;

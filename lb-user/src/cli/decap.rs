@@ -3,13 +3,73 @@
 //! (for kernels without the `ipip`/`ip6_tunnel` modules). The attachment is pinned in bpffs,
 //! so it outlives this command; the pin name includes the network namespace, because hosts in
 //! different namespaces often share interface names.
+//!
+//! `lb_decap` is an object of its own (lb-ebpf's `lb-decap`), with only its own maps
+//! (`DECAP_ADDRS`, `STATS`) at their built-in sizes: nothing of the balancer is loaded.
 
-use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::dataplane::pinning;
+use crate::dataplane::{self, addr_key, addr_words, global_counters, take, Stats};
 use anyhow::{bail, Context, Result};
+use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::programs::XdpMode;
+use aya::Ebpf;
+use lb_common::maps::{AddrKey, GlobalStats};
 use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The decapsulator's XDP object (built by `build.rs`): `lb_decap`, nothing else.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_DECAP_OBJ"));
+
+/// The program's name in [`EBPF_OBJECT`].
+const PROGRAM: &str = "lb_decap";
+
+/// A loaded `lb_decap` and its maps.
+pub struct Decapsulator {
+    ebpf: Ebpf,
+    addrs: HashMap<MapData, AddrKey, u32>,
+    stats: PerCpuArray<MapData, GlobalStats>,
+}
+
+impl Decapsulator {
+    /// Loads and verifies the decapsulator's object. Needs CAP_BPF/CAP_NET_ADMIN (root).
+    pub fn load() -> Result<Self> {
+        let mut ebpf = Ebpf::load(EBPF_OBJECT).context("loading the decapsulator's XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+        dataplane::verify(&mut ebpf, PROGRAM)?;
+        Ok(Self { addrs: take(&mut ebpf, "DECAP_ADDRS")?, stats: take(&mut ebpf, "STATS")?, ebpf })
+    }
+
+    /// Adds an address this host decapsulates for.
+    pub fn add_decap_address(&mut self, addr: IpAddr) -> Result<()> {
+        let (words, family) = addr_words(addr);
+        self.addrs.insert(addr_key(words, family), 1, 0).context("writing DECAP_ADDRS")?;
+        Ok(())
+    }
+
+    /// Attaches `lb_decap` to an interface, native (driver) mode first, else generic; for as
+    /// long as this `Decapsulator` lives.
+    pub fn attach(&mut self, ifname: &str) -> Result<XdpMode> {
+        dataplane::attach(&mut self.ebpf, PROGRAM, ifname)
+    }
+
+    /// Attaches `lb_decap` through a bpf_link pinned at `link_pin` (see
+    /// [`dataplane::Dataplane::attach_pinned`]): it stays attached when this process exits.
+    pub fn attach_pinned(&mut self, ifname: &str, link_pin: &Path) -> Result<XdpMode> {
+        dataplane::attach_pinned(&mut self.ebpf, PROGRAM, ifname, link_pin)
+    }
+
+    /// Runs `lb_decap` once on `packet` with `BPF_PROG_TEST_RUN` (feature `test-helpers`).
+    #[cfg(feature = "test-helpers")]
+    pub fn run_test(&self, packet: &[u8], ingress_ifindex: u32) -> Result<dataplane::TestOutput> {
+        dataplane::run_test(&self.ebpf, PROGRAM, packet, ingress_ifindex)
+    }
+
+    /// The counters (only `stat::DECAP` and `stat::DECAP_DROP_MALFORMED` count here), summed
+    /// over CPUs; no class counters.
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(Stats { global: global_counters(&self.stats)?, classes: Vec::new() })
+    }
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DecapArgs {
@@ -67,15 +127,13 @@ pub fn attach(args: &DecapArgs) -> Result<()> {
     if addresses.is_empty() {
         bail!("interface {} has no addresses; give --address", args.interface);
     }
-    // Only DECAP_ADDRS matters to lb_decap: the balancer's maps get minimal sizes.
-    let sizes = DataplaneSizes { table_size_m: 2, conntrack_entries: 1, max_services: 1, classes_per_service: 1, max_backends: 1, table_slots: 1 };
-    let mut dp = Dataplane::load(sizes)?;
+    let mut decap = Decapsulator::load()?;
     for a in &addresses {
-        dp.add_decap_address(*a)?;
+        decap.add_decap_address(*a)?;
     }
     let pin = link_pin(args)?;
     // A re-attach replaces the program (and so its address set) atomically.
-    let mode = dp.attach_pinned(&args.interface, Program::Decap, &pin)?;
+    let mode = decap.attach_pinned(&args.interface, &pin)?;
     let shown: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
     println!("lb_decap on {} ({mode:?}) for {}", args.interface, shown.join(", "));
     Ok(())

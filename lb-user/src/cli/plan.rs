@@ -267,7 +267,7 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> Client
         class.map(|c| c.outcome.as_str()).unwrap_or("-")
     );
     ClientView {
-        class: zone.map(crate::compile::zone_class).unwrap_or(lb_common::CLASS_NONE),
+        class: zone.map(crate::compile::zone_class).unwrap_or(lb_common::maps::CLASS_NONE),
         zone: zone.map(|z| cfg.zones[z].name.clone()),
         eligible,
         reason,

@@ -5,7 +5,9 @@
 
 use crate::compile::{CompiledService, Compiled};
 use crate::config::Config;
-use lb_common::{addr_words, flow_hash, hash_tuple, maglev_slot, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
+use lb_common::decide::hash_tuple;
+use lb_common::hash::{flow_hash, maglev_slot};
+use lb_common::maps::{addr_words, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
 use serde_json::{json, Value};
 use std::net::IpAddr;
 

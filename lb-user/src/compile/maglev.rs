@@ -4,7 +4,7 @@
 //! The same backend set and `m` must give a byte-identical table on every host and version, so
 //! that balancers behind ECMP agree on a flow's backend. Hence:
 //! - backends are ordered by `key` (not by input order), and duplicate keys are rejected;
-//! - the permutations come from `lb_common::maglev_permutation` (fixed-seed MurmurHash3);
+//! - the permutations come from `lb_common::hash::maglev_permutation` (fixed-seed MurmurHash3);
 //! - only integer arithmetic, no randomness, no hash-map iteration.
 //!
 //! # Population
@@ -45,7 +45,8 @@
 //!
 //! About 1 ms for N = 1000 at m = 65537 on a shared 2-core VM (BENCHMARKS.md).
 
-use lb_common::{maglev_permutation, BACKEND_DROP};
+use lb_common::hash::maglev_permutation;
+use lb_common::maps::BACKEND_DROP;
 use std::fmt;
 
 /// One member of the set a table is built from.

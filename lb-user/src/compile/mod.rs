@@ -21,9 +21,9 @@ use crate::model::MonitorStatus;
 use crate::policy::{self, ServicePlan};
 use crate::policy::tm::{ProbeStatuses, TmServicePlan};
 use ipnet::IpNet;
-use lb_common::{
-    addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo,
-    ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP,
+use lb_common::maps::{
+    addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo, ServiceKey,
+    PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
 use std::net::IpAddr;
 
@@ -212,7 +212,7 @@ fn class_table(
     let member_ids: Vec<u32> =
         class.members.iter().map(|e| ids.backend(&cfg.services[e.service].name, e.address)).collect();
     let picks = cache.build(&members, m)?;
-    let entries = picks.iter().map(|&i| if i == lb_common::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
+    let entries = picks.iter().map(|&i| if i == lb_common::maps::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
     let mut flags = if class.zonal { table_flags::ZONAL } else { 0 };
     if class.unroutable {
         flags |= table_flags::UNROUTABLE;
@@ -257,23 +257,23 @@ fn service_keys(svc: &Service) -> Vec<ServiceKey> {
 fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
     let ct = &svc.connection_tracking;
     let affinity = match svc.session_affinity {
-        SessionAffinity::None => lb_common::affinity::NONE,
-        SessionAffinity::ClientIpPortProto => lb_common::affinity::CLIENT_IP_PORT_PROTO,
-        SessionAffinity::ClientIpProto => lb_common::affinity::CLIENT_IP_PROTO,
-        SessionAffinity::ClientIp => lb_common::affinity::CLIENT_IP,
-        SessionAffinity::ClientIpNoDestination => lb_common::affinity::CLIENT_IP_NO_DESTINATION,
+        SessionAffinity::None => lb_common::maps::affinity::NONE,
+        SessionAffinity::ClientIpPortProto => lb_common::maps::affinity::CLIENT_IP_PORT_PROTO,
+        SessionAffinity::ClientIpProto => lb_common::maps::affinity::CLIENT_IP_PROTO,
+        SessionAffinity::ClientIp => lb_common::maps::affinity::CLIENT_IP,
+        SessionAffinity::ClientIpNoDestination => lb_common::maps::affinity::CLIENT_IP_NO_DESTINATION,
     };
     let tracking = match ct.tracking_mode {
         TrackingMode::PerConnection => tracking::PER_CONNECTION,
         TrackingMode::PerSession => tracking::PER_SESSION,
     };
     let persistence = match ct.connection_persistence_on_unhealthy_backends {
-        Persistence::DefaultForProtocol => lb_common::persistence::DEFAULT_FOR_PROTOCOL,
-        Persistence::NeverPersist => lb_common::persistence::NEVER_PERSIST,
-        Persistence::AlwaysPersist => lb_common::persistence::ALWAYS_PERSIST,
+        Persistence::DefaultForProtocol => lb_common::maps::persistence::DEFAULT_FOR_PROTOCOL,
+        Persistence::NeverPersist => lb_common::maps::persistence::NEVER_PERSIST,
+        Persistence::AlwaysPersist => lb_common::maps::persistence::ALWAYS_PERSIST,
     };
     // Validation rejects the one invalid combination (ALWAYS_PERSIST + PER_SESSION).
-    let mut flags = lb_common::persistence_flags(persistence, tracking, affinity).unwrap_or(0);
+    let mut flags = lb_common::decide::persistence_flags(persistence, tracking, affinity).unwrap_or(0);
     if svc.failover_policy.as_ref().is_some_and(|f| f.disable_connection_drain_on_failover) {
         flags |= service_flags::FLUSH_ON_POOL_CHANGE;
     }
@@ -342,7 +342,7 @@ mod tests {
             assert!(ie.entries.iter().all(|&e| e == leaf), "{}: IE class -> the child's backend id", svc.name);
             assert_eq!(ie.flags, 0, "not ZONAL, healthy");
             let none = &svc.tables[0];
-            assert!(none.entries.iter().all(|&e| e == lb_common::BACKEND_DROP));
+            assert!(none.entries.iter().all(|&e| e == lb_common::maps::BACKEND_DROP));
             assert_eq!(none.flags & table_flags::UNROUTABLE, table_flags::UNROUTABLE, "{}: NODATA class", svc.name);
         }
         assert_eq!(c.classes_per_service, 2);

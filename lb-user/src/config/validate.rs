@@ -148,8 +148,8 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
             "0 is not allowed: must be at least 1",
         );
     } else if dp.conntrack_entries > MAX_CONNTRACK_ENTRIES {
-        let bytes = u64::from(lb_common::ct_buckets_for(dp.conntrack_entries))
-            * (std::mem::size_of::<lb_common::CtBucket4>() + std::mem::size_of::<lb_common::CtBucket6>()) as u64;
+        let bytes = u64::from(lb_common::ct_table::buckets_for(dp.conntrack_entries))
+            * (std::mem::size_of::<lb_common::ct_table::Bucket4>() + std::mem::size_of::<lb_common::ct_table::Bucket6>()) as u64;
         r.push(
             "dataplane.conntrack_entries",
             format!(

@@ -13,7 +13,7 @@ use crate::model::{keyed_triples, BackendKey, MonitorStatus};
 use crate::policy::Pool;
 use crate::policy::tm::ProbeStatuses;
 use ipnet::IpNet;
-use lb_common::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
+use lb_common::maps::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -593,7 +593,7 @@ pub struct ReconcileReport {
 mod tests {
     use super::*;
     use crate::dataplane::Demand;
-    use lb_common::BACKEND_DROP;
+    use lb_common::maps::BACKEND_DROP;
 
     /// Records what the controller writes, like the BPF maps would hold it.
     #[derive(Default)]

@@ -514,7 +514,7 @@ impl Daemon {
     fn stats(&self) -> Result<Value> {
         let st = self.dp.stats()?;
         let global: serde_json::Map<String, Value> =
-            lb_common::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), json!(st.get(i as u32)))).collect();
+            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), json!(st.get(i as u32)))).collect();
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
         let services: Vec<Value> = applied
@@ -553,8 +553,8 @@ impl Daemon {
             crate::model::Protocol::Udp => "udp",
             _ => "tcp",
         }) {
-            "tcp" => lb_common::PROTO_TCP,
-            "udp" => lb_common::PROTO_UDP,
+            "tcp" => lb_common::maps::PROTO_TCP,
+            "udp" => lb_common::maps::PROTO_UDP,
             other => bail!("--proto {other:?}: allowed values are tcp, udp"),
         };
         let flow = Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };

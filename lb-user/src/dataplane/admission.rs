@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use anyhow::{bail, Context, Result};
 use ipnet::IpNet;
-use lb_common::{AddrKey, ServiceInfo, ServiceKey};
+use lb_common::maps::{AddrKey, ServiceInfo, ServiceKey};
 
 use super::classes::canonical_prefix;
 use super::{addr_key, Dataplane};
@@ -133,8 +133,8 @@ impl Dataplane {
         let mut backends = 0;
         for id in (0..self.sizes.max_backends).filter(|id| !used.contains(id)) {
             let b = self.backend(id)?;
-            if b.family != 0 && b.flags & lb_common::backend_flags::REMOVED == 0 {
-                self.set_backend_state(id, b.flags | lb_common::backend_flags::REMOVED, now + drain_ns(id))?;
+            if b.family != 0 && b.flags & lb_common::maps::backend_flags::REMOVED == 0 {
+                self.set_backend_state(id, b.flags | lb_common::maps::backend_flags::REMOVED, now + drain_ns(id))?;
                 backends += 1;
             }
         }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use anyhow::{bail, Context, Result};
 use aya::maps::lpm_trie::Key as LpmKey;
 use ipnet::IpNet;
-use lb_common::{addr_words, ClassKey, CLASS_KEY_SERVICE_BITS};
+use lb_common::maps::{addr_words, ClassKey, CLASS_KEY_SERVICE_BITS};
 
 use super::Dataplane;
 

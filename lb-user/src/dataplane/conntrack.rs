@@ -5,10 +5,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, MapData};
-use lb_common::{
-    ct_buckets, ct_find, ct_next_state, ct_state, ct_victim, CtBucket, CtEntry, CtKey, CtKey4, CtSearch, CtSlot, CT_WAYS,
-    FAMILY_V4, FAMILY_V6,
-};
+use lb_common::ct_table;
+use lb_common::maps::{CtEntry, CtKey, CtKey4, FAMILY_V4, FAMILY_V6};
 
 use super::Dataplane;
 
@@ -48,60 +46,69 @@ impl Dataplane {
 }
 
 /// The two candidate buckets of `key`, as read now.
-fn table_buckets<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Result<([u32; 2], [CtBucket<S>; 2])>
+fn table_buckets<S: ct_table::Slot>(
+    map: &Array<MapData, ct_table::Bucket<S>>,
+    key: &S::Key,
+    seed: u64,
+) -> Result<([u32; 2], [ct_table::Bucket<S>; 2])>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let mask = map.len() - 1;
-    let index = ct_buckets::<S>(key, seed, mask);
+    let index = ct_table::buckets::<S>(key, seed, mask);
     Ok((index, [map.get(&index[0], 0)?, map.get(&index[1], 0)?]))
 }
 
-fn table_get<S: CtSlot>(map: &Array<MapData, CtBucket<S>>, key: &S::Key, seed: u64) -> Option<CtEntry>
+fn table_get<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>, key: &S::Key, seed: u64) -> Option<CtEntry>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let (_, b) = table_buckets(map, key, seed).ok()?;
-    let mut search = CtSearch::default();
-    let state = ct_find([&b[0], &b[1]], key, &mut search)?;
-    if state & ct_state::WRITING != 0 {
+    let mut search = ct_table::Search::default();
+    let state = ct_table::find([&b[0], &b[1]], key, &mut search)?;
+    if state & ct_table::state::WRITING != 0 {
         return None;
     }
     let k = search.index as usize;
-    Some(*b[k / CT_WAYS].slots[k % CT_WAYS].entry())
+    Some(*b[k / ct_table::WAYS].slots[k % ct_table::WAYS].entry())
 }
 
-pub fn table_set<S: CtSlot>(map: &mut Array<MapData, CtBucket<S>>, key: &S::Key, entry: &CtEntry, seed: u64) -> Result<()>
+pub fn table_set<S: ct_table::Slot>(
+    map: &mut Array<MapData, ct_table::Bucket<S>>,
+    key: &S::Key,
+    entry: &CtEntry,
+    seed: u64,
+) -> Result<()>
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_victim([&b[0], &b[1]], key, &mut CtSearch::default()) as usize;
-    let (which, way) = (k / CT_WAYS, k % CT_WAYS);
+    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()) as usize;
+    let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).
-    if b[which].slots.iter().any(|s| lb_common::ct_slot_state(s) & ct_state::WRITING != 0) {
+    if b[which].slots.iter().any(|s| ct_table::slot_state(s) & ct_table::state::WRITING != 0) {
         bail!("the data plane is writing bucket {} of the connection table", index[which]);
     }
     let slot = &mut b[which].slots[way];
-    let state = lb_common::ct_slot_state(slot);
+    let state = ct_table::slot_state(slot);
     slot.set(key, entry);
     // Written whole, with the state word: not WRITING, next version, live.
-    let next = ct_next_state(state & !ct_state::WRITING, true);
+    let next = ct_table::next_state(state & !ct_table::state::WRITING, true);
     unsafe { core::ptr::write(slot.state_mut(), next) };
     map.set(index[which], b[which], 0)?;
     Ok(())
 }
 
 /// The live slots of a connection table.
-fn live_slots<S: CtSlot>(map: &Array<MapData, CtBucket<S>>) -> impl Iterator<Item = S> + '_
+fn live_slots<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>) -> impl Iterator<Item = S> + '_
 where
-    CtBucket<S>: aya::Pod,
+    ct_table::Bucket<S>: aya::Pod,
 {
     map.iter()
         .filter_map(|b| b.ok())
         .flat_map(|b| b.slots)
-        .filter(|s| lb_common::ct_slot_state(s) & (ct_state::LIVE | ct_state::WRITING) == ct_state::LIVE)
+        .filter(|s| ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE)
 }
 
 /// The connection tables' seed: the one stored with pinned tables that are being reused (also

@@ -27,29 +27,30 @@ mod sys;
 mod tables;
 
 use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
-use std::net::IpAddr;
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
-use aya::programs::Xdp;
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
-use lb_common::{
-    table_flags, AddrKey, Backend, TableRef, ClassCounters, ClassKey, CtBucket4, CtBucket6, GlobalStats, CLASS_KEY_SERVICE_BITS,
-};
+use lb_common::ct_table;
+use lb_common::maps::{table_flags, AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, TableRef, CLASS_KEY_SERVICE_BITS};
 
 pub use admission::{Demand, ServiceDemand};
 pub use conntrack::{ct_seed, table_set};
-pub use lb_common::addr_words;
+pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
 pub use programs::{Program, TestOutput};
 pub use sink::Tables;
 #[cfg(feature = "test-helpers")]
 pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
-pub use sizes::DataplaneSizes;
+pub use sizes::{DataplaneSizes, MAP_NAMES};
 pub use stats::{ClassStats, Stats};
+pub(crate) use programs::{attach, attach_pinned, verify};
+#[cfg(feature = "test-helpers")]
+pub(crate) use programs::run_test;
+pub(crate) use stats::global_counters;
 pub use sys::{load_program, ns_per_jiffy};
 
 use classes::trie_prefix;
@@ -58,15 +59,12 @@ use services::vip_refs;
 use sys::ArrayMmap;
 use tables::TableMmap;
 
-/// Every map of the object that is pinned (by these names). `NEXT_HOPS`, a per-CPU cache of
-/// route lookups that refills itself within a second, is not pinned.
-pub const MAP_NAMES: [&str; 14] = [
-    "SERVICE_TABLE", "SERVICE_INDEX", "VIPS", "CONNTRACK", "CONNTRACK4", "CT_SEED_STORE", "CLIENT_CLASS",
-    "CLASSED_SERVICES", "TABLE_INDEX", "TABLES", "BACKENDS", "STATS", "CLASS_STATS", "DECAP_ADDRS",
-];
+/// The balancer's XDP object (built by `build.rs`): `lb` and `clock_probe`, nothing else.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
 
-/// The compiled XDP object (built by `build.rs`).
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_OBJ"));
+/// Where `build.rs` left the bench build of the balancer's object (`lb` plus the bench
+/// programs, feature `bench` of lb-ebpf): only lb-tests' `dp_bench` loads it.
+pub const BENCH_OBJECT_PATH: &str = env!("LB_EBPF_BENCH_OBJ");
 
 /// A loaded data plane: the programs and typed handles to every map.
 pub struct Dataplane {
@@ -74,8 +72,8 @@ pub struct Dataplane {
     sizes: DataplaneSizes,
     services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
-    conntrack: Array<MapData, CtBucket6>,
-    conntrack4: Array<MapData, CtBucket4>,
+    conntrack: Array<MapData, ct_table::Bucket6>,
+    conntrack4: Array<MapData, ct_table::Bucket4>,
     /// The connection tables' bucket hash seed (the data plane's `CT_SEED`).
     ct_seed: u64,
     client_class: LpmTrie<MapData, ClassKey, u32>,
@@ -91,7 +89,6 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
-    decap_addrs: HashMap<MapData, AddrKey, u32>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -102,7 +99,7 @@ pub struct Dataplane {
     free_slots: VecDeque<u32>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
+pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
     let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))?;
     T::try_from(map).with_context(|| format!("map {name} has an unexpected type"))
 }
@@ -111,7 +108,7 @@ fn take_raw(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the XDP object"))
 }
 
-fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
+pub(crate) fn addr_key(addr: [u32; 4], family: u8) -> AddrKey {
     AddrKey { addr, family, _pad: [0; 3] }
 }
 
@@ -155,7 +152,8 @@ impl LoadSettings {
 }
 
 impl Dataplane {
-    /// Loads both XDP programs with the given map sizes. Needs CAP_BPF/CAP_NET_ADMIN (root).
+    /// Loads the balancer's object (`lb`, `clock_probe`) with the given map sizes. Needs
+    /// CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load(sizes: DataplaneSizes) -> Result<Self> {
         Self::load_with(sizes, None)
     }
@@ -179,12 +177,8 @@ impl Dataplane {
             .apply(&mut loader)
             .load(EBPF_OBJECT)
             .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
-        for p in [Program::Lb, Program::Decap, Program::ClockProbe] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(p.name())
-                .ok_or_else(|| anyhow!("program {} missing", p.name()))?
-                .try_into()?;
-            load_program(prog).with_context(|| format!("verifying program {}", p.name()))?;
+        for p in [Program::Lb, Program::ClockProbe] {
+            verify(&mut ebpf, p.name())?;
         }
         let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
         seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
@@ -203,7 +197,6 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
-            decap_addrs: take(&mut ebpf, "DECAP_ADDRS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -240,12 +233,5 @@ impl Dataplane {
 
     pub fn sizes(&self) -> &DataplaneSizes {
         &self.sizes
-    }
-
-    /// Adds an address this host decapsulates for (`lb_decap`).
-    pub fn add_decap_address(&mut self, addr: IpAddr) -> Result<()> {
-        let (words, family) = addr_words(addr);
-        self.decap_addrs.insert(addr_key(words, family), 1, 0).context("writing DECAP_ADDRS")?;
-        Ok(())
     }
 }

@@ -115,8 +115,8 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         // Connection tables pinned by a version with another layout (before the
         // set-associative tables they were kernel LRU hash maps, with one entry per value).
         let layout = match name {
-            "CONNTRACK" => Some(std::mem::size_of::<lb_common::CtBucket6>()),
-            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::CtBucket4>()),
+            "CONNTRACK" => Some(std::mem::size_of::<lb_common::ct_table::Bucket6>()),
+            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::ct_table::Bucket4>()),
             _ => None,
         };
         if let Some(size) = layout {
@@ -143,8 +143,9 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
 }
 
 /// Maps earlier versions pinned that this one no longer has (`SERVICES`: the service hash
-/// map before `SERVICE_TABLE`); removed with the others, and when a daemon starts.
-pub const LEGACY_MAP_NAMES: [&str; 1] = ["SERVICES"];
+/// map before `SERVICE_TABLE`; `DECAP_ADDRS`: `lb_decap`'s addresses, when the decapsulator
+/// was part of the balancer's object); removed with the others, and when a daemon starts.
+pub const LEGACY_MAP_NAMES: &[&str] = &["SERVICES", "DECAP_ADDRS"];
 
 /// Remove every map pin (the maps themselves go when no program uses them any more).
 pub fn remove_map_pins(pin_dir: &Path) -> Result<()> {

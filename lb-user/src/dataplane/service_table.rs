@@ -1,5 +1,5 @@
 //! The writer of the data plane's service table: an open-addressing hash table of service keys
-//! in the `SERVICE_TABLE` array, which the XDP program probes inline (`lb_common::find_service`)
+//! in the `SERVICE_TABLE` array, which the XDP program probes inline (`lb_common::hash::find_service`)
 //! instead of calling the hash-map lookup helper.
 //!
 //! The array holds two halves of S slots (S a power of two, at least twice the key capacity, so
@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, MapData};
-use lb_common::{service_slot_hash, ServiceInfo, ServiceKey, ServiceSlot, ServiceTableRef, SERVICE_PROBES};
+use lb_common::hash::service_slot_hash;
+use lb_common::maps::{ServiceInfo, ServiceKey, ServiceSlot, ServiceTableRef, SERVICE_PROBES};
 
 use super::sys::{update_batch, ArrayMmap};
 
@@ -228,7 +229,7 @@ impl ServiceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lb_common::find_service;
+    use lb_common::hash::find_service;
 
     // Reproducible random keys: the DNS view's generator.
     use crate::rng::{Rng as _, SplitMix64 as Rng};
@@ -243,12 +244,12 @@ mod tests {
             [u32::from_ne_bytes([10, 0, (r >> 8) as u8, (r >> 16) as u8]), 0, 0, 0]
         };
         let (port, proto) = match (r >> 24) % 4 {
-            0 => (0, lb_common::PROTO_ANY),
-            1 => (0, lb_common::PROTO_TCP),
-            2 => (((r >> 32) as u16 | 1).to_be(), lb_common::PROTO_UDP),
-            _ => (((r >> 32) as u16 | 1).to_be(), lb_common::PROTO_TCP),
+            0 => (0, lb_common::maps::PROTO_ANY),
+            1 => (0, lb_common::maps::PROTO_TCP),
+            2 => (((r >> 32) as u16 | 1).to_be(), lb_common::maps::PROTO_UDP),
+            _ => (((r >> 32) as u16 | 1).to_be(), lb_common::maps::PROTO_TCP),
         };
-        ServiceKey { addr, port, proto, family: if v6 { lb_common::FAMILY_V6 } else { lb_common::FAMILY_V4 } }
+        ServiceKey { addr, port, proto, family: if v6 { lb_common::maps::FAMILY_V6 } else { lb_common::maps::FAMILY_V4 } }
     }
 
     fn random_set(rng: &mut Rng, n: usize) -> BTreeMap<[u32; 5], (ServiceKey, ServiceInfo)> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap as StdHashMap;
 
 use anyhow::{bail, Result};
-use lb_common::{AddrKey, ServiceInfo, ServiceKey};
+use lb_common::maps::{AddrKey, ServiceInfo, ServiceKey};
 
 use super::service_table::ServiceTable;
 use super::{addr_key, Dataplane};

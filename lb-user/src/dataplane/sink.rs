@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use ipnet::IpNet;
-use lb_common::{Backend, ServiceInfo, ServiceKey};
+use lb_common::maps::{Backend, ServiceInfo, ServiceKey};
 
 use super::classes::canonical_prefix;
 use super::{Dataplane, Demand};

@@ -1,9 +1,64 @@
 //! Map sizes, fixed when the object is loaded.
 
 use anyhow::{bail, Result};
-use lb_common::{ct_buckets_for, MAX_SERVICE_ID};
+use lb_common::ct_table;
+use lb_common::maps::MAX_SERVICE_ID;
 
 use super::service_table;
+
+/// A map of the balancer's object that is sized at load time.
+struct SizedMap {
+    name: &'static str,
+    /// Pinned (by its name) under the daemon's pin directory.
+    pinned: bool,
+    max_entries: fn(&DataplaneSizes) -> u32,
+}
+
+/// Every map of the object that is sized at load time: the one list that names them, their
+/// sizes and which are pinned. `NEXT_HOPS`, a per-CPU cache of route lookups that refills
+/// itself within a second, is not pinned.
+const SIZED_MAPS: &[SizedMap] = &[
+    // Two halves of S slots, S >= twice the key capacity (16 keys per service).
+    SizedMap { name: "SERVICE_TABLE", pinned: true, max_entries: |s| 2 * s.service_slots() },
+    SizedMap { name: "SERVICE_INDEX", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "VIPS", pinned: true, max_entries: |s| s.max_services.saturating_mul(4) },
+    SizedMap { name: "CONNTRACK", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CONNTRACK4", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CT_SEED_STORE", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLIENT_CLASS", pinned: true, max_entries: |s| s.class_pairs().saturating_mul(16).max(16) },
+    SizedMap { name: "CLASSED_SERVICES", pinned: true, max_entries: |s| s.max_services },
+    SizedMap { name: "TABLE_INDEX", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "TABLES", pinned: true, max_entries: |s| s.table_slots * s.table_size_m },
+    SizedMap { name: "BACKENDS", pinned: true, max_entries: |s| s.max_backends },
+    // One record of global counters; one record per (service, class).
+    SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
+];
+
+const fn pinned_count() -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < SIZED_MAPS.len() {
+        n += SIZED_MAPS[i].pinned as usize;
+        i += 1;
+    }
+    n
+}
+
+const fn pinned_names<const N: usize>() -> [&'static str; N] {
+    let (mut names, mut n, mut i) = ([""; N], 0, 0);
+    while i < SIZED_MAPS.len() {
+        if SIZED_MAPS[i].pinned {
+            names[n] = SIZED_MAPS[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    names
+}
+
+/// Every map of the object that is pinned (by these names), from [`SIZED_MAPS`].
+pub const MAP_NAMES: [&str; pinned_count()] = pinned_names();
 
 /// Map sizes, fixed when the object is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,32 +79,18 @@ pub struct DataplaneSizes {
 
 impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
-    pub fn map_max_entries(&self) -> [(&'static str, u32); 15] {
-        let pairs = self.max_services * self.classes_per_service;
-        [
-            // Two halves of S slots, S >= twice the key capacity (16 keys per service).
-            ("SERVICE_TABLE", 2 * self.service_slots()),
-            ("SERVICE_INDEX", 1),
-            ("VIPS", self.max_services.saturating_mul(4)),
-            ("CONNTRACK", self.conntrack_buckets()),
-            ("CONNTRACK4", self.conntrack_buckets()),
-            ("CT_SEED_STORE", 1),
-            ("CLIENT_CLASS", pairs.saturating_mul(16).max(16)),
-            ("CLASSED_SERVICES", self.max_services),
-            ("TABLE_INDEX", pairs),
-            ("TABLES", self.table_slots * self.table_size_m),
-            ("BACKENDS", self.max_backends),
-            // One record of global counters; one record per (service, class).
-            ("STATS", 1),
-            ("CLASS_STATS", pairs),
-            ("NEXT_HOPS", self.max_backends),
-            ("DECAP_ADDRS", 64),
-        ]
+    pub fn map_max_entries(&self) -> Vec<(&'static str, u32)> {
+        SIZED_MAPS.iter().map(|m| (m.name, (m.max_entries)(self))).collect()
+    }
+
+    /// (service, class) pairs: the rows of `TABLE_INDEX` and `CLASS_STATS`.
+    fn class_pairs(&self) -> u32 {
+        self.max_services * self.classes_per_service
     }
 
     /// Buckets per connection table (a power of two; the load-time `CT_BUCKET_MASK` + 1).
     pub fn conntrack_buckets(&self) -> u32 {
-        ct_buckets_for(self.conntrack_entries)
+        ct_table::buckets_for(self.conntrack_entries)
     }
 
     /// Slots per half of `SERVICE_TABLE` (a power of two; the load-time `SERVICE_SLOTS`).

@@ -1,7 +1,8 @@
 //! Counters: the global ones and one record per (service, class), summed over CPUs.
 
 use anyhow::Result;
-use lb_common::stat;
+use aya::maps::{MapData, PerCpuArray};
+use lb_common::maps::{stat, GlobalStats};
 
 use super::Dataplane;
 
@@ -19,7 +20,7 @@ pub struct ClassStats {
 /// All counters, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Indexed by `lb_common::stat::*` (`stat::NAMES` names them).
+    /// Indexed by `lb_common::maps::stat::*` (`stat::NAMES` names them).
     pub global: Vec<u64>,
     /// Only pairs with a non-zero counter.
     pub classes: Vec<ClassStats>,
@@ -56,12 +57,7 @@ impl Stats {
 impl Dataplane {
     /// All counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats> {
-        let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
-        for cpu in self.stats.get(&0, 0)?.iter() {
-            for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
-                *sum += v;
-            }
-        }
+        let global = global_counters(&self.stats)?;
         let mut classes = Vec::new();
         let cps = self.sizes.classes_per_service;
         for service in 0..self.sizes.max_services {
@@ -81,4 +77,15 @@ impl Dataplane {
         }
         Ok(Stats { global, classes })
     }
+}
+
+/// The global counters of an object's `STATS` record, summed over CPUs.
+pub(crate) fn global_counters(stats: &PerCpuArray<MapData, GlobalStats>) -> Result<Vec<u64>> {
+    let mut global = vec![0u64; stat::GLOBAL_COUNT as usize];
+    for cpu in stats.get(&0, 0)?.iter() {
+        for (sum, v) in global.iter_mut().zip(cpu.counters.iter()) {
+            *sum += v;
+        }
+    }
+    Ok(global)
 }

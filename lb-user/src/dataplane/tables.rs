@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::{Array, MapData};
-use lb_common::{table_flags, Backend, TableRef, BACKEND_DROP};
+use lb_common::maps::{table_flags, Backend, TableRef, BACKEND_DROP};
 
 use super::sys::{update_batch, ArrayMmap};
 use super::Dataplane;

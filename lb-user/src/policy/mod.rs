@@ -320,7 +320,7 @@ pub struct Routed {
     pub tm: Option<tm::TmServicePlan>,
 }
 
-/// Class id of zone index `z` (class [`lb_common::CLASS_NONE`] is the non-compatible class).
+/// Class id of zone index `z` (class [`lb_common::maps::CLASS_NONE`] is the non-compatible class).
 pub fn zone_class(z: usize) -> u32 {
     z as u32 + 1
 }
@@ -348,7 +348,7 @@ pub fn route_service(
                 .classes
                 .iter()
                 .map(|cp| RoutedClass {
-                    class: cp.client_zone.map(zone_class).unwrap_or(lb_common::CLASS_NONE),
+                    class: cp.client_zone.map(zone_class).unwrap_or(lb_common::maps::CLASS_NONE),
                     zonal: cp.client_zone.is_some(),
                     members: cp.eligible.iter().map(|&bi| member(bi)).collect(),
                     unroutable: false,
@@ -363,7 +363,7 @@ pub fn route_service(
                         zone_class: svc
                             .backend_zone_index(cfg, &svc.backends[bi])
                             .map(zone_class)
-                            .unwrap_or(lb_common::CLASS_NONE),
+                            .unwrap_or(lb_common::maps::CLASS_NONE),
                     })
                     .collect(),
                 prefixes: zone_prefixes(cfg).collect(),
@@ -403,7 +403,7 @@ pub fn route_service(
                     .map(|bi| Endpoint {
                         backend: bi,
                         healthy: routable(si, bi),
-                        zone_class: lb_common::CLASS_NONE,
+                        zone_class: lb_common::maps::CLASS_NONE,
                     })
                     .collect(),
                 prefixes: plan.prefixes.iter().map(|(net, c)| (*net, *c as u32)).collect(),

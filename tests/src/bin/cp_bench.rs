@@ -11,7 +11,7 @@
 //!    entries from here, then the daemon's VmRSS and the map's kernel memory are read.
 
 use anyhow::{bail, Context, Result};
-use lb_common::{CtEntry, CtKey, CtKey4, FlowTuple};
+use lb_common::maps::{CtEntry, CtKey, CtKey4, FlowTuple};
 use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::dataplane::Dataplane;
@@ -109,7 +109,7 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
         let before = status_kib(child.id(), "VmRSS:")?;
         // IPv4 flows: the CONNTRACK4 table.
         let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK4"))?;
-        let mut ct: aya::maps::Array<_, lb_common::CtBucket4> = aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
+        let mut ct: aya::maps::Array<_, lb_common::ct_table::Bucket4> = aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
         let seed = lb_user::dataplane::ct_seed(Some(&pins))?;
         for i in 0..CONNECTIONS {
             let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());

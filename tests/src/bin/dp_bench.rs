@@ -44,7 +44,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader};
-use lb_common::{
+use lb_common::maps::{
     affinity, forwarding, stat, table_flags, tracking, AddrKey, Backend, GlobalStats, ServiceInfo, ServiceKey,
     TableRef, PROTO_TCP,
 };
@@ -55,8 +55,9 @@ use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP
 use lb_user::dataplane::service_table::ServiceTable;
 use lb_user::compile::maglev::{build_table, MaglevBackend};
 
-/// The object built by lb-user's build script (same path as there).
-const DEFAULT_OBJECT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bpf/bpfel-unknown-none/release/lb");
+/// The bench build of the balancer's object (`lb` plus the bench programs), built by lb-user's
+/// build script.
+const DEFAULT_OBJECT: &str = lb_user::dataplane::BENCH_OBJECT_PATH;
 
 /// Production defaults (lb-user config): Maglev M and connection-table capacity.
 const TABLE_M: u32 = 16381;
@@ -391,7 +392,7 @@ fn measure_map_ops(b: &Bench, p: &Params, frame: &[u8]) -> Result<MapOps> {
     // one new key per slot (a key that finds both its buckets full evicts, so about nine in
     // ten slots end up holding a flow and most timed inserts evict), as on a busy balancer
     // (closed connections stay until evicted).
-    let slots = lb_common::ct_buckets_for(CONNTRACK_ENTRIES) * lb_common::CT_WAYS as u32;
+    let slots = lb_common::ct_table::buckets_for(CONNTRACK_ENTRIES) * lb_common::ct_table::WAYS as u32;
     b.run("bench_ct_insert_new", frame, slots, inserted)?;
     let insert_new = b.median_ns("bench_ct_insert_new", frame, p, inserted)?;
     Ok(MapOps { insert, lookup, insert_new, helper_calls })

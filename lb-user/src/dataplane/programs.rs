@@ -13,7 +13,7 @@ use super::sys::load_program;
 use super::Dataplane;
 
 /// The programs of the balancer's object. (The backend-side decapsulator is an object of its
-/// own, `crate::cli::decap::Decapsulator`.)
+/// own, loaded by `lb decap` with `verify`, `attach` and `attach_pinned` from here.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Program {
     /// The balancer.

@@ -103,7 +103,10 @@ enum DecapAction {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => cli::runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args))),
+        Command::Run(args) => {
+            lb_user::daemon::logging::init();
+            cli::runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args)))
+        }
         Command::Plan(args) => plan::run(&args),
         Command::Status(c) => call(&c, Request::Status, render::status),
         Command::Stats(c) => call(&c, Request::Stats, render::stats),

@@ -75,6 +75,8 @@ pub struct Daemon {
     pub pin_dir: PathBuf,
     ns_name: String,
     keep: bool,
+    /// RLIMIT_NOFILE (soft and hard) to start the daemon with; None = inherited.
+    nofile: Option<u64>,
 }
 
 impl Daemon {
@@ -89,7 +91,16 @@ impl Daemon {
         Self::start_opts(topo, prefix, config, true)
     }
 
+    /// Like [`Daemon::start`], with RLIMIT_NOFILE set to `nofile` (soft and hard).
+    pub fn start_with_nofile(topo: &Topology, prefix: &str, config: &str, nofile: u64) -> Result<Self> {
+        Self::start_opts_nofile(topo, prefix, config, false, Some(nofile))
+    }
+
     fn start_opts(topo: &Topology, prefix: &str, config: &str, keep: bool) -> Result<Self> {
+        Self::start_opts_nofile(topo, prefix, config, keep, None)
+    }
+
+    fn start_opts_nofile(topo: &Topology, prefix: &str, config: &str, keep: bool, nofile: Option<u64>) -> Result<Self> {
         let dir = PathBuf::from(format!("/run/lb-test-{prefix}"));
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/lb-test-{prefix}"));
         // Leftovers of a crashed run: a fresh start must not adopt them.
@@ -106,6 +117,7 @@ impl Daemon {
             dir,
             ns_name: topo.lb.ns.name().to_owned(),
             keep: false,
+            nofile,
         };
         d.spawn(keep)?;
         Ok(d)
@@ -128,6 +140,14 @@ impl Daemon {
         if keep {
             cmd.arg("--keep-dataplane");
         }
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+            // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
+            unsafe {
+                cmd.pre_exec(move || if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+            }
+        }
         self.keep = keep;
         self.child = Some(cmd.spawn().context("starting lb run")?);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -145,6 +165,19 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The daemon's resident set size in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> Result<u64> {
+        let pid = self.pid().ok_or_else(|| anyhow::anyhow!("daemon not running"))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).ok_or_else(|| anyhow::anyhow!("no VmRSS"))?;
+        Ok(line.split_whitespace().nth(1).unwrap_or("0").parse()?)
     }
 
     pub fn log(&self) -> String {

@@ -4,8 +4,12 @@
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::Path;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
 
 pub const DEFAULT_SOCKET: &str = "/run/lb/lb.sock";
 
@@ -88,26 +92,101 @@ pub fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Read one request from an accepted connection. Malformed input is answered right here.
-pub async fn read_request(stream: UnixStream) -> Option<(Request, tokio::net::unix::OwnedWriteHalf)> {
-    let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    if BufReader::new(read).read_line(&mut line).await.is_err() {
-        return None;
-    }
-    match serde_json::from_str::<Request>(&line) {
-        Ok(req) => Some((req, write)),
-        Err(e) => {
-            let _ = reply(&mut write, &Response::err(format!("bad request: {e}"))).await;
-            None
+/// The longest request line taken (a request is a few hundred bytes); a longer one is refused
+/// without being read further, so a client cannot grow the daemon's memory.
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// How long a client may take to send its request, and to take its reply.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Control connections served at once; more are answered "busy" and closed.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// A well-formed request read by a connection's task, for the daemon's loop to handle; the
+/// loop sends its answer on `reply`.
+pub struct Pending {
+    pub request: Request,
+    pub reply: oneshot::Sender<Response>,
+}
+
+/// Accepts control connections until the receiver of `requests` is gone. Each connection is
+/// served in its own task (read and write timeouts, [`MAX_REQUEST`]), so a client that connects
+/// and stalls holds up neither the daemon's loop nor other clients.
+pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (or memory): wait instead of spinning on accept.
+                    tracing::warn!("control socket: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if requests.is_closed() {
+                return;
+            }
+            let requests = requests.clone();
+            match slots.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    tokio::spawn(async move {
+                        serve_connection(stream, &requests).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => {
+                    tokio::spawn(async move {
+                        let (_, mut write) = stream.into_split();
+                        let busy = Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
+                        let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &busy)).await;
+                    });
+                }
+            }
         }
+    })
+}
+
+/// Serves one connection: reads one request, hands it to the daemon's loop and writes its
+/// answer. Every malformed request (too long, not UTF-8, not a request, or not sent within
+/// [`IO_TIMEOUT`]) gets an error reply.
+async fn serve_connection(stream: UnixStream, requests: &mpsc::Sender<Pending>) {
+    let (read, mut write) = stream.into_split();
+    let resp = match tokio::time::timeout(IO_TIMEOUT, read_request(read)).await {
+        Err(_) => Response::err(format!("bad request: none received within {} s", IO_TIMEOUT.as_secs())),
+        Ok(Err(e)) => Response::err(format!("bad request: {e}")),
+        Ok(Ok(request)) => {
+            let (tx, rx) = oneshot::channel();
+            if requests.send(Pending { request, reply: tx }).await.is_err() {
+                Response::err("the daemon is shutting down")
+            } else {
+                rx.await.unwrap_or_else(|_| Response::err("the daemon is shutting down"))
+            }
+        }
+    };
+    let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &resp)).await;
+}
+
+/// Reads one request line of at most [`MAX_REQUEST`] bytes. The error says what is wrong with
+/// it, for the reply.
+pub async fn read_request<R: AsyncRead + Unpin>(read: R) -> Result<Request, String> {
+    let mut line = Vec::new();
+    let mut limited = BufReader::new(read).take(MAX_REQUEST as u64 + 1);
+    limited.read_until(b'\n', &mut line).await.map_err(|e| format!("reading it: {e}"))?;
+    if line.len() > MAX_REQUEST {
+        return Err(format!("longer than {MAX_REQUEST} bytes"));
     }
+    let text = std::str::from_utf8(&line).map_err(|e| format!("not UTF-8 ({e})"))?;
+    if text.trim().is_empty() {
+        return Err("empty (one JSON request line expected)".into());
+    }
+    serde_json::from_str::<Request>(text).map_err(|e| e.to_string())
 }
 
 pub async fn reply(write: &mut tokio::net::unix::OwnedWriteHalf, resp: &Response) -> std::io::Result<()> {
     let mut line = serde_json::to_string(resp).map_err(std::io::Error::other)?;
     line.push('\n');
-    write.write_all(line.as_bytes()).await
+    write.write_all(line.as_bytes()).await?;
+    write.shutdown().await
 }
 
 #[cfg(test)]
@@ -122,27 +201,93 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
     }
 
-    #[tokio::test]
-    async fn round_trip_over_a_socket() {
-        let dir = std::env::temp_dir().join(format!("lb-api-test-{}", std::process::id()));
+    /// A test socket in a directory of its own; the server task answers Status and refuses
+    /// the rest, as the daemon's loop would.
+    fn test_server(name: &str) -> (std::path::PathBuf, JoinHandle<()>, JoinHandle<()>) {
+        let dir = std::env::temp_dir().join(format!("lb-api-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         let sock = dir.join("lb.sock");
         let listener = bind(&sock).unwrap();
-        let server = tokio::spawn(async move {
-            for _ in 0..2 {
-                let (s, _) = listener.accept().await.unwrap();
-                let (req, mut w) = read_request(s).await.unwrap();
-                let resp = match req {
+        let (tx, mut rx) = mpsc::channel::<Pending>(8);
+        let server = spawn_server(listener, tx);
+        let answering = tokio::spawn(async move {
+            while let Some(p) = rx.recv().await {
+                let resp = match p.request {
                     Request::Status => Response::ok(serde_json::json!({"services": 1})),
                     other => Response::err(format!("unsupported: {other:?}")),
                 };
-                reply(&mut w, &resp).await.unwrap();
+                let _ = p.reply.send(resp);
             }
         });
+        (sock, server, answering)
+    }
+
+    /// Sends `bytes` raw and returns the reply line.
+    async fn raw(sock: &Path, bytes: &[u8]) -> Response {
+        let stream = UnixStream::connect(sock).await.unwrap();
+        let (read, mut write) = stream.into_split();
+        // The daemon may answer (and close) before taking everything: ignore write errors.
+        let _ = write.write_all(bytes).await;
+        let _ = write.shutdown().await;
+        let mut line = String::new();
+        BufReader::new(read).read_line(&mut line).await.unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    #[tokio::test]
+    async fn a_stalled_client_holds_up_no_other_client() {
+        let (sock, server, answering) = test_server("stall");
+        let stalled = UnixStream::connect(&sock).await.unwrap();
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            let got = tokio::time::timeout(Duration::from_secs(2), call(&sock, &Request::Status)).await;
+            assert_eq!(got.expect("answered while a client stalls").unwrap(), serde_json::json!({"services": 1}));
+        }
+        assert!(started.elapsed() < IO_TIMEOUT);
+        // The stalled client is answered with an error after the timeout, and closed.
+        let (read, _write) = stalled.into_split();
+        let mut line = String::new();
+        tokio::time::timeout(IO_TIMEOUT * 2, BufReader::new(read).read_line(&mut line)).await.unwrap().unwrap();
+        let resp: Response = serde_json::from_str(&line).unwrap();
+        assert!(!resp.ok && resp.error.as_deref().unwrap().contains("none received within"), "{line}");
+        server.abort();
+        answering.abort();
+        let _ = std::fs::remove_dir_all(sock.parent().unwrap());
+    }
+
+    #[tokio::test]
+    async fn malformed_requests_each_get_an_error() {
+        let (sock, server, answering) = test_server("malformed");
+        let huge = vec![b'x'; 4 * MAX_REQUEST];
+        let cases: [(&[u8], &str); 5] = [
+            (&huge, "longer than 65536 bytes"),
+            (b"\xff\xfe{\"request\":\"status\"}\n", "not UTF-8"),
+            (b"{\"request\":\"launch\"}\n", "unknown variant `launch`"),
+            (b"\n", "empty"),
+            (b"{\"request\":\"status\"", "EOF while parsing"),
+        ];
+        for (bytes, want) in cases {
+            let resp = tokio::time::timeout(Duration::from_secs(3), raw(&sock, bytes)).await.expect("answered at once");
+            assert!(!resp.ok, "{want}: {resp:?}");
+            let err = resp.error.unwrap();
+            assert!(err.starts_with("bad request: ") && err.contains(want), "{want}: {err}");
+        }
+        assert!(raw(&sock, b"{\"request\":\"status\"}\n").await.ok);
+        server.abort();
+        answering.abort();
+        let _ = std::fs::remove_dir_all(sock.parent().unwrap());
+    }
+
+    #[tokio::test]
+    async fn round_trip_over_a_socket() {
+        let (sock, server, answering) = test_server("round-trip");
         assert_eq!(call(&sock, &Request::Status).await.unwrap(), serde_json::json!({"services": 1}));
         let err = call(&sock, &Request::Reload).await.unwrap_err();
         assert_eq!(err.to_string(), "unsupported: Reload");
-        server.await.unwrap();
+        server.abort();
+        answering.abort();
+        drop(server.await);
         assert!(bind(&sock).is_ok(), "a stale socket file is replaced");
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(sock.parent().unwrap()).unwrap();
     }
 }

@@ -21,11 +21,12 @@ use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use ipnet::IpNet;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 /// TTL when a service sets none. **[choice]** spec §2.1 gives only the range; 60 s keeps
@@ -195,9 +196,47 @@ fn seeded_rng() -> SplitMix64 {
     SplitMix64(nanos ^ u64::from(std::process::id()).rotate_left(32))
 }
 
+/// Caps on the DNS-over-TCP connections open at once: in all and per source address. A
+/// connection beyond either is closed at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpLimits {
+    pub total: usize,
+    pub per_source: usize,
+}
+
+/// The open connections per source address; a [`SourceSlot`] gives its place back on drop.
+#[derive(Default)]
+struct Sources(Mutex<HashMap<IpAddr, usize>>);
+
+struct SourceSlot(Arc<Sources>, IpAddr);
+
+impl Sources {
+    fn take(self: &Arc<Self>, source: IpAddr, limit: usize) -> Option<SourceSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(source).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot(self.clone(), source))
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// Binds UDP and TCP on `listen` (errors surface here) and serves until the tasks are aborted
 /// or the view sender is dropped. Returns the bound address (useful with port 0) and tasks.
-pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+pub async fn serve(listen: SocketAddr, view: ViewReceiver, limits: TcpLimits) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
     let udp = UdpSocket::bind(listen).await?;
     let bound = udp.local_addr()?;
     // TCP on the same port (a query whose answer would not fit UDP is retried over TCP).
@@ -215,10 +254,24 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver) -> std::io::Result<(S
         }
     });
     let tcp_task = tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(limits.total));
+        let sources = Arc::new(Sources::default());
         loop {
-            let Ok((mut stream, peer)) = tcp.accept().await else { continue };
+            let (mut stream, peer) = match tcp.accept().await {
+                Ok(accepted) => accepted,
+                Err(_) => {
+                    // Out of descriptors (EMFILE) or the like: the pending connection stays in
+                    // the backlog and accept would fail again at once; wait instead of spinning.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // Beyond the caps: closed at once (a resolver retries or falls back to UDP).
+            let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+            let Some(slot) = sources.take(peer.ip(), limits.per_source) else { continue };
             let view = view.clone();
             tokio::spawn(async move {
+                let _held = (permit, slot);
                 let mut rng = seeded_rng();
                 // RFC 1035 §4.2.2: two-byte length prefix; several queries per connection. A
                 // connection idle (or stalled mid-query) for TCP_IDLE is closed (RFC 7766 §6.2.3).
@@ -412,6 +465,54 @@ mod tests {
         let q = m.to_vec().unwrap();
         let udp = Message::from_vec(&answer_udp(&v, &q, src, &mut SplitMix64(1)).unwrap()).unwrap();
         assert_eq!((udp.answers.len(), udp.metadata.truncation), (10, false));
+    }
+
+    /// A flood from one source takes at most `per_source` connections; another source and
+    /// UDP are still answered, and a closed connection gives its place back.
+    #[tokio::test]
+    async fn tcp_connections_are_capped_in_all_and_per_source() {
+        let (_tx, rx) = watch::channel(Arc::new(view()));
+        let limits = TcpLimits { total: 6, per_source: 4 };
+        let (addr, tasks) = serve("127.0.0.1:0".parse().unwrap(), rx, limits).await.unwrap();
+        let q = query("prio.tm.example.", RecordType::A, None);
+        let ask_tcp = |from: &'static str| {
+            let q = q.clone();
+            async move {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+                let mut s = sock.connect(addr).await.unwrap();
+                s.write_u16(q.len() as u16).await.unwrap();
+                s.write_all(&q).await.unwrap();
+                let ok = tokio::time::timeout(std::time::Duration::from_secs(2), s.read_u16()).await.map(|r| r.is_ok()).unwrap_or(false);
+                (s, ok)
+            }
+        };
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let (s, ok) = ask_tcp("127.0.0.1").await;
+            assert!(ok, "within the per-source cap");
+            held.push(s);
+        }
+        let (_, ok) = ask_tcp("127.0.0.1").await;
+        assert!(!ok, "a fifth connection from one source is closed");
+        for _ in 0..2 {
+            let (s, ok) = ask_tcp("127.0.0.2").await;
+            assert!(ok, "another source");
+            held.push(s);
+        }
+        let (_, ok) = ask_tcp("127.0.0.3").await;
+        assert!(!ok, "beyond the total cap");
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        udp.send_to(&q, addr).await.unwrap();
+        let mut buf = [0u8; 512];
+        tokio::time::timeout(std::time::Duration::from_secs(2), udp.recv_from(&mut buf)).await.expect("UDP answered").unwrap();
+        held.truncate(3);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let (_, ok) = ask_tcp("127.0.0.1").await;
+        assert!(ok, "a closed connection gives its place back");
+        for t in tasks {
+            t.abort();
+        }
     }
 
     #[test]

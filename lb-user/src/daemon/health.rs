@@ -44,23 +44,61 @@ impl ProbeSpec {
     }
 }
 
-/// One probe: Ok(()) if the backend passed, Err(reason) otherwise.
-pub async fn probe_once(addr: SocketAddr, spec: &ProbeSpec) -> Result<(), String> {
+/// What one probe found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checked {
+    Passed,
+    /// The backend failed the probe (refused, timed out, wrong status): counts towards its
+    /// verdict.
+    Failed(String),
+    /// The probe could not run here (this host is out of descriptors or memory): says nothing
+    /// about the backend, so it is reported as a local error and not counted.
+    Local(String),
+}
+
+/// Whether an I/O error is this host's shortage (EMFILE, ENFILE, ENOBUFS, ENOMEM) rather
+/// than anything the backend did.
+pub fn is_local_error(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+/// Connects for a probe; a local shortage is told apart from the backend's failure.
+async fn connect(addr: SocketAddr) -> Result<TcpStream, Checked> {
+    TcpStream::connect(addr).await.map_err(|e| {
+        if is_local_error(&e) {
+            Checked::Local(format!("local error, not the backend's: connect: {e}"))
+        } else {
+            Checked::Failed(format!("connect: {e}"))
+        }
+    })
+}
+
+/// One probe of `addr`.
+pub async fn check(addr: SocketAddr, spec: &ProbeSpec) -> Checked {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        let mut stream = connect(addr).await?;
         if spec.protocol == HealthProtocol::Tcp {
             return Ok(());
         }
-        let status = http_get_status(&mut stream, addr, &spec.request_path, &[]).await?;
+        let status = http_get_status(&mut stream, addr, &spec.request_path, &[]).await.map_err(Checked::Failed)?;
         if status == spec.expected_status {
             Ok(())
         } else {
-            Err(format!("HTTP status {status}, expected {}", spec.expected_status))
+            Err(Checked::Failed(format!("HTTP status {status}, expected {}", spec.expected_status)))
         }
     };
     match tokio::time::timeout(spec.timeout, attempt).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("timeout after {:?}", spec.timeout)),
+        Ok(Ok(())) => Checked::Passed,
+        Ok(Err(checked)) => checked,
+        Err(_) => Checked::Failed(format!("timeout after {:?}", spec.timeout)),
+    }
+}
+
+/// One probe: Ok(()) if the backend passed, Err(reason) otherwise (a local error included).
+pub async fn probe_once(addr: SocketAddr, spec: &ProbeSpec) -> Result<(), String> {
+    match check(addr, spec).await {
+        Checked::Passed => Ok(()),
+        Checked::Failed(e) | Checked::Local(e) => Err(e),
     }
 }
 
@@ -166,16 +204,21 @@ pub fn spawn_checker(
         let offset = spec.interval.mul_f64(slot as f64 / of.max(1) as f64);
         tokio::time::sleep(offset).await;
         let mut verdict = Verdict::new(initially_healthy);
+        let mut local = LocalErrors::default();
         let mut ticker = tokio::time::interval(spec.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let result = probe_once(addr, &spec).await;
-            let reason = match &result {
-                Ok(()) => "probe passed".to_string(),
-                Err(e) => e.clone(),
+            let (ok, reason) = match check(addr, &spec).await {
+                Checked::Passed => (true, "probe passed".to_string()),
+                Checked::Failed(e) => (false, e),
+                Checked::Local(e) => {
+                    local.seen(&service, addr, &e);
+                    continue;
+                }
             };
-            if let Some(healthy) = verdict.record(result.is_ok(), &spec) {
+            local.cleared(&service, addr);
+            if let Some(healthy) = verdict.record(ok, &spec) {
                 let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason, probe };
                 if events.send(event).await.is_err() {
                     return; // the daemon is shutting down
@@ -185,6 +228,24 @@ pub fn spawn_checker(
     })
 }
 
+/// Logs a probe's local errors once per run of them, not at every probe.
+#[derive(Default)]
+struct LocalErrors(bool);
+
+impl LocalErrors {
+    fn seen(&mut self, service: &str, addr: SocketAddr, error: &str) {
+        if !std::mem::replace(&mut self.0, true) {
+            tracing::warn!("service {service} backend {addr}: probe skipped, {error}; its health verdict is kept");
+        }
+    }
+
+    fn cleared(&mut self, service: &str, addr: SocketAddr) {
+        if std::mem::take(&mut self.0) {
+            tracing::info!("service {service} backend {addr}: probes run again");
+        }
+    }
+}
+
 // ---------------------------------------------------------------- Traffic Manager monitors
 
 /// One Traffic Manager probe (spec §2.3): TCP = handshake within the timeout; HTTP and HTTPS =
@@ -192,11 +253,21 @@ pub fn spawn_checker(
 /// endpoint's certificate, as Traffic Manager does not; SNI is the `Host` header's name if one
 /// is given.
 pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeOutcome {
+    monitor_check(addr, m).await.unwrap_or(ProbeOutcome::Failed)
+}
+
+/// [`monitor_probe_once`], with a local error (this host out of descriptors or memory) told
+/// apart as `Err`: it says nothing about the endpoint.
+pub async fn monitor_check(addr: SocketAddr, m: &MonitorSettings) -> Result<ProbeOutcome, String> {
     let timeout = Duration::from_secs(u64::from(m.timeout_sec.max(1)));
     let path = m.path.as_deref().unwrap_or("/");
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
-        match m.protocol {
+        let mut stream = match connect(addr).await {
+            Ok(stream) => stream,
+            Err(Checked::Local(e)) => return Err(e),
+            Err(_) => return Ok(None),
+        };
+        Ok(match m.protocol {
             MonitorProtocol::Tcp => Some(ProbeOutcome::Connected),
             MonitorProtocol::Http => http_get_status(&mut stream, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus),
             MonitorProtocol::Https => {
@@ -205,12 +276,18 @@ pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeO
                 let name = host
                     .and_then(|h| tokio_rustls::rustls::pki_types::ServerName::try_from(h.to_owned()).ok())
                     .unwrap_or_else(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));
-                let mut tls = tls::connector().connect(name, stream).await.ok()?;
-                http_get_status(&mut tls, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus)
+                match tls::connector().connect(name, stream).await {
+                    Ok(mut tls) => http_get_status(&mut tls, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus),
+                    Err(_) => None,
+                }
             }
-        }
+        })
     };
-    tokio::time::timeout(timeout, attempt).await.ok().flatten().unwrap_or(ProbeOutcome::Failed)
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Err(local)) => Err(local),
+        Ok(Ok(outcome)) => Ok(outcome.unwrap_or(ProbeOutcome::Failed)),
+        Err(_) => Ok(ProbeOutcome::Failed),
+    }
 }
 
 /// The TLS client of HTTPS monitors.
@@ -297,11 +374,19 @@ pub fn spawn_monitor(
             None => {}
         }
         let mut reported = monitor.status();
+        let mut local = LocalErrors::default();
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let outcome = monitor_probe_once(addr, &settings).await;
+            let outcome = match monitor_check(addr, &settings).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    local.seen(&service, addr, &e);
+                    continue;
+                }
+            };
+            local.cleared(&service, addr);
             let status = monitor.record(settings.probe_succeeded(outcome));
             if status == reported {
                 continue;
@@ -511,6 +596,53 @@ mod tests {
         assert!(!ev.healthy, "closed port turns the backend unhealthy: {ev:?}");
         assert!(ev.reason.starts_with("connect:"), "{}", ev.reason);
         task.abort();
+    }
+
+    /// Out of descriptors (EMFILE), a probe says nothing about the backend: reported as a
+    /// local error, and the checker's verdict does not move however long it lasts.
+    #[test]
+    fn a_probe_failing_with_emfile_is_a_local_error_not_a_backend_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The probes run in a child process, with a low descriptor limit all taken, so that no
+        // other test of this binary runs out of descriptors.
+        // SAFETY: the child only builds its own runtime and exits with _exit.
+        match unsafe { libc::fork() } {
+            0 => {
+                let result = std::panic::catch_unwind(|| {
+                    let low = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
+                    // SAFETY: lowers this (child) process's own limit.
+                    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    rt.block_on(async {
+                        let mut hold = Vec::new();
+                        while let Ok(f) = std::fs::File::open("/dev/null") {
+                            hold.push(f);
+                        }
+                        let checked = check(addr, &spec(HealthProtocol::Tcp, addr.port())).await;
+                        let Checked::Local(e) = &checked else { panic!("{checked:?}") };
+                        assert!(e.contains("local error") && e.contains("Too many open files"), "{e}");
+                        let s = spec(HealthProtocol::Tcp, addr.port());
+                        let (tx, mut rx) = mpsc::channel(8);
+                        let task = spawn_checker("web".into(), addr, s, true, 0, 1, tx, 1);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        assert!(rx.try_recv().is_err(), "no verdict change from local errors");
+                        task.abort();
+                        let m = monitor(MonitorProtocol::Tcp, addr.port(), vec![(200, 200)]);
+                        assert!(monitor_check(addr, &m).await.unwrap_err().contains("Too many open files"));
+                    })
+                });
+                // SAFETY: ends the child without running the parent's destructors.
+                unsafe { libc::_exit(if result.is_ok() { 0 } else { 1 }) }
+            }
+            pid => {
+                let mut status = 0;
+                // SAFETY: waits for the child forked above.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's checks failed (status {status})");
+            }
+        }
+        drop(listener);
     }
 
     fn monitor(protocol: MonitorProtocol, port: u16, ranges: Vec<(u16, u16)>) -> MonitorSettings {

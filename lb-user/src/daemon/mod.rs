@@ -6,6 +6,9 @@
 pub mod api;
 pub mod dns;
 pub mod health;
+pub mod limits;
+pub mod logging;
+pub mod state;
 
 use api::{HealthOverride, Request, Response};
 use crate::config::Config;
@@ -100,7 +103,7 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
 fn warn_if_forwarding_disabled(ifname: &str) {
     for (family, path) in [("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")), ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding"))] {
         if std::fs::read_to_string(&path).map(|v| v.trim() == "0").unwrap_or(false) {
-            eprintln!("lb: warning: {family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
+            tracing::warn!("{family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
     }
 }
@@ -123,7 +126,7 @@ struct Daemon {
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
-    args.socket.parent().unwrap_or(Path::new("/run/lb")).join("state.json")
+    state::path_for(&args.socket)
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -133,8 +136,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let hup = signal(SignalKind::hangup())?;
     let term = signal(SignalKind::terminate())?;
     let int = signal(SignalKind::interrupt())?;
-    // Another daemon on this socket, or on this pin directory: refused before anything of its
-    // data plane is touched.
+    // A socket directory others can write (where the state file goes), another daemon on this
+    // socket, or on this pin directory: refused before anything of its data plane is touched.
+    state::check_dir(args.socket.parent().unwrap_or(Path::new("/run/lb")))?;
     let listener = api::bind(&args.socket)?;
     let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
         Ok(lock) => lock,
@@ -187,6 +191,14 @@ enum Found {
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
 /// error also says whether it had adopted a pinned data plane (which is then left running).
 async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, Found)> {
+    // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
+    let nofile = match limits::raise_nofile() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("cannot raise RLIMIT_NOFILE: {e}");
+            1024
+        }
+    };
     let sizes = sizes_for(&cfg);
     let mut ctl = Controller::new(cfg);
     let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, Found::Unknown))?;
@@ -199,14 +211,14 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     match reuse {
         PinState::Fresh => {}
         PinState::Reused => {
-            eprintln!("lb: adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
+            tracing::info!("adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
             if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
                 let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
                 ctl.restore(&st);
             }
         }
         PinState::Discarded(why) => {
-            eprintln!("lb: warning: the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
+            tracing::warn!("the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir)).map_err(fail)?;
@@ -222,7 +234,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             let next = ctl.preview(now).map_err(fail)?;
             let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
             if keys + prefixes + tables > 0 {
-                eprintln!("lb: removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
+                tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
             Some(now)
         }
@@ -234,16 +246,16 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         let applied = ctl.applied().expect("written just above");
         let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
         if backends > 0 {
-            eprintln!("lb: {backends} backends the configuration no longer has are draining");
+            tracing::info!("{backends} backends the configuration no longer has are draining");
         }
     }
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
         match mode {
-            aya::programs::XdpMode::Skb => eprintln!("lb: warning: {ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
-            aya::programs::XdpMode::Default => eprintln!("lb: replaced the program on {ifname} (kept attached across the restart)"),
-            _ => eprintln!("lb: attached to {ifname} (native XDP)"),
+            aya::programs::XdpMode::Skb => tracing::warn!("{ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
+            aya::programs::XdpMode::Default => tracing::info!("replaced the program on {ifname} (kept attached across the restart)"),
+            _ => tracing::info!("attached to {ifname} (native XDP)"),
         }
     }
     let (events, health_rx) = mpsc::channel(1024);
@@ -251,9 +263,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     // The listen address is read at start only (a reload that changes `[dns]` is refused).
     let dns_tasks = match ctl.config().dns.clone() {
         Some(front) => {
+            let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
             let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
-            eprintln!("lb: DNS front on {addr} (UDP and TCP)");
+                crate::daemon::dns::serve(front.listen, dns_rx, limits).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
+            tracing::info!("DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
             tasks
         }
         None => Vec::new(),
@@ -262,6 +275,15 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
+}
+
+/// The audit line of an operator action: `reload accepted (SIGHUP)`, `drain refused (service
+/// web backend 198.18.11.1): no backend ...`.
+fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
+    match result {
+        Ok(_) => tracing::info!(target: "audit", "{verb} accepted ({what})"),
+        Err(e) => tracing::warn!(target: "audit", "{verb} refused ({what}): {e:#}"),
+    }
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
@@ -273,28 +295,28 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    eprintln!("lb: running; control socket {}", d.args.socket.display());
+    // Connections are served by tasks of their own (`api::spawn_server`); only well-formed
+    // requests reach this loop.
+    let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
+    let control = api::spawn_server(listener, requests);
+    tracing::info!("running; control socket {}", d.args.socket.display());
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
             _ = tick.tick() => d.on_tick(),
-            conn = listener.accept() => {
-                if let Ok((stream, _)) = conn {
-                    if let Some((req, mut w)) = api::read_request(stream).await {
-                        let resp = d.handle(req);
-                        let _ = api::reply(&mut w, &resp).await;
-                    }
-                }
+            Some(pending) = request_rx.recv() => {
+                let resp = d.handle(pending.request);
+                let _ = pending.reply.send(resp);
             }
             _ = hup.recv() => {
-                if let Err(e) = d.reload() {
-                    eprintln!("lb: reload refused: {e:#}");
-                }
+                let result = d.reload();
+                audit("reload", "SIGHUP", &result);
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
+    control.abort();
     d.shutdown()
 }
 
@@ -309,8 +331,7 @@ impl Daemon {
     fn after_reconcile(&self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
         if let Some(report) = report.filter(|r| **r != Default::default()) {
-            eprintln!(
-                "lb: tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
+            tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
             );
         }
@@ -320,9 +341,8 @@ impl Daemon {
     fn save_state(&self) {
         let path = state_path(&self.args);
         if let Ok(text) = serde_json::to_string(&self.ctl.persistent_state()) {
-            let tmp = path.with_extension("tmp");
-            if std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).is_err() {
-                eprintln!("lb: warning: cannot save state to {}", path.display());
+            if let Err(e) = state::save(&path, &text) {
+                tracing::warn!("cannot save state to {}: {e:#}", path.display());
             }
         }
     }
@@ -365,7 +385,7 @@ impl Daemon {
                 Err(e) => {
                     let text = format!("{e:#}");
                     if self.tick_error.as_deref() != Some(text.as_str()) {
-                        eprintln!("lb: error ending a pool-change drain (retried every few seconds): {text}");
+                        tracing::error!("error ending a pool-change drain (retried every few seconds): {text}");
                         self.tick_error = Some(text);
                     }
                 }
@@ -379,16 +399,11 @@ impl Daemon {
         if !self.checkers.iter().any(|(_, _, id)| *id == ev.probe) {
             return;
         }
-        eprintln!(
-            "lb: health: service {} backend {} is now {} ({})",
-            ev.service,
-            ev.backend,
-            if ev.healthy { "healthy" } else { "unhealthy" },
-            ev.reason
-        );
+        let verdict = if ev.healthy { "healthy" } else { "unhealthy" };
+        tracing::info!(target: "audit", "health: service {} backend {} is now {verdict} (last probe: {})", ev.service, ev.backend, ev.reason);
         self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
         if let Err(e) = self.reconcile() {
-            eprintln!("lb: error applying a health change: {e:#}");
+            tracing::error!("error applying a health change: {e:#}");
         }
     }
 
@@ -400,11 +415,19 @@ impl Daemon {
         self.after_reconcile(result.as_ref().ok());
         result.context("applying the new configuration")?;
         self.start_checkers();
-        eprintln!("lb: configuration reloaded from {}", self.args.config.display());
+        tracing::info!("configuration reloaded from {}", self.args.config.display());
         Ok(json!({"reloaded": self.args.config.display().to_string()}))
     }
 
     fn handle(&mut self, req: Request) -> Response {
+        // Operator actions are audited, accepted or refused.
+        let action = match &req {
+            Request::BackendSet { service, address, health } => Some(("override", format!("service {service} backend {address} health {health:?}"))),
+            Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
+            Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
+            Request::Reload => Some(("reload", "control socket".to_owned())),
+            Request::Status | Request::Stats | Request::Explain { .. } => None,
+        };
         let result = match req {
             Request::Status => Ok(self.status()),
             Request::Stats => self.stats(),
@@ -429,6 +452,9 @@ impl Daemon {
                 .map(|_| json!({"service": service, "address": address.to_string(), "draining": false})),
             Request::Reload => self.reload(),
         };
+        if let Some((verb, what)) = action {
+            audit(verb, &what, &result);
+        }
         match result {
             Ok(v) => Response::ok(v),
             Err(e) => Response::err(format!("{e:#}")),
@@ -568,7 +594,7 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.args.socket);
         if self.args.keep_dataplane {
             self.save_state();
-            eprintln!("lb: exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
             return Ok(());
         }
         for ifname in &self.args.interfaces {
@@ -577,7 +603,7 @@ impl Daemon {
         pinning::remove_map_pins(&self.args.pin_dir)?;
         let _ = std::fs::remove_file(state_path(&self.args));
         let _ = std::fs::remove_dir(&self.args.pin_dir);
-        eprintln!("lb: detached and unpinned; bye");
+        tracing::info!("detached and unpinned; bye");
         Ok(())
     }
 }

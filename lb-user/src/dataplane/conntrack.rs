@@ -83,7 +83,7 @@ where
     ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()) as usize;
+    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()).index as usize;
     let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).

@@ -35,7 +35,9 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 use lb_common::ct_table;
-use lb_common::maps::{table_flags, AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, TableRef, CLASS_KEY_SERVICE_BITS};
+use lb_common::maps::{
+    table_flags, AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef, CLASS_KEY_SERVICE_BITS,
+};
 
 pub use admission::{Demand, ServiceDemand};
 pub use conntrack::{ct_seed, table_set};
@@ -89,6 +91,8 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
+    /// The interfaces `lb` balances on and their MACs (`LOCAL_MACS`, not pinned).
+    local_macs: Array<MapData, LocalMac>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -197,6 +201,7 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
+            local_macs: take(&mut ebpf, "LOCAL_MACS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,

@@ -1,15 +1,17 @@
 //! The programs of the object: attaching them to interfaces (directly or through a pinned
-//! bpf_link), and running them once with `BPF_PROG_TEST_RUN` (the clock probe, tests).
+//! bpf_link, each interface registered in `LOCAL_MACS` first), and running them once with
+//! `BPF_PROG_TEST_RUN` (the clock probe, tests).
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
 use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::Ebpf;
+use lb_common::maps::{local_mac_slot, LocalMac, LOCAL_MAC_SLOTS};
 
-use super::sys::load_program;
+use super::sys::{interface_mac, load_program};
 use super::Dataplane;
 
 /// The programs of the balancer's object. (The backend-side decapsulator is an object of its
@@ -57,9 +59,33 @@ pub const XDP_TX: u32 = 3;
 pub const XDP_REDIRECT: u32 = 4;
 
 impl Dataplane {
+    /// Registers `ifindex` as an interface `lb` balances on, with its MAC: `lb` balances only
+    /// frames sent to the ingress device's registered MAC (others pass, counted as
+    /// `pass_not_our_mac`). Refuses a second interface in the same `LOCAL_MACS` slot.
+    pub fn set_local_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
+        let slot = local_mac_slot(ifindex);
+        let old = self.local_macs.get(&slot, 0).context("reading LOCAL_MACS")?;
+        if old.ifindex != 0 && old.ifindex != ifindex {
+            bail!(
+                "interfaces {} and {ifindex} share slot {slot} of LOCAL_MACS (ifindexes equal modulo {})",
+                old.ifindex,
+                LOCAL_MAC_SLOTS
+            );
+        }
+        self.local_macs.set(slot, LocalMac { ifindex, mac, _pad: [0; 2] }, 0).context("writing LOCAL_MACS")
+    }
+
+    /// Registers `ifname` (its index and current MAC, see [`Dataplane::set_local_mac`]).
+    pub fn register_interface(&mut self, ifname: &str) -> Result<()> {
+        let (ifindex, mac) = interface_mac(ifname)?;
+        self.set_local_mac(ifindex, mac)
+    }
+
     /// Attaches a program to an interface, native (driver) mode first, else generic.
-    /// Returns the mode used. The attachment lives as long as this `Dataplane`.
+    /// Returns the mode used. The attachment lives as long as this `Dataplane`. The interface
+    /// is registered first (`set_local_mac`), so the first packet already finds its MAC.
     pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         attach(&mut self.ebpf, p.name(), ifname)
     }
 
@@ -67,6 +93,7 @@ impl Dataplane {
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)
     }
 

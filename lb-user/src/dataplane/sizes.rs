@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use lb_common::ct_table;
-use lb_common::maps::MAX_SERVICE_ID;
+use lb_common::maps::{LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
 
 use super::service_table;
 
@@ -34,6 +34,9 @@ const SIZED_MAPS: &[SizedMap] = &[
     SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
     SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
     SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
+    // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
+    // object has its own, filled before it is attached or swapped in.
+    SizedMap { name: "LOCAL_MACS", pinned: false, max_entries: |_| LOCAL_MAC_SLOTS },
 ];
 
 const fn pinned_count() -> usize {

@@ -1,7 +1,7 @@
 //! Raw system calls aya does not wrap: shared mappings of mmapable array maps, batched array
-//! updates, the kernel tick length, and program loading retried on EAGAIN.
+//! updates, the kernel tick length, program loading retried on EAGAIN, and an interface's MAC.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use aya::programs::Xdp;
 
 /// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in
@@ -153,5 +153,39 @@ pub fn load_program(prog: &mut Xdp) -> Result<(), aya::programs::ProgramError> {
             }
             other => return other,
         }
+    }
+}
+
+/// An interface's index and MAC (`SIOCGIFHWADDR`), in the calling thread's network namespace.
+pub(super) fn interface_mac(ifname: &str) -> Result<(u32, [u8; 6])> {
+    let name = std::ffi::CString::new(ifname).context("interface name")?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface {ifname}: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed ifreq with the name copied in (shorter than IFNAMSIZ, checked), on a
+    // socket we own and close; the ioctl writes only into the ifreq.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let bytes = name.as_bytes();
+        if bytes.len() >= req.ifr_name.len() {
+            bail!("interface name {ifname} is too long");
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            bail!("reading the MAC of {ifname}: {err}");
+        }
+        let data = req.ifr_ifru.ifru_hwaddr.sa_data;
+        Ok((ifindex, std::array::from_fn(|i| data[i] as u8)))
     }
 }

@@ -18,7 +18,7 @@ use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
-use crate::pinning::{self, PinState};
+use crate::dataplane::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -243,7 +243,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             let now = dp.now_ns().map_err(fail)?;
             ctl.depart_unconfigured(now);
             let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next).context("removing what the previous configuration left").map_err(fail)?;
+            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
             if keys + prefixes + tables > 0 {
                 tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
@@ -255,7 +255,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
         if backends > 0 {
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
@@ -710,7 +710,7 @@ mod tests {
         let cfg = Config::parse(&service(300)).unwrap();
         let s = sizes_for(&cfg);
         assert!(s.max_services * 16 >= 300, "{s:?}");
-        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 300);
+        assert!(crate::dataplane::service_table::slots_for(s.max_services) / 2 >= 300);
         // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
         let zones: String = (0..2)
             .map(|z| {

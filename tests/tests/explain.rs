@@ -108,7 +108,7 @@ fn explain_names_the_backend_the_kernel_picks() {
         let mac = out.data[5];
         let want = predicted["backend"].as_str().unwrap();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(backend.mac.as_deref().unwrap(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(backend.mac.unwrap().to_string(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
         distinct.insert(want.to_owned());
         checked += 1;
     }
@@ -184,7 +184,7 @@ mac = "02:be:00:00:00:32"
         assert_eq!(out.action, XDP_TX, "{predicted}");
         let want = predicted["backend"].as_str().unwrap();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
+        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
         forwarded += 1;
     }
     assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");

@@ -107,10 +107,16 @@ fn fold(sum: u64) -> u32 {
     !(s as u32) & 0xffff
 }
 
-/// Cuts the frame to Ethernet + `quote` bytes of the datagram and grows the head by `grow`
-/// bytes; returns the new frame start, bounds-checked for `ETH_LEN + grow + quote` bytes.
+/// Turns the frame into the reply's: cuts it to Ethernet + `quote` bytes of the datagram, grows
+/// the head by `grow` bytes and writes the Ethernet header (addresses swapped, `ethertype`).
+/// Returns the new frame start, bounds-checked for `ETH_LEN + grow + quote` bytes.
 #[inline(always)]
-fn reshape(ctx: &XdpContext, quote: usize, grow: usize) -> Option<*mut u8> {
+fn reshape(ctx: &XdpContext, quote: usize, grow: usize, ethertype: u16) -> Option<*mut u8> {
+    if ctx.data() + ETH_LEN > ctx.data_end() {
+        return None;
+    }
+    let f = ctx.data() as *const u32;
+    let macs = swapped_macs([word(f, 0), word(f, 1), word(f, 2)]);
     let len = (ctx.data_end() - ctx.data()) as i32;
     if unsafe { bpf_xdp_adjust_tail(ctx.ctx, (ETH_LEN + quote) as i32 - len) } != 0 {
         return None;
@@ -121,7 +127,12 @@ fn reshape(ctx: &XdpContext, quote: usize, grow: usize) -> Option<*mut u8> {
     if ctx.data() + ETH_LEN + grow + quote > ctx.data_end() {
         return None;
     }
-    Some(ctx.data() as *mut u8)
+    let p = ctx.data() as *mut u8;
+    put_word(p, 0, macs[0]);
+    put_word(p, 4, macs[1]);
+    put_word(p, 8, macs[2]);
+    unsafe { core::ptr::write(p.add(12) as *mut u16, ethertype.to_be()) };
+    Some(p)
 }
 
 /// ICMP "fragmentation needed" with next-hop MTU `mtu` for the untagged IPv4 frame in `ctx`,
@@ -131,19 +142,13 @@ fn too_big_v4(ctx: &XdpContext, mtu: u32) -> u32 {
     if ctx.data() + ETH_LEN + QUOTE4 > ctx.data_end() {
         return 1;
     }
-    let f = ctx.data() as *const u32;
-    let macs = swapped_macs([word(f, 0), word(f, 1), word(f, 2)]);
     let ip = (ctx.data() + ETH_LEN) as *const u32;
     let (client, vip) = (word(ip, 3), word(ip, 4));
     const GROW: usize = IPV4_HDR_LEN + ICMP_HDR_LEN;
-    let p = match reshape(ctx, QUOTE4, GROW) {
+    let p = match reshape(ctx, QUOTE4, GROW, ETH_P_IP) {
         Some(p) => p,
         None => return 1,
     };
-    put_word(p, 0, macs[0]);
-    put_word(p, 4, macs[1]);
-    put_word(p, 8, macs[2]);
-    unsafe { core::ptr::write(p.add(12) as *mut u16, ETH_P_IP.to_be()) };
     // Version/IHL, TOS 0xc0 (internetwork control, as the kernel's ICMP), total length |
     // identification 0, no flags | TTL 64, ICMP, checksum | the VIP | the client.
     let tot_len = (GROW + QUOTE4) as u16;
@@ -169,21 +174,15 @@ fn too_big_v6(ctx: &XdpContext, mtu: u32) -> u32 {
     if ctx.data() + ETH_LEN + QUOTE6 > ctx.data_end() {
         return 1;
     }
-    let f = ctx.data() as *const u32;
-    let macs = swapped_macs([word(f, 0), word(f, 1), word(f, 2)]);
     let ip = (ctx.data() + ETH_LEN) as *const u32;
     let client = [word(ip, 2), word(ip, 3), word(ip, 4), word(ip, 5)];
     let vip = [word(ip, 6), word(ip, 7), word(ip, 8), word(ip, 9)];
     const GROW: usize = IPV6_HDR_LEN + ICMP_HDR_LEN;
     const ICMP_LEN: u32 = (ICMP_HDR_LEN + QUOTE6) as u32;
-    let p = match reshape(ctx, QUOTE6, GROW) {
+    let p = match reshape(ctx, QUOTE6, GROW, ETH_P_IPV6) {
         Some(p) => p,
         None => return 1,
     };
-    put_word(p, 0, macs[0]);
-    put_word(p, 4, macs[1]);
-    put_word(p, 8, macs[2]);
-    unsafe { core::ptr::write(p.add(12) as *mut u16, ETH_P_IPV6.to_be()) };
     let h = [
         (6u32 << 28).to_be(),
         ((ICMP_LEN << 16) | (IPPROTO_ICMPV6 << 8) | 64).to_be(),

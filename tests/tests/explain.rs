@@ -12,6 +12,7 @@ use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
 use lb_user::compile::explain::{explain, Flow};
+use lb_user::compile::Compiled;
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
@@ -58,29 +59,42 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
+
+    /// A random flow of `config()`: service, client zone (1..=`zones`), host, port, protocol.
+    fn flow<'a>(&mut self, cfg: &'a Config, zones: u64) -> (&'a lb_user::config::Service, u16, u16, u16, u8) {
+        let svc = &cfg.services[(self.next() % 3) as usize];
+        let zone = 1 + (self.next() % zones) as u16;
+        let host = 1 + (self.next() % 250) as u16;
+        let sport = 1024 + (self.next() % 60000) as u16;
+        (svc, zone, host, sport, if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP })
+    }
+}
+
+/// The object loaded in a namespace of its own, with `cfg`'s tables written by the real
+/// controller (the backends of `unhealthy` failed their checks), and what it applied.
+fn loaded(cfg: &Config, unhealthy: &[(&str, &str)]) -> (Dataplane, Compiled) {
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(cfg)).expect("loading the XDP object (needs root)"));
+    let mut ctl = Controller::new(cfg.clone());
+    for (svc, addr) in unhealthy {
+        ctl.set_checked(svc, addr.parse().unwrap(), false);
+    }
+    ctl.reconcile(&mut dp).unwrap();
+    (dp, ctl.applied().unwrap().clone())
 }
 
 #[test]
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
-    lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
-    let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
-    for (svc, addr) in [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")] {
-        ctl.set_checked(svc, addr.parse().unwrap(), false);
-    }
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
+    let unhealthy = [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")];
+    let (dp, applied) = loaded(&cfg, &unhealthy);
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut checked = 0;
     let mut distinct = std::collections::BTreeSet::new();
     for _ in 0..3000 {
-        let svc = &cfg.services[(rng.next() % 3) as usize];
-        let zone = 1 + (rng.next() % 4) as u16; // zone 4 = no zone prefix
-        let host = 1 + (rng.next() % 250) as u16;
-        let sport = 1024 + (rng.next() % 60000) as u16;
-        let proto = if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP };
+        // Zone 4 = no zone prefix.
+        let (svc, zone, host, sport, proto) = rng.flow(&cfg, 4);
         let (client, frame) = match svc.vip {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
@@ -122,21 +136,13 @@ fn explain_names_the_backend_the_kernel_picks() {
 #[test]
 fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
     let cfg = Config::parse(&config()).unwrap();
-    lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
-    let mut ctl = Controller::new(cfg.clone());
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
+    let (dp, applied) = loaded(&cfg, &[]);
     let router4 = Ipv4Addr::new(198, 18, 9, 1);
     let router6 = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1);
     let mut rng = Rng(0x1c4e_0000_0000_0007);
     let mut forwarded = 0;
     for n in 0..600 {
-        let svc = &cfg.services[(rng.next() % 3) as usize];
-        let zone = 1 + (rng.next() % 3) as u16;
-        let host = 1 + (rng.next() % 250) as u16;
-        let sport = 1024 + (rng.next() % 60000) as u16;
-        let proto = if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP };
+        let (svc, zone, host, sport, proto) = rng.flow(&cfg, 3);
         let (client, frame) = match svc.vip {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
@@ -222,11 +228,7 @@ subnets = ["198.18.2.10-198.18.2.200"]
 mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
-    lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
-    let mut ctl = Controller::new(cfg.clone());
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
+    let (dp, applied) = loaded(&cfg, &[]);
     let mut rng = Rng(0x7e57_0000_0000_0042);
     let (mut forwarded, mut dropped) = (0, 0);
     for _ in 0..1000 {

@@ -23,8 +23,9 @@ const NEAR4: Ipv4Addr = Ipv4Addr::new(198, 19, 10, 3);
 const NEAR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 3);
 const FAR4: Ipv4Addr = Ipv4Addr::new(198, 19, 20, 7);
 
-/// VIP4:80 and VIP6:80 IPIP / IP6IP6 to NEAR4 / NEAR6; VIP4:81 L2 DSR to FAR4.
-fn setup(dp: &mut Dataplane) {
+/// The object, with VIP4:80 and VIP6:80 IPIP / IP6IP6 to NEAR4 / NEAR6, VIP4:81 L2 DSR to FAR4.
+fn loaded() -> Dataplane {
+    let mut dp = fixture::load();
     let mut info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::IPIP);
     info.encap_src = addr_words(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1))).0;
     dp.set_service(&[service_key(VIP4.into(), 80, PROTO_TCP)], info).unwrap();
@@ -40,6 +41,7 @@ fn setup(dp: &mut Dataplane) {
     dp.write_table(1, 0, 0, &uniform(3)).unwrap();
     dp.write_table(2, 0, 0, &uniform(13)).unwrap();
     dp.write_table(3, 0, 0, &uniform(7)).unwrap();
+    dp
 }
 
 /// A TCP segment from the client to VIP4:`dport` whose datagram is `len` bytes, DF as given.
@@ -92,8 +94,7 @@ fn send(dp: &mut Dataplane, ethertype: u16, inner: &[u8], ifindex: u32) -> lb_us
 #[test]
 fn ipv4_df_too_big_once_encapsulated_gets_fragmentation_needed() {
     in_netns(|topo| {
-        let mut dp = fixture::load();
-        setup(&mut dp);
+        let mut dp = loaded();
         // 1480 bytes fit in 1500 with the outer header: encapsulated as before.
         let fits = big4(80, 1480, true);
         assert_eq!(send(&mut dp, ETH_P_IP, &fits, topo.lbv0).action, XDP_TX);
@@ -114,8 +115,7 @@ fn ipv4_df_too_big_once_encapsulated_gets_fragmentation_needed() {
 #[test]
 fn ipv6_too_big_once_encapsulated_gets_packet_too_big() {
     in_netns(|topo| {
-        let mut dp = fixture::load();
-        setup(&mut dp);
+        let mut dp = loaded();
         assert_eq!(send(&mut dp, ETH_P_IPV6, &big6(1460), topo.lbv0).action, XDP_TX);
         let inner = big6(1500);
         let out = send(&mut dp, ETH_P_IPV6, &inner, topo.lbv0);
@@ -128,8 +128,7 @@ fn ipv6_too_big_once_encapsulated_gets_packet_too_big() {
 #[test]
 fn l2_dsr_towards_a_narrower_link_gets_fragmentation_needed() {
     in_netns(|topo| {
-        let mut dp = fixture::load();
-        setup(&mut dp);
+        let mut dp = loaded();
         let run = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success(), "ip {args:?}");
         run(&["link", "set", "lbv2", "mtu", "1400"]);
         run(&["link", "set", "lbv3", "mtu", "1400"]);
@@ -144,8 +143,7 @@ fn l2_dsr_towards_a_narrower_link_gets_fragmentation_needed() {
 #[test]
 fn icmp_replies_are_rate_limited_per_cpu() {
     in_netns(|topo| {
-        let mut dp = fixture::load();
-        setup(&mut dp);
+        let mut dp = loaded();
         let inner = big4(80, 1500, true);
         let n = 400;
         let mut sent = 0;
@@ -164,8 +162,7 @@ fn icmp_replies_are_rate_limited_per_cpu() {
 #[test]
 fn missing_neighbour_is_counted_as_drop_no_neigh() {
     in_netns(|topo| {
-        let mut dp = fixture::load();
-        setup(&mut dp);
+        let mut dp = loaded();
         // On lbv0's own segment, with no neighbour entry.
         dp.set_backend(3, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 77)), [0; 6], 0)).unwrap();
         let out = send(&mut dp, ETH_P_IP, &big4(80, 100, true), topo.lbv0);

@@ -21,7 +21,9 @@ const LLVM_PREFIX: &str = "/opt/lb-toolchain/llvm";
 /// The bpf-linker release verified with this nightly.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages and a command each provides, checked before installing.
-const DEBIAN_PACKAGES: &[(&str, &str)] = &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig")];
+/// (`prometheus`: the metrics test scrapes the daemon with the real server.)
+const DEBIAN_PACKAGES: &[(&str, &str)] =
+    &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("prometheus", "prometheus")];
 
 pub fn ensure() -> Result<()> {
     rust_src()?;

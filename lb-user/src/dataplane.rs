@@ -21,7 +21,7 @@ use ipnet::IpNet;
 pub use lb_common::maps::addr_words;
 use lb_common::ct_table;
 use lb_common::maps::{
-    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
+    stat, table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
     ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
 };
 
@@ -54,6 +54,8 @@ const SIZED_MAPS: &[SizedMap] = &[
     // One record of global counters; one record per (service, class).
     SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
     SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    // One record per backend id (metrics per backend).
+    SizedMap { name: "BACKEND_STATS", pinned: true, max_entries: |s| s.max_backends },
     SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
 ];
 
@@ -265,6 +267,7 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
+    backend_stats: PerCpuArray<MapData, BackendCounters>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -398,6 +401,7 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
+            backend_stats: take(&mut ebpf, "BACKEND_STATS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -510,10 +514,16 @@ impl Dataplane {
         }
     }
 
-    /// Writes a backend slot (address, MAC, zone, state flags, drain deadline).
+    /// Writes a backend slot (address, MAC, zone, state flags, drain deadline). An id given to
+    /// another backend (other address or generation) starts its `BACKEND_STATS` from zero.
     pub fn set_backend(&mut self, id: u32, backend: Backend) -> Result<()> {
         if id >= self.sizes.max_backends {
             bail!("backend id {id} out of range (max_backends {})", self.sizes.max_backends);
+        }
+        let old = self.backend(id).with_context(|| format!("reading backend {id}"))?;
+        if (old.addr, old.family, old.generation) != (backend.addr, backend.family, backend.generation) {
+            let zeros = vec![BackendCounters::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?];
+            self.backend_stats.set(id, aya::maps::PerCpuValues::try_from(zeros)?, 0).context("resetting BACKEND_STATS")?;
         }
         self.backends.set(id, backend, 0).context("writing BACKENDS")?;
         Ok(())
@@ -801,6 +811,16 @@ impl Dataplane {
             }
         }
         Ok(Stats { global, classes })
+    }
+
+    /// Backend `id`'s counters (`BACKEND_STATS`), summed over CPUs.
+    pub fn backend_stats(&self, id: u32) -> Result<BackendCounters> {
+        let per_cpu = self.backend_stats.get(&id, 0).with_context(|| format!("reading BACKEND_STATS[{id}]"))?;
+        Ok(per_cpu.iter().fold(BackendCounters::default(), |a, v| BackendCounters {
+            packets: a.packets + v.packets,
+            bytes: a.bytes + v.bytes,
+            new_flows: a.new_flows + v.new_flows,
+        }))
     }
 
     /// Attaches a program to an interface, native (driver) mode first, else generic.

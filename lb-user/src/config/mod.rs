@@ -54,6 +54,17 @@ pub struct Config {
     /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
     #[serde(default)]
     pub dns: Option<DnsFront>,
+    /// `[metrics]`: the Prometheus endpoint; off without the section.
+    #[serde(default)]
+    pub metrics: Option<Metrics>,
+}
+
+/// `[metrics]`: where the daemon serves its Prometheus metrics (`GET /metrics`, HTTP/1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// "ADDR:PORT", e.g. "127.0.0.1:9405".
+    pub listen: std::net::SocketAddr,
 }
 
 /// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'

@@ -86,6 +86,10 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
         bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
     }
+    if cfg.metrics != running.metrics {
+        let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
+        bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
+    }
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
@@ -634,6 +638,10 @@ mod tests {
         let err = fits(&sizes, &running, &with_dns).unwrap_err().to_string();
         assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
         assert!(fits(&sizes, &with_dns, &with_dns).is_ok());
+        let with_metrics = Config::parse(&format!("[metrics]\nlisten = \"127.0.0.1:9405\"\n{}", service(1))).unwrap();
+        let err = fits(&sizes, &running, &with_metrics).unwrap_err().to_string();
+        assert!(err.contains("[metrics] listen") && err.contains("restart") && err.contains("127.0.0.1:9405"), "{err}");
+        assert!(fits(&sizes, &with_metrics, &with_metrics).is_ok());
         let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
         assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
     }

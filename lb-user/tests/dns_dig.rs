@@ -197,7 +197,7 @@ impl Front {
         let cfg = Config::parse(CFG).unwrap();
         let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(RoutingView::new(cfg.clone(), probes.clone())));
-        let (addr, tasks) = dns::serve("127.0.0.1:0".parse().unwrap(), rx, dns::TcpLimits { total: 64, per_source: 16 }).await.unwrap();
+        let (addr, tasks) = dns::serve("127.0.0.1:0".parse().unwrap(), rx, dns::TcpLimits { total: 64, per_source: 16 }, Default::default()).await.unwrap();
         Front { addr, cfg, probes, tx, tasks }
     }
 

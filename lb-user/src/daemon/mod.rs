@@ -253,7 +253,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         _ => None,
     };
     // Tables first, then attach: the first packet already finds them.
-    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
+    let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
         let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
@@ -273,6 +273,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
     let (health_events, health_rx) = mpsc::channel(1024);
     let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     let counts = metrics::Metrics::default();
+    counts.tables_swapped(initial.tables_written);
     // The listen addresses are read at start only (a reload that changes `[dns]` or `[metrics]`
     // is refused).
     let mut tasks = match ctl.config().dns.clone() {

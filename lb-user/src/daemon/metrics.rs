@@ -30,6 +30,8 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 type Labels = Vec<(&'static str, String)>;
+/// A metric made from one field of each sample: (name, help, the field).
+type Field<T> = (&'static str, &'static str, fn(&T) -> u64);
 
 /// Connection-table buckets read per family and scrape (see [`Dataplane::conntrack_occupancy`]).
 pub const OCCUPANCY_SAMPLE_BUCKETS: u32 = 4096;
@@ -207,7 +209,7 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         r.register(*name, help, counter(snap.global.get(i).copied().unwrap_or(0)));
     }
     let class_labels = |c: &ClassSample| vec![("service", c.service.clone()), ("zone", c.zone.clone()), ("class", c.class.to_string())];
-    let per_class: [(&str, &str, fn(&ClassSample) -> u64); 4] = [
+    let per_class: [Field<ClassSample>; 4] = [
         ("class_packets", "Packets forwarded, by service and client class (zone: the client zone)", |c| c.packets),
         ("class_bytes", "Bytes forwarded (whole frames), by service and client class", |c| c.bytes),
         ("class_new_flows", "New flows (backend selections), by service and client class", |c| c.new_flows),
@@ -217,7 +219,7 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         r.register(name, help, counters(snap.classes.iter().map(|c| (class_labels(c), value(c)))));
     }
     let backend_labels = |b: &BackendSample| vec![("service", b.service.clone()), ("backend", b.backend.clone()), ("zone", b.zone.clone())];
-    let per_backend: [(&str, &str, fn(&BackendCounters) -> u64); 3] = [
+    let per_backend: [Field<BackendCounters>; 3] = [
         ("backend_packets", "Packets forwarded to the backend (zone: the backend's)", |c| c.packets),
         ("backend_bytes", "Bytes forwarded to the backend (whole frames as received)", |c| c.bytes),
         ("backend_new_flows", "New flows that chose the backend", |c| c.new_flows),

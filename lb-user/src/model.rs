@@ -205,10 +205,27 @@ impl Default for MonitorProtocol {
     }
 }
 
-/// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The one parser
-/// of the configuration's `mac` fields (validation and compilation both use it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The type of
+/// the configuration's `mac` fields, parsed once when the file is read (a malformed one is a
+/// load error naming the field and the form) and written back in the same form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct MacAddr(pub [u8; 6]);
+
+impl TryFrom<String> for MacAddr {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+            .map_err(|()| format!("mac {text:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"))
+    }
+}
+
+impl From<MacAddr> for String {
+    fn from(mac: MacAddr) -> Self {
+        mac.to_string()
+    }
+}
 
 impl std::str::FromStr for MacAddr {
     type Err = ();
@@ -234,5 +251,71 @@ impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c, d, e, g] = self.0;
         write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MacAddr;
+
+    #[test]
+    fn macs() {
+        let is_valid_mac = |text: &str| text.parse::<MacAddr>().is_ok();
+        assert!(is_valid_mac("02:00:c6:12:0b:01") && is_valid_mac("AA:BB:CC:DD:EE:FF"));
+        for bad in [
+            "",
+            "02:00:c6:12:0b",
+            "02:00:c6:12:0b:01:02",
+            "02-00-c6-12-0b-01",
+            "2:00:c6:12:0b:01",
+            "0g:00:c6:12:0b:01",
+        ] {
+            assert!(!is_valid_mac(bad), "{bad}");
+        }
+    }
+}
+
+/// A backend as the controller keys its ids, health verdicts, overrides and drains: its
+/// service's name and its address. Serialized as the pair `[service, address]`, the form the
+/// persistent state (`state.json`) has always stored these keys in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(from = "(String, std::net::IpAddr)", into = "(String, std::net::IpAddr)")]
+pub struct BackendKey {
+    pub service: String,
+    pub address: std::net::IpAddr,
+}
+
+impl BackendKey {
+    pub fn new(service: &str, address: std::net::IpAddr) -> Self {
+        Self { service: service.to_owned(), address }
+    }
+}
+
+impl From<(String, std::net::IpAddr)> for BackendKey {
+    fn from((service, address): (String, std::net::IpAddr)) -> Self {
+        Self { service, address }
+    }
+}
+
+impl From<BackendKey> for (String, std::net::IpAddr) {
+    fn from(k: BackendKey) -> Self {
+        (k.service, k.address)
+    }
+}
+
+/// Serde form of a list of (backend, value) as flat triples `[service, address, value]`, the
+/// form `state.json` stores verdicts and ids in (`#[serde(with = "keyed_triples")]`).
+pub mod keyed_triples {
+    use super::BackendKey;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::net::IpAddr;
+
+    pub fn serialize<S: Serializer, V: Serialize>(list: &[(BackendKey, V)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(list.iter().map(|(k, v)| (&k.service, k.address, v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(d: D) -> Result<Vec<(BackendKey, V)>, D::Error> {
+        let triples = Vec::<(String, IpAddr, V)>::deserialize(d)?;
+        Ok(triples.into_iter().map(|(service, address, v)| (BackendKey { service, address }, v)).collect())
     }
 }

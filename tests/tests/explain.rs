@@ -64,7 +64,7 @@ impl Rng {
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
     let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
     for (svc, addr) in [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")] {
@@ -108,7 +108,7 @@ fn explain_names_the_backend_the_kernel_picks() {
         let mac = out.data[5];
         let want = predicted["backend"].as_str().unwrap();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(backend.mac.as_deref().unwrap(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(backend.mac.unwrap().to_string(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
         distinct.insert(want.to_owned());
         checked += 1;
     }
@@ -161,7 +161,7 @@ mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
     let mut ctl = Controller::new(cfg.clone());
     ctl.reconcile(&mut dp).unwrap();
     let applied = ctl.applied().unwrap().clone();
@@ -184,7 +184,7 @@ mac = "02:be:00:00:00:32"
         assert_eq!(out.action, XDP_TX, "{predicted}");
         let want = predicted["backend"].as_str().unwrap();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
+        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
         forwarded += 1;
     }
     assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");

@@ -4,6 +4,7 @@
 //! field and the allowed values. Nothing downstream ever sees an invalid configuration, so a bad
 //! reload cannot touch the running tables.
 
+mod announce;
 mod error;
 pub mod monitor;
 mod prefix;
@@ -12,6 +13,7 @@ pub mod regions;
 mod tm_validate;
 mod validate;
 
+pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
@@ -54,6 +56,9 @@ pub struct Config {
     /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
     #[serde(default)]
     pub dns: Option<DnsFront>,
+    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
+    #[serde(default)]
+    pub announce: Option<Announce>,
     /// `[metrics]`: the Prometheus endpoint; off without the section.
     #[serde(default)]
     pub metrics: Option<Metrics>,
@@ -306,9 +311,9 @@ pub struct Backend {
     pub failover: bool,
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff").
+    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff"), parsed when the file is read.
     #[serde(default)]
-    pub mac: Option<String>,
+    pub mac: Option<MacAddr>,
     // ---- Traffic Manager endpoint fields (spec §2.1); only with a Traffic Manager method.
     /// Endpoint name for messages and status inputs; unique in the service. Default: address.
     #[serde(default)]
@@ -351,11 +356,6 @@ pub struct Backend {
 
 impl Backend {
     /// True for a nested endpoint (its traffic goes to a child service).
-    /// The L2 DSR destination MAC (validated with the configuration).
-    pub fn mac_addr(&self) -> Option<MacAddr> {
-        self.mac.as_deref().and_then(|m| m.parse().ok())
-    }
-
     pub fn is_nested(&self) -> bool {
         self.target_service.is_some()
     }
@@ -411,6 +411,11 @@ impl Config {
     /// Index of the service with this name.
     pub fn service_index(&self, name: &str) -> Option<usize> {
         self.services.iter().position(|s| s.name == name)
+    }
+
+    /// Whether the service `key.service` has a backend at `key.address`.
+    pub fn has_backend(&self, key: &BackendKey) -> bool {
+        self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.address == key.address))
     }
 
     /// Read, parse and validate a configuration file. Every error names the file.

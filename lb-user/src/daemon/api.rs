@@ -32,6 +32,9 @@ pub enum Request {
     BackendDrain { service: String, address: IpAddr },
     BackendUndrain { service: String, address: IpAddr },
     Reload,
+    /// Drain the whole host: withdraw the VIPs, keep forwarding `grace_sec` (default
+    /// `[announce] drain_grace_sec`), then stop.
+    HostDrain { grace_sec: Option<u32> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

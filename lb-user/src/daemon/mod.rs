@@ -3,6 +3,7 @@
 //! requests and reloads (SIGHUP or `lb reload`) are handled one at a time by that loop, so
 //! every table swap starts from a consistent picture.
 
+pub mod announce;
 pub mod api;
 pub mod dns;
 pub mod health;
@@ -11,13 +12,14 @@ pub mod logging;
 pub mod metrics;
 pub mod state;
 
+use announce::Announcer;
 use api::{HealthOverride, Request, Response};
 use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
-use crate::pinning::{self, PinState};
+use crate::dataplane::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -91,6 +93,11 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
         let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
         bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
     }
+    // The TUN device and its table are made at start.
+    let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
+    if where_(cfg) != where_(running) {
+        bail!("[announce] (present or not, table, device) takes effect only on restart");
+    }
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
@@ -130,6 +137,10 @@ struct Daemon {
     metrics: metrics::Metrics,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
+    /// `[announce]`: the VIP routes the routing daemon exports.
+    announcer: Option<Announcer>,
+    /// A host drain (`lb backend drain --host`): when the daemon stops.
+    drain_deadline: Option<tokio::time::Instant>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -244,7 +255,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
             let now = dp.now_ns().map_err(fail)?;
             ctl.depart_unconfigured(now);
             let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next).context("removing what the previous configuration left").map_err(fail)?;
+            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
             if keys + prefixes + tables > 0 {
                 tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
@@ -256,7 +267,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
     let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
         if backends > 0 {
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
@@ -293,7 +304,13 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         tracing::info!("metrics on http://{addr}/metrics");
         tasks.push(task);
     }
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events: health_events, dns_view, metrics: counts, lock: None };
+    // Attached and tables written: from here on the VIPs may be announced.
+    let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
+    let mut d = Daemon {
+        args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events: health_events, dns_view, metrics: counts, lock: None,
+        announcer, drain_deadline: None,
+    };
+    d.announce();
     d.save_state();
     d.start_checkers();
     Ok((d, tasks, health_rx, snapshot_rx))
@@ -342,13 +359,52 @@ async fn serve(
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = until(d.drain_deadline) => {
+                tracing::info!("host drain: grace period over, stopping");
+                break;
+            }
         }
     }
     control.abort();
     d.shutdown()
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Daemon {
+    /// Brings the announced VIPs in line with what can be served now (a failure is retried at
+    /// the next reconcile or tick).
+    fn announce(&mut self) {
+        let Some(a) = self.announcer.as_mut() else { return };
+        let cfg = self.ctl.config();
+        let applied: Vec<&str> = self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
+        let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
+        let ctl = &self.ctl;
+        let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
+        if let Err(e) = a.set(&want) {
+            tracing::warn!("announce: {e:#} (retried)");
+        }
+    }
+
+    /// `lb backend drain --host`: withdraw every VIP now, keep forwarding what still arrives
+    /// for the grace period, then stop as on SIGTERM.
+    fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<Value> {
+        let grace = grace_sec.or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec)).unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
+        if let Some(a) = self.announcer.as_mut() {
+            a.drain()?;
+        }
+        let at = tokio::time::Instant::now() + std::time::Duration::from_secs(grace.into());
+        self.drain_deadline = Some(self.drain_deadline.map_or(at, |d| d.min(at)));
+        tracing::info!("host drain: VIPs withdrawn, stopping in {grace} s");
+        Ok(json!({"host_draining": true, "stop_in_sec": grace}))
+    }
+
     fn reconcile(&mut self) -> Result<()> {
         let result = self.ctl.reconcile(&mut self.dp);
         self.after_reconcile(result.as_ref().ok());
@@ -356,11 +412,12 @@ impl Daemon {
     }
 
     /// Republishes the DNS view, logs what was written and saves the state.
-    fn after_reconcile(&self, report: Option<&crate::controller::ReconcileReport>) {
+    fn after_reconcile(&mut self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
         if let Some(report) = report {
             self.metrics.tables_swapped(report.tables_written);
         }
+        self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
@@ -406,6 +463,7 @@ impl Daemon {
     /// A pool-change drain that has ended is written to the data plane. A failure is retried
     /// at every tick but logged once per distinct error.
     fn on_tick(&mut self) {
+        self.announce();
         let Some(end) = self.ctl.next_pool_drain_end() else {
             self.tick_error = None;
             return;
@@ -464,6 +522,7 @@ impl Daemon {
             Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
             Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
             Request::Reload => Some(("reload", "control socket".to_owned())),
+            Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
             Request::Status | Request::Stats | Request::Explain { .. } => None,
         };
         let result = match req {
@@ -489,6 +548,7 @@ impl Daemon {
                 .and_then(|_| self.reconcile())
                 .map(|_| json!({"service": service, "address": address.to_string(), "draining": false})),
             Request::Reload => self.reload(),
+            Request::HostDrain { grace_sec } => self.host_drain(grace_sec),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -572,7 +632,10 @@ impl Daemon {
                 })
             })
             .collect();
-        json!({"config": self.args.config.display().to_string(), "interfaces": self.args.interfaces, "services": services})
+        let announce = self.announcer.as_ref().map(|a| {
+            json!({"device": a.device(), "table": a.table(), "draining": a.draining(), "announced": a.announced().iter().map(|v| v.to_string()).collect::<Vec<_>>()})
+        });
+        json!({"config": self.args.config.display().to_string(), "interfaces": self.args.interfaces, "services": services, "announce": announce})
     }
 
     fn stats(&self) -> Result<Value> {
@@ -626,6 +689,8 @@ impl Daemon {
     }
 
     fn shutdown(mut self) -> Result<()> {
+        // Withdraw first: the routers stop sending before the data plane goes.
+        drop(self.announcer.take());
         for (_, h, _) in self.checkers.drain(..) {
             h.abort();
         }
@@ -690,7 +755,7 @@ mod tests {
         let cfg = Config::parse(&service(300)).unwrap();
         let s = sizes_for(&cfg);
         assert!(s.max_services * 16 >= 300, "{s:?}");
-        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 300);
+        assert!(crate::dataplane::service_table::slots_for(s.max_services) / 2 >= 300);
         // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
         let zones: String = (0..2)
             .map(|z| {

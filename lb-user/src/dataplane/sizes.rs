@@ -33,6 +33,8 @@ const SIZED_MAPS: &[SizedMap] = &[
     // One record of global counters; one record per (service, class).
     SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
     SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    // One record per backend id (metrics per backend).
+    SizedMap { name: "BACKEND_STATS", pinned: true, max_entries: |s| s.max_backends },
     SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.

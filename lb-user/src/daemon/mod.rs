@@ -10,7 +10,9 @@ pub mod health;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod neighbours;
 pub mod state;
+pub mod tunnel_source;
 
 use announce::Announcer;
 use api::{HealthOverride, Request, Response};
@@ -141,6 +143,8 @@ struct Daemon {
     announcer: Option<Announcer>,
     /// A host drain (`lb backend drain --host`): when the daemon stops.
     drain_deadline: Option<tokio::time::Instant>,
+    /// The backends whose next hops `neighbours` keeps resolved.
+    neighbours: std::sync::mpsc::Sender<std::collections::BTreeSet<std::net::IpAddr>>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -148,7 +152,10 @@ fn state_path(args: &RunArgs) -> PathBuf {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
+        tracing::info!("{line}");
+    }
     // Signals first: a SIGINT or SIGTERM during start-up waits for the loop below, which
     // shuts down cleanly, instead of killing the process half set up.
     let hup = signal(SignalKind::hangup())?;
@@ -308,9 +315,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
     let mut d = Daemon {
         args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events: health_events, dns_view, metrics: counts, lock: None,
-        announcer, drain_deadline: None,
+        announcer, drain_deadline: None, neighbours: neighbours::spawn(),
     };
     d.announce();
+    d.keep_neighbours();
     d.save_state();
     d.start_checkers();
     Ok((d, tasks, health_rx, snapshot_rx))
@@ -418,12 +426,19 @@ impl Daemon {
             self.metrics.tables_swapped(report.tables_written);
         }
         self.announce();
+        self.keep_neighbours();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
             );
         }
         self.save_state();
+    }
+
+    /// Hands the configured backends to the neighbour keeper (see `neighbours`).
+    fn keep_neighbours(&self) {
+        let backends = self.ctl.config().services.iter().flat_map(|s| s.backends.iter().map(|b| b.address)).collect();
+        let _ = self.neighbours.send(backends);
     }
 
     fn save_state(&self) {
@@ -505,7 +520,10 @@ impl Daemon {
     }
 
     fn try_reload(&mut self) -> Result<Value> {
-        let cfg = Config::load(&self.args.config)?;
+        let mut cfg = Config::load(&self.args.config)?;
+        for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
+            tracing::debug!("{line}");
+        }
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());

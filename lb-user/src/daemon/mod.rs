@@ -75,6 +75,40 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     }
 }
 
+/// The most kernel memory the maps of one data plane may take together. The connection tables
+/// at their largest (`dataplane.conntrack_entries` is capped at validation) fit with room for
+/// the rest; beyond it the load would fail with ENOMEM, or take the host's memory.
+pub const MAP_MEMORY_LIMIT_MIB: u64 = 4096;
+
+/// The configuration settings that drive a map's size, for the message that refuses sizes
+/// beyond [`MAP_MEMORY_LIMIT_MIB`].
+fn driven_by(map: &str) -> &'static str {
+    match map {
+        "CONNTRACK" | "CONNTRACK4" => "dataplane.conntrack_entries",
+        "TABLES" => "dataplane.maglev_table_size × (services × client classes)",
+        "CLASS_STATS" | "TABLE_INDEX" | "CLIENT_CLASS" => "services × client classes (zones, Traffic Manager classes, ports, prefixes)",
+        "BACKENDS" | "NEXT_HOPS" => "the number of backends",
+        _ => "the number of services and ports",
+    }
+}
+
+/// Refuses sizes whose maps would take more than [`MAP_MEMORY_LIMIT_MIB`] of kernel memory,
+/// naming the largest maps and the settings behind them.
+pub fn check_map_memory(sizes: &DataplaneSizes) -> Result<()> {
+    let mut maps = sizes.map_bytes();
+    let total: u64 = maps.iter().map(|(_, b)| b).sum();
+    if total >> 20 <= MAP_MEMORY_LIMIT_MIB {
+        return Ok(());
+    }
+    maps.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    let largest: Vec<String> = maps.iter().take(3).map(|(name, b)| format!("{name} {} MiB ({})", b >> 20, driven_by(name))).collect();
+    bail!(
+        "this configuration needs {} MiB of BPF maps, above the limit of {MAP_MEMORY_LIMIT_MIB} MiB; the largest: {}",
+        total >> 20,
+        largest.join(", ")
+    )
+}
+
 /// Whether a reloaded configuration `cfg` can replace the running one (`running`, on a data
 /// plane loaded with `now`); otherwise the reload is refused (the running tables stay) and the
 /// message says a restart is needed.
@@ -211,6 +245,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
     };
     let sizes = sizes_for(&cfg);
+    check_map_memory(&sizes).map_err(|e| (e, Found::Unknown))?;
     let mut ctl = Controller::new(cfg);
     let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, Found::Unknown))?;
     let found = match reuse {
@@ -698,6 +733,19 @@ mod tests {
         assert!(fits(&sizes, &with_dns, &with_dns).is_ok());
         let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
         assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
+    }
+
+    #[test]
+    fn sizes_beyond_the_map_memory_limit_are_refused_naming_what_drives_them() {
+        let cfg = Config::parse(&service(1)).unwrap();
+        assert!(check_map_memory(&sizes_for(&cfg)).is_ok());
+        // The largest connection tables validation allows still fit.
+        let most = Config::parse(&format!("[dataplane]\nconntrack_entries = {}\n{}", crate::config::MAX_CONNTRACK_ENTRIES, service(1))).unwrap();
+        assert!(check_map_memory(&sizes_for(&most)).is_ok(), "{:?}", check_map_memory(&sizes_for(&most)));
+        // 8192 tables of M = 65537 (8 bytes per cell): 4 GiB of TABLES alone.
+        let big = DataplaneSizes { table_slots: 8192, table_size_m: 65537, ..sizes_for(&cfg) };
+        let err = check_map_memory(&big).unwrap_err().to_string();
+        assert!(err.contains("MiB") && err.contains("TABLES 4096 MiB") && err.contains("dataplane.maglev_table_size"), "{err}");
     }
 
     #[test]

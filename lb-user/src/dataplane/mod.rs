@@ -180,7 +180,7 @@ impl Dataplane {
         let mut ebpf = settings
             .apply(&mut loader)
             .load(EBPF_OBJECT)
-            .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+            .map_err(|e| load_error(e, &sizes))?;
         for p in [Program::Lb, Program::ClockProbe] {
             verify(&mut ebpf, p.name())?;
         }
@@ -238,5 +238,30 @@ impl Dataplane {
 
     pub fn sizes(&self) -> &DataplaneSizes {
         &self.sizes
+    }
+}
+
+/// What a failed load of the balancer's object says: a map the kernel could not allocate
+/// (ENOMEM, E2BIG) is a matter of sizes, not of privileges.
+fn load_error(e: aya::EbpfError, sizes: &DataplaneSizes) -> anyhow::Error {
+    let errno = {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        let mut errno = None;
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                errno = io.raw_os_error();
+            }
+            source = err.source();
+        }
+        errno
+    };
+    match errno {
+        Some(libc::ENOMEM) | Some(libc::E2BIG) => {
+            let mib = sizes.map_bytes().iter().map(|(_, b)| b).sum::<u64>() >> 20;
+            anyhow::Error::new(e).context(format!(
+                "loading the XDP object: the kernel could not allocate its maps (about {mib} MiB; see dataplane.conntrack_entries and dataplane.maglev_table_size, and the memory cgroup's or RLIMIT_MEMLOCK's limit)"
+            ))
+        }
+        _ => anyhow::Error::new(e).context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)"),
     }
 }

@@ -8,6 +8,7 @@ pub mod api;
 pub mod dns;
 pub mod health;
 pub mod limits;
+pub mod links;
 pub mod logging;
 pub mod state;
 
@@ -21,6 +22,7 @@ use health::HealthEvent;
 use crate::dataplane::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -168,6 +170,10 @@ struct Daemon {
     announcer: Option<Announcer>,
     /// A host drain (`lb backend drain --host`): when the daemon stops.
     drain_deadline: Option<tokio::time::Instant>,
+    /// Interfaces known to be gone (logged once), until they return and are attached again.
+    detached: BTreeSet<String>,
+    /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
+    pins_lost: Vec<String>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -185,7 +191,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // socket, or on this pin directory: refused before anything of its data plane is touched.
     state::check_dir(args.socket.parent().unwrap_or(Path::new("/run/lb")))?;
     let listener = api::bind(&args.socket)?;
-    let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
+    // Pins that must outlive this process must not go into a bpffs only it sees.
+    let shared = |()| if args.keep_dataplane { pinning::require_shared_bpffs(&args.pin_dir, "lb run --keep-dataplane") } else { Ok(()) };
+    let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(shared).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
         Ok(lock) => lock,
         Err(e) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -251,40 +259,50 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     let found = match reuse {
         PinState::Fresh => Found::Nothing,
         PinState::Reused => Found::Adopted,
-        PinState::Discarded(_) => Found::Discarded,
+        PinState::Discarded { .. } => Found::Discarded,
     };
     let fail = |e: anyhow::Error| (e, found);
+    // What the discarded maps had that the new ones take over: the connection tables, and the
+    // backend records their entries point at (ids and generations come from the state file).
+    let mut carried = None;
     match reuse {
         PinState::Fresh => {}
         PinState::Reused => {
             tracing::info!("adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
-            if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
-                let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
-                ctl.restore(&st);
-            }
+            restore_state(&args, &mut ctl).map_err(fail)?;
         }
-        PinState::Discarded(why) => {
+        PinState::Discarded { why, carried: None } => {
             tracing::warn!("the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
+        }
+        PinState::Discarded { why, carried: Some(old) } => {
+            tracing::warn!("the pinned data plane has other sizes or layout ({why}); loading new maps, tracked connections are carried over");
+            restore_state(&args, &mut ctl).map_err(fail)?;
+            carried = Some(old);
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir)).map_err(fail)?;
     // An older version's maps: the program that still uses them keeps them alive until it is
     // replaced below; the pins themselves would only leak.
     pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
-    let adopted_at = match found {
-        Found::Adopted => {
-            // What the predecessor's configuration had and this one does not: removed first, so
-            // that it neither stays live nor takes room the new tables need.
-            let now = dp.now_ns().map_err(fail)?;
-            ctl.depart_unconfigured(now);
-            let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
-            if keys + prefixes + tables > 0 {
-                tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
-            }
-            Some(now)
+    if let Some(old) = &carried {
+        dp.carry_backends(old).context("copying the backend records of the discarded maps").map_err(fail)?;
+    }
+    // Maps taken over (adopted, or the connection tables carried into new ones) hold flows
+    // of the previous daemon's backend ids: the ids are restored, and those the configuration
+    // dropped drain.
+    let adopted_at = if matches!(found, Found::Adopted) || carried.is_some() {
+        // What the predecessor's configuration had and this one does not: removed first, so
+        // that it neither stays live nor takes room the new tables need.
+        let now = dp.now_ns().map_err(fail)?;
+        ctl.depart_unconfigured(now);
+        let next = ctl.preview(now).map_err(fail)?;
+        let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
+        if keys + prefixes + tables > 0 {
+            tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
         }
-        _ => None,
+        Some(now)
+    } else {
+        None
     };
     // Tables first, then attach: the first packet already finds them.
     ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
@@ -295,13 +313,18 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
     }
+    // Last before the program is swapped: the old one adds flows until then.
+    if let Some(old) = carried {
+        let (copied, lost) = dp.carry_conntrack(&old).context("copying the connection tables into the new maps").map_err(fail)?;
+        let lost = if lost > 0 { format!(" ({lost} did not fit and are lost)") } else { String::new() };
+        tracing::info!("{copied} tracked connections carried over into the new connection tables{lost}");
+    }
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
-        let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
-        match mode {
-            aya::programs::XdpMode::Skb => tracing::warn!("{ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
-            aya::programs::XdpMode::Default => tracing::info!("replaced the program on {ifname} (kept attached across the restart)"),
-            _ => tracing::info!("attached to {ifname} (native XDP)"),
+        let how = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
+        match how.mode() {
+            Some(aya::programs::XdpMode::Skb) => tracing::warn!("{ifname}: {how}"),
+            _ => tracing::info!("{ifname}: {how}"),
         }
     }
     let (events, health_rx) = mpsc::channel(1024);
@@ -319,11 +342,35 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
     };
     // Attached and tables written: from here on the VIPs may be announced.
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None, announcer, drain_deadline: None };
+    let mut d = Daemon {
+        args,
+        ctl,
+        dp,
+        checkers: Vec::new(),
+        next_probe: 0,
+        tick_error: None,
+        events,
+        dns_view,
+        lock: None,
+        announcer,
+        drain_deadline: None,
+        detached: BTreeSet::new(),
+        pins_lost: Vec::new(),
+    };
     d.announce();
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
+}
+
+/// Resumes from the previous daemon's state file (ids, generations, health, overrides,
+/// drains), when there is one.
+fn restore_state(args: &RunArgs, ctl: &mut Controller) -> Result<()> {
+    if let Ok(text) = std::fs::read_to_string(state_path(args)) {
+        let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
+        ctl.restore(&st);
+    }
+    Ok(())
 }
 
 /// The audit line of an operator action: `reload accepted (SIGHUP)`, `drain refused (service
@@ -348,11 +395,24 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     // requests reach this loop.
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
     let control = api::spawn_server(listener, requests);
+    // Interfaces that go and come back; without the watcher the tick still notices.
+    let (mut link_rx, link_task) = match links::watch() {
+        Ok((rx, task)) => (rx, Some(task)),
+        Err(e) => {
+            tracing::warn!("cannot watch interface events ({e:#}); interfaces are checked every few seconds instead");
+            (mpsc::channel(1).1, None)
+        }
+    };
     tracing::info!("running; control socket {}", d.args.socket.display());
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
-            _ = tick.tick() => d.on_tick(),
+            Some(ev) = link_rx.recv() => d.on_link(ev),
+            _ = tick.tick() => {
+                d.on_tick();
+                d.check_links();
+                d.check_pins();
+            }
             Some(pending) = request_rx.recv() => {
                 let resp = d.handle(pending.request);
                 let _ = pending.reply.send(resp);
@@ -370,6 +430,9 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
         }
     }
     control.abort();
+    if let Some(task) = link_task {
+        task.abort();
+    }
     d.shutdown()
 }
 
@@ -481,6 +544,87 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// An interface event: one of ours removed is logged (once) and shows as detached in
+    /// `lb status`; when an interface of that name exists again, the balancer is attached to it.
+    fn on_link(&mut self, ev: links::LinkEvent) {
+        match ev {
+            links::LinkEvent::Removed { ifname, .. } if self.args.interfaces.contains(&ifname) => self.note_removed(&ifname),
+            links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => self.attach_again(&ifname),
+            links::LinkEvent::Overrun => self.check_links(),
+            _ => {}
+        }
+    }
+
+    fn note_removed(&mut self, ifname: &str) {
+        if self.detached.insert(ifname.to_owned()) {
+            tracing::warn!("interface {ifname} was removed: the balancer is detached from it until an interface of that name returns");
+        }
+    }
+
+    /// Attaches to `ifname` again if its link was severed (a new link replaces the pinned one).
+    fn attach_again(&mut self, ifname: &str) {
+        if self.dp.link_attached(ifname) {
+            self.detached.remove(ifname);
+            return;
+        }
+        match self.dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&self.args.pin_dir, ifname)) {
+            Ok(how) => {
+                self.detached.remove(ifname);
+                tracing::info!("interface {ifname} is back: {how}");
+            }
+            Err(e) => tracing::error!("interface {ifname} is back, but attaching to it failed (retried at its next change and every few seconds): {e:#}"),
+        }
+    }
+
+    /// Every interface's link, looked at again (after lost events, and at every tick).
+    fn check_links(&mut self) {
+        for ifname in self.args.interfaces.clone() {
+            if self.dp.link_attached(&ifname) {
+                continue;
+            }
+            if links::exists(&ifname) {
+                self.attach_again(&ifname);
+            } else {
+                self.note_removed(&ifname);
+            }
+        }
+    }
+
+    /// Pins removed from the pin directory (by hand, or the directory itself): the program
+    /// stays attached while this daemon holds its link, but it stops when the daemon exits, and
+    /// a restart could not adopt the maps. Logged once per loss; shown by `lb status`.
+    fn check_pins(&mut self) {
+        let missing = pinning::missing_pins(&self.args.pin_dir, &self.args.interfaces);
+        if missing.is_empty() && !self.pins_lost.is_empty() {
+            tracing::info!("the pins in {} are complete again", self.args.pin_dir.display());
+        } else if !missing.is_empty() && missing != self.pins_lost {
+            tracing::error!(
+                "pins in {} were removed ({}): the balancer stays attached while this daemon runs, but it stops when the daemon exits and a restart cannot adopt its maps (tracked connections would be lost); restart the daemon to pin them again",
+                self.args.pin_dir.display(),
+                missing.join(", ")
+            );
+        }
+        self.pins_lost = missing;
+    }
+
+    /// Each interface's attachment, for `lb status`.
+    fn link_status(&self) -> Vec<Value> {
+        self.args
+            .interfaces
+            .iter()
+            .map(|ifname| {
+                let state = if self.dp.link_attached(ifname) {
+                    "attached"
+                } else if links::exists(ifname) {
+                    "detached"
+                } else {
+                    "detached (interface removed)"
+                };
+                json!({"interface": ifname, "state": state})
+            })
+            .collect()
     }
 
     fn on_health(&mut self, ev: HealthEvent) {
@@ -629,7 +773,15 @@ impl Daemon {
         let announce = self.announcer.as_ref().map(|a| {
             json!({"device": a.device(), "table": a.table(), "draining": a.draining(), "announced": a.announced().iter().map(|v| v.to_string()).collect::<Vec<_>>()})
         });
-        json!({"config": self.args.config.display().to_string(), "interfaces": self.args.interfaces, "services": services, "announce": announce})
+        let pins = if self.pins_lost.is_empty() { "ok".to_owned() } else { format!("lost: {}", self.pins_lost.join(", ")) };
+        json!({
+            "config": self.args.config.display().to_string(),
+            "interfaces": self.args.interfaces,
+            "links": self.link_status(),
+            "pins": pins,
+            "services": services,
+            "announce": announce,
+        })
     }
 
     fn stats(&self) -> Result<Value> {
@@ -691,7 +843,12 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.args.socket);
         if self.args.keep_dataplane {
             self.save_state();
-            tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            let missing = pinning::missing_pins(&self.args.pin_dir, &self.args.interfaces);
+            if missing.is_empty() {
+                tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            } else {
+                tracing::error!("exiting; pins in {} were removed ({}): the data plane stops with this daemon", self.args.pin_dir.display(), missing.join(", "));
+            }
             return Ok(());
         }
         for ifname in &self.args.interfaces {

@@ -27,6 +27,7 @@ mod sys;
 mod tables;
 
 use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
@@ -40,10 +41,10 @@ use lb_common::maps::{
 };
 
 pub use admission::{Demand, ServiceDemand};
-pub use conntrack::{ct_seed, table_set};
+pub use conntrack::{ct_seed, table_set, Carried};
 pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
-pub use programs::{Program, TestOutput};
+pub use programs::{Attached, Program, TestOutput};
 pub use sink::Tables;
 #[cfg(feature = "test-helpers")]
 pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
@@ -101,6 +102,9 @@ pub struct Dataplane {
     /// FIFO: a freed slot is reused as late as possible, so a packet that read the old
     /// `TABLE_INDEX` just before a flip never sees that slot being rewritten.
     free_slots: VecDeque<u32>,
+    /// The bpf_links of [`Dataplane::attach_pinned`] by interface, held: the program stays
+    /// attached while this data plane lives, whatever happens to the pins.
+    links: StdHashMap<String, OwnedFd>,
 }
 
 pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
@@ -208,6 +212,7 @@ impl Dataplane {
             vip_refs: StdHashMap::new(),
             active_slots: StdHashMap::new(),
             free_slots: VecDeque::new(),
+            links: StdHashMap::new(),
         }
         .with_recovered_bookkeeping())
     }

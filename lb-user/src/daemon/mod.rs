@@ -15,7 +15,7 @@ pub mod state;
 use announce::Announcer;
 use api::{HealthOverride, Request, Response};
 use crate::config::Config;
-use crate::controller::{Controller, PersistentState};
+use crate::controller::{CompileOutput, Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
@@ -174,6 +174,14 @@ struct Daemon {
     detached: BTreeSet<String>,
     /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
     pins_lost: Vec<String>,
+    /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
+    /// of the state they started from (bumped by every reconcile on the loop, which makes a
+    /// running compile's result stale), whether one runs, and whether another change came in
+    /// since it started.
+    epoch: u64,
+    compiling: bool,
+    again: bool,
+    compiled: mpsc::UnboundedSender<(u64, CompileOutput)>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -200,7 +208,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             return Err(e);
         }
     };
-    let (mut d, _dns_tasks, health_rx) = match start(args.clone(), cfg).await {
+    let (mut d, (_dns_tasks, health_rx, compiled_rx)) = match start(args.clone(), cfg).await {
         Ok(started) => started,
         Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -225,7 +233,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     d.lock = Some(lock);
-    serve(d, listener, health_rx, (hup, term, int)).await
+    serve(d, listener, (health_rx, compiled_rx), (hup, term, int)).await
 }
 
 /// What a start found in the pin directory: what its clean-up after a failure may remove.
@@ -241,9 +249,13 @@ enum Found {
     Unknown,
 }
 
+/// What [`start`] hands the loop besides the daemon: the DNS front's tasks, health events,
+/// finished compiles.
+type Started = (Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
+
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
 /// error also says whether it had adopted a pinned data plane (which is then left running).
-async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, Found)> {
+async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Started), (anyhow::Error, Found)> {
     // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
     let nofile = match limits::raise_nofile() {
         Ok(n) => n,
@@ -328,6 +340,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
     }
     let (events, health_rx) = mpsc::channel(1024);
+    let (compiled, compiled_rx) = mpsc::unbounded_channel();
     let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     // The listen address is read at start only (a reload that changes `[dns]` is refused).
     let dns_tasks = match ctl.config().dns.clone() {
@@ -356,11 +369,15 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         drain_deadline: None,
         detached: BTreeSet::new(),
         pins_lost: Vec::new(),
+        epoch: 0,
+        compiling: false,
+        again: false,
+        compiled,
     };
     d.announce();
     d.save_state();
     d.start_checkers();
-    Ok((d, dns_tasks, health_rx))
+    Ok((d, (dns_tasks, health_rx, compiled_rx)))
 }
 
 /// Resumes from the previous daemon's state file (ids, generations, health, overrides,
@@ -383,10 +400,12 @@ fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+type Events = (mpsc::Receiver<HealthEvent>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
-async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>, signals: Signals) -> Result<()> {
+async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events, signals: Signals) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
+    let (mut health_rx, mut compiled_rx) = events;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -407,6 +426,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
+            Some((epoch, out)) = compiled_rx.recv() => d.on_compiled(epoch, out),
             Some(ev) = link_rx.recv() => d.on_link(ev),
             _ = tick.tick() => {
                 d.on_tick();
@@ -472,10 +492,60 @@ impl Daemon {
         Ok(json!({"host_draining": true, "stop_in_sec": grace}))
     }
 
+    /// Reconciles now, on the loop (operator actions, reloads, ends of pool drains: their
+    /// answer says how it went). A compile still running off the loop is stale after it.
     fn reconcile(&mut self) -> Result<()> {
+        self.supersede_compile();
         let result = self.ctl.reconcile(&mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.map(|_| ())
+    }
+
+    /// A reconcile on the loop covers every change so far: a compile running off the loop is
+    /// discarded when it ends, and none needs to follow it.
+    fn supersede_compile(&mut self) {
+        self.epoch += 1;
+        self.again = false;
+    }
+
+    /// Reconciles for a health change with the compile (policy, Maglev tables) off the loop,
+    /// so that health events, control requests and signals are served meanwhile. One compile
+    /// runs at a time, in order: changes that come in while it runs are taken by one more
+    /// compile after it (a newer one supersedes the pending ones).
+    fn reconcile_soon(&mut self) {
+        if self.compiling {
+            self.again = true;
+            return;
+        }
+        let now = match self.dp.now_ns() {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::error!("error applying a health change: {e:#}");
+                return;
+            }
+        };
+        let job = self.ctl.begin_compile(now);
+        let (epoch, done) = (self.epoch, self.compiled.clone());
+        self.compiling = true;
+        tokio::task::spawn_blocking(move || {
+            let _ = done.send((epoch, job.run()));
+        });
+    }
+
+    /// A compile off the loop ended: written unless a reconcile on the loop came since; then
+    /// the next one starts if changes came in meanwhile.
+    fn on_compiled(&mut self, epoch: u64, out: CompileOutput) {
+        self.compiling = false;
+        if epoch == self.epoch {
+            let result = self.ctl.finish_compile(out, &mut self.dp);
+            self.after_reconcile(result.as_ref().ok());
+            if let Err(e) = result {
+                tracing::error!("error applying a health change: {e:#}");
+            }
+        }
+        if std::mem::take(&mut self.again) {
+            self.reconcile_soon();
+        }
     }
 
     /// Republishes the DNS view, logs what was written and saves the state.
@@ -636,15 +706,14 @@ impl Daemon {
         let verdict = if ev.healthy { "healthy" } else { "unhealthy" };
         tracing::info!(target: "audit", "health: service {} backend {} is now {verdict} (last probe: {})", ev.service, ev.backend, ev.reason);
         self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
-        if let Err(e) = self.reconcile() {
-            tracing::error!("error applying a health change: {e:#}");
-        }
+        self.reconcile_soon();
     }
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
     fn reload(&mut self) -> Result<Value> {
         let cfg = Config::load(&self.args.config)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
+        self.supersede_compile();
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.context("applying the new configuration")?;

@@ -46,8 +46,9 @@ api_enum!(
 
 api_enum!(
     /// `sessionAffinity` (spec §1.3 table S).
+    #[derive(Default)]
     SessionAffinity {
-        None = "NONE",
+        #[default] None = "NONE",
         ClientIpPortProto = "CLIENT_IP_PORT_PROTO",
         ClientIpProto = "CLIENT_IP_PROTO",
         ClientIp = "CLIENT_IP",
@@ -57,13 +58,15 @@ api_enum!(
 
 api_enum!(
     /// How packets reach the backend.
-    Forwarding { Ipip = "IPIP", L2Dsr = "L2_DSR" }
+    #[derive(Default)]
+    Forwarding { #[default] Ipip = "IPIP", L2Dsr = "L2_DSR" }
 );
 
 api_enum!(
     /// `zonalAffinity.spillover` (spec §1.5).
+    #[derive(Default)]
     Spillover {
-        Disabled = "ZONAL_AFFINITY_DISABLED",
+        #[default] Disabled = "ZONAL_AFFINITY_DISABLED",
         StayWithinZone = "ZONAL_AFFINITY_STAY_WITHIN_ZONE",
         SpillCrossZone = "ZONAL_AFFINITY_SPILL_CROSS_ZONE",
     }
@@ -71,13 +74,15 @@ api_enum!(
 
 api_enum!(
     /// `connectionTrackingPolicy.trackingMode`.
-    TrackingMode { PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }
+    #[derive(Default)]
+    TrackingMode { #[default] PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }
 );
 
 api_enum!(
     /// `connectionTrackingPolicy.connectionPersistenceOnUnhealthyBackends` (spec §1.4).
+    #[derive(Default)]
     Persistence {
-        DefaultForProtocol = "DEFAULT_FOR_PROTOCOL",
+        #[default] DefaultForProtocol = "DEFAULT_FOR_PROTOCOL",
         NeverPersist = "NEVER_PERSIST",
         AlwaysPersist = "ALWAYS_PERSIST",
     }
@@ -86,49 +91,16 @@ api_enum!(
 api_enum!(
     /// `subsetting.policy` (spec §1.0). Accepted so that its incompatibility with zonal affinity
     /// (vector Z19) can be checked; the balancer itself always uses every backend.
-    Subsetting { None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
+    #[derive(Default)]
+    Subsetting { #[default] None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
 );
 
 api_enum!(
     /// Health check protocol.
-    HealthProtocol { Tcp = "TCP", Http = "HTTP" }
+    #[derive(Default)]
+    HealthProtocol { #[default] Tcp = "TCP", Http = "HTTP" }
 );
 
-impl Default for SessionAffinity {
-    fn default() -> Self {
-        Self::None
-    }
-}
-impl Default for Forwarding {
-    fn default() -> Self {
-        Self::Ipip
-    }
-}
-impl Default for Spillover {
-    fn default() -> Self {
-        Self::Disabled
-    }
-}
-impl Default for TrackingMode {
-    fn default() -> Self {
-        Self::PerConnection
-    }
-}
-impl Default for Persistence {
-    fn default() -> Self {
-        Self::DefaultForProtocol
-    }
-}
-impl Default for HealthProtocol {
-    fn default() -> Self {
-        Self::Tcp
-    }
-}
-impl Default for Subsetting {
-    fn default() -> Self {
-        Self::None
-    }
-}
 
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
 // Serialized names are Traffic Manager's own strings, except the routing-method selector, which
@@ -137,8 +109,9 @@ impl Default for Subsetting {
 api_enum!(
     /// How a service picks backends: ZONAL is the Google Cloud pipeline (spec §1); the others
     /// are Traffic Manager routing methods (spec §2.4).
+    #[derive(Default)]
     RoutingMethod {
-        Zonal = "ZONAL",
+        #[default] Zonal = "ZONAL",
         Priority = "PRIORITY",
         Weighted = "WEIGHTED",
         Performance = "PERFORMANCE",
@@ -150,12 +123,14 @@ api_enum!(
 
 api_enum!(
     /// `endpointStatus` / `profileStatus`: an administrative switch.
-    AdminStatus { Enabled = "Enabled", Disabled = "Disabled" }
+    #[derive(Default)]
+    AdminStatus { #[default] Enabled = "Enabled", Disabled = "Disabled" }
 );
 
 api_enum!(
     /// `monitorConfig.protocol` (spec §2.3).
-    MonitorProtocol { Http = "HTTP", Https = "HTTPS", Tcp = "TCP" }
+    #[derive(Default)]
+    MonitorProtocol { #[default] Http = "HTTP", Https = "HTTPS", Tcp = "TCP" }
 );
 
 api_enum!(
@@ -189,21 +164,6 @@ impl RoutingMethod {
     }
 }
 
-impl Default for RoutingMethod {
-    fn default() -> Self {
-        Self::Zonal
-    }
-}
-impl Default for AdminStatus {
-    fn default() -> Self {
-        Self::Enabled
-    }
-}
-impl Default for MonitorProtocol {
-    fn default() -> Self {
-        Self::Http
-    }
-}
 
 /// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The type of
 /// the configuration's `mac` fields, parsed once when the file is read (a malformed one is a

@@ -33,7 +33,7 @@ pub fn status(v: &Value) -> String {
             "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
             s(&svc["name"]), s(&svc["vip"]), s(&svc["protocol"]), svc["ports"], s(&svc["eligible_kind"]), s(&svc["rule"]), s(&svc["active_pool"])
         );
-        let _ = writeln!(out, "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} {}", "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING");
+        let _ = writeln!(out, "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} DRAINING", "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT");
         for b in svc["backends"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,

@@ -59,6 +59,17 @@ pub struct Config {
     /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
     #[serde(default)]
     pub announce: Option<Announce>,
+    /// `[metrics]`: the Prometheus endpoint; off without the section.
+    #[serde(default)]
+    pub metrics: Option<Metrics>,
+}
+
+/// `[metrics]`: where the daemon serves its Prometheus metrics (`GET /metrics`, HTTP/1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// "ADDR:PORT", e.g. "127.0.0.1:9405".
+    pub listen: std::net::SocketAddr,
 }
 
 /// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'

@@ -312,7 +312,7 @@ impl Controller {
             c.services.iter().find(|x| x.name == k.service).is_some_and(|x| crate::policy::endpoint_disabled(x, k.address))
         };
         let old = &self.cfg;
-        self.checked.retain(|k, _| still(k) && !(disabled(old, k) && !disabled(&cfg, k)));
+        self.checked.retain(|k, _| still(k) && (!disabled(old, k) || disabled(&cfg, k)));
         self.overrides.retain(|k, _| still(k));
         self.drained.retain(|k| still(k));
         self.cfg = cfg;

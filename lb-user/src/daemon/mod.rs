@@ -10,6 +10,7 @@ pub mod health;
 pub mod limits;
 pub mod links;
 pub mod logging;
+pub mod metrics;
 pub mod state;
 
 use announce::Announcer;
@@ -124,6 +125,10 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
         bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
     }
+    if cfg.metrics != running.metrics {
+        let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
+        bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
+    }
     // The TUN device and its table are made at start.
     let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
     if where_(cfg) != where_(running) {
@@ -164,6 +169,8 @@ struct Daemon {
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::daemon::dns::ViewSender,
+    /// Event counters of the metrics endpoint (counted also without `[metrics]`).
+    metrics: metrics::Metrics,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
     /// `[announce]`: the VIP routes the routing daemon exports.
@@ -208,7 +215,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             return Err(e);
         }
     };
-    let (mut d, (_dns_tasks, health_rx, compiled_rx)) = match start(args.clone(), cfg).await {
+    let (mut d, (_tasks, health_rx, snapshot_rx, compiled_rx)) = match start(args.clone(), cfg).await {
         Ok(started) => started,
         Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -233,7 +240,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     d.lock = Some(lock);
-    serve(d, listener, (health_rx, compiled_rx), (hup, term, int)).await
+    serve(d, listener, (health_rx, snapshot_rx, compiled_rx), (hup, term, int)).await
 }
 
 /// What a start found in the pin directory: what its clean-up after a failure may remove.
@@ -249,12 +256,13 @@ enum Found {
     Unknown,
 }
 
-/// What [`start`] hands the loop besides the daemon: the DNS front's tasks, health events,
-/// finished compiles.
-type Started = (Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
+/// What [`start`] hands the loop besides the daemon: the DNS and metrics tasks, and the
+/// receivers of health events, metrics scrapes and finished compiles.
+type Started = (Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
 
-/// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
-/// error also says whether it had adopted a pinned data plane (which is then left running).
+/// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
+/// the metrics endpoint. On error also says whether it had adopted a pinned data plane (which
+/// is then left running).
 async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Started), (anyhow::Error, Found)> {
     // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
     let nofile = match limits::raise_nofile() {
@@ -317,7 +325,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         None
     };
     // Tables first, then attach: the first packet already finds them.
-    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
+    let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
         let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
@@ -339,20 +347,30 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
             _ => tracing::info!("{ifname}: {how}"),
         }
     }
-    let (events, health_rx) = mpsc::channel(1024);
+    let (health_events, health_rx) = mpsc::channel(1024);
     let (compiled, compiled_rx) = mpsc::unbounded_channel();
     let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
-    // The listen address is read at start only (a reload that changes `[dns]` is refused).
-    let dns_tasks = match ctl.config().dns.clone() {
+    let counts = metrics::Metrics::default();
+    counts.tables_swapped(initial.tables_written);
+    // The listen addresses are read at start only (a reload that changes `[dns]` or `[metrics]`
+    // is refused).
+    let mut tasks = match ctl.config().dns.clone() {
         Some(front) => {
             let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
             let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx, limits).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
+                crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone()).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
             tracing::info!("DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
             tasks
         }
         None => Vec::new(),
     };
+    // Without `[metrics]` the sender goes: the loop's scrape branch then never fires.
+    let (snapshots, snapshot_rx) = mpsc::channel(4);
+    if let Some(m) = ctl.config().metrics.clone() {
+        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots).await.with_context(|| format!("[metrics] listen = {}", m.listen)).map_err(fail)?;
+        tracing::info!("metrics on http://{addr}/metrics");
+        tasks.push(task);
+    }
     // Attached and tables written: from here on the VIPs may be announced.
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
     let mut d = Daemon {
@@ -362,8 +380,9 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         checkers: Vec::new(),
         next_probe: 0,
         tick_error: None,
-        events,
+        events: health_events,
         dns_view,
+        metrics: counts,
         lock: None,
         announcer,
         drain_deadline: None,
@@ -377,7 +396,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
     d.announce();
     d.save_state();
     d.start_checkers();
-    Ok((d, (dns_tasks, health_rx, compiled_rx)))
+    Ok((d, (tasks, health_rx, snapshot_rx, compiled_rx)))
 }
 
 /// Resumes from the previous daemon's state file (ids, generations, health, overrides,
@@ -400,12 +419,12 @@ fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
-type Events = (mpsc::Receiver<HealthEvent>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
+type Events = (mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
 async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events, signals: Signals) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
-    let (mut health_rx, mut compiled_rx) = events;
+    let (mut health_rx, mut snapshot_rx, mut compiled_rx) = events;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -428,6 +447,9 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
             Some(ev) = health_rx.recv() => d.on_health(ev),
             Some((epoch, out)) = compiled_rx.recv() => d.on_compiled(epoch, out),
             Some(ev) = link_rx.recv() => d.on_link(ev),
+            Some(reply) = snapshot_rx.recv() => {
+                let _ = reply.send(metrics::snapshot(&d.ctl, &d.dp).map_err(|e| format!("{e:#}")));
+            }
             _ = tick.tick() => {
                 d.on_tick();
                 d.check_links();
@@ -551,6 +573,9 @@ impl Daemon {
     /// Republishes the DNS view, logs what was written and saves the state.
     fn after_reconcile(&mut self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
+        if let Some(report) = report {
+            self.metrics.tables_swapped(report.tables_written);
+        }
         self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
@@ -705,12 +730,19 @@ impl Daemon {
         }
         let verdict = if ev.healthy { "healthy" } else { "unhealthy" };
         tracing::info!(target: "audit", "health: service {} backend {} is now {verdict} (last probe: {})", ev.service, ev.backend, ev.reason);
+        self.metrics.health_change(&ev.service, ev.backend, ev.healthy);
         self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
         self.reconcile_soon();
     }
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
     fn reload(&mut self) -> Result<Value> {
+        let result = self.try_reload();
+        self.metrics.reload(result.is_ok());
+        result
+    }
+
+    fn try_reload(&mut self) -> Result<Value> {
         let cfg = Config::load(&self.args.config)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         self.supersede_compile();
@@ -871,7 +903,7 @@ impl Daemon {
                                 let c = st.class(s.id, t.class);
                                 // A Traffic Manager service's classes are its routing method's,
                                 // not zones (`lb status` lists their prefixes).
-                                let zone = if t.class == 0 || s.tm.is_some() { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) };
+                                let zone = metrics::class_zone(cfg, s, t.class);
                                 json!({
                                     "client_class": t.class,
                                     "client_zone": zone,
@@ -957,6 +989,10 @@ mod tests {
         let err = fits(&sizes, &running, &with_dns).unwrap_err().to_string();
         assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
         assert!(fits(&sizes, &with_dns, &with_dns).is_ok());
+        let with_metrics = Config::parse(&format!("[metrics]\nlisten = \"127.0.0.1:9405\"\n{}", service(1))).unwrap();
+        let err = fits(&sizes, &running, &with_metrics).unwrap_err().to_string();
+        assert!(err.contains("[metrics] listen") && err.contains("restart") && err.contains("127.0.0.1:9405"), "{err}");
+        assert!(fits(&sizes, &with_metrics, &with_metrics).is_ok());
         let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
         assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
     }

@@ -43,6 +43,17 @@ impl Dataplane {
         let v6 = live_slots(&self.conntrack).map(|s| (FAMILY_V6, s.key, s.entry));
         v4.chain(v6).collect()
     }
+
+    /// Live connection-table slots per family, `(family, live, slots)`: exact when a table has
+    /// at most `sample_buckets` buckets, else estimated from that many buckets spread evenly
+    /// over the table (one map read each), so the cost is bounded whatever the table's size.
+    pub fn conntrack_occupancy(&self, sample_buckets: u32) -> [(u8, u64, u64); 2] {
+        let buckets = self.sizes.conntrack_buckets();
+        let v4 = sampled_live(&self.conntrack4, buckets, sample_buckets);
+        let v6 = sampled_live(&self.conntrack, buckets, sample_buckets);
+        let slots = buckets as u64 * ct_table::WAYS as u64;
+        [(FAMILY_V4, v4, slots), (FAMILY_V6, v6, slots)]
+    }
 }
 
 /// The two candidate buckets of `key`, as read now.
@@ -105,10 +116,33 @@ fn live_slots<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>) -> i
 where
     ct_table::Bucket<S>: aya::Pod,
 {
-    map.iter()
-        .filter_map(|b| b.ok())
-        .flat_map(|b| b.slots)
-        .filter(|s| ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE)
+    map.iter().filter_map(|b| b.ok()).flat_map(|b| b.slots).filter(is_live)
+}
+
+/// A slot that holds a published entry (live, not being written).
+fn is_live<S: ct_table::Slot>(s: &S) -> bool {
+    ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE
+}
+
+/// Live slots of a connection table of `buckets` buckets, counted in at most `sample` buckets
+/// spread evenly over it and scaled to the whole table (exact when `sample >= buckets`).
+fn sampled_live<S: ct_table::Slot>(map: &Array<MapData, ct_table::Bucket<S>>, buckets: u32, sample: u32) -> u64
+where
+    ct_table::Bucket<S>: aya::Pod,
+{
+    let sample = sample.clamp(1, buckets.max(1));
+    let stride = (buckets / sample).max(1);
+    let (mut read, mut live) = (0u64, 0u64);
+    for i in (0..buckets).step_by(stride as usize).take(sample as usize) {
+        if let Ok(b) = map.get(&i, 0) {
+            read += 1;
+            live += b.slots.iter().filter(|s| is_live(*s)).count() as u64;
+        }
+    }
+    if read == 0 {
+        return 0;
+    }
+    live * buckets as u64 / read
 }
 
 /// The connection tables' seed: the one stored with pinned tables that are being reused (also

@@ -37,7 +37,7 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 use lb_common::ct_table;
 use lb_common::maps::{
-    table_flags, AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef, CLASS_KEY_SERVICE_BITS,
+    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef, CLASS_KEY_SERVICE_BITS,
 };
 
 pub use admission::{Demand, ServiceDemand};
@@ -92,6 +92,7 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
+    backend_stats: PerCpuArray<MapData, BackendCounters>,
     /// The interfaces `lb` balances on and their MACs (`LOCAL_MACS`, not pinned).
     local_macs: Array<MapData, LocalMac>,
     clock_probe: Array<MapData, u64>,
@@ -205,6 +206,7 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
+            backend_stats: take(&mut ebpf, "BACKEND_STATS")?,
             local_macs: take(&mut ebpf, "LOCAL_MACS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use lb_common::ct_table;
-use lb_common::maps::{AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
+use lb_common::maps::{AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
 use std::mem::size_of;
 
 use super::service_table;
@@ -44,6 +44,8 @@ const SIZED_MAPS: &[SizedMap] = &[
     // One record of global counters; one record per (service, class).
     SizedMap { name: "STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<GlobalStats>(), max_entries: |_| 1 },
     SizedMap { name: "CLASS_STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<ClassCounters>(), max_entries: |s| s.class_pairs() },
+    // One record per backend id (metrics per backend).
+    SizedMap { name: "BACKEND_STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<BackendCounters>(), max_entries: |s| s.max_backends },
     SizedMap { name: "NEXT_HOPS", pinned: false, per_cpu: true, entry_bytes: NEXT_HOP_BYTES, max_entries: |s| s.max_backends },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.

@@ -1,8 +1,9 @@
-//! Counters: the global ones and one record per (service, class), summed over CPUs.
+//! Counters: the global ones, one record per (service, class) and one per backend, summed
+//! over CPUs.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray};
-use lb_common::maps::{stat, GlobalStats};
+use lb_common::maps::{stat, BackendCounters, GlobalStats};
 
 use super::Dataplane;
 
@@ -76,6 +77,22 @@ impl Dataplane {
             }
         }
         Ok(Stats { global, classes })
+    }
+
+    /// Backend `id`'s counters (`BACKEND_STATS`), summed over CPUs.
+    pub fn backend_stats(&self, id: u32) -> Result<BackendCounters> {
+        let per_cpu = self.backend_stats.get(&id, 0).with_context(|| format!("reading BACKEND_STATS[{id}]"))?;
+        Ok(per_cpu.iter().fold(BackendCounters::default(), |a, v| BackendCounters {
+            packets: a.packets + v.packets,
+            bytes: a.bytes + v.bytes,
+            new_flows: a.new_flows + v.new_flows,
+        }))
+    }
+
+    /// Zeroes backend `id`'s counters (the id goes to another backend).
+    pub(super) fn reset_backend_stats(&mut self, id: u32) -> Result<()> {
+        let zeros = vec![BackendCounters::default(); aya::util::nr_cpus().map_err(|(_, e)| e)?];
+        self.backend_stats.set(id, aya::maps::PerCpuValues::try_from(zeros)?, 0).context("resetting BACKEND_STATS")
     }
 }
 

@@ -12,10 +12,15 @@ use super::Dataplane;
 pub(super) type TableMmap = ArrayMmap<u32>;
 
 impl Dataplane {
-    /// Writes a backend slot (address, MAC, zone, state flags, drain deadline).
+    /// Writes a backend slot (address, MAC, zone, state flags, drain deadline). An id given to
+    /// another backend (other address or generation) starts its `BACKEND_STATS` from zero.
     pub fn set_backend(&mut self, id: u32, backend: Backend) -> Result<()> {
         if id >= self.sizes.max_backends {
             bail!("backend id {id} out of range (max_backends {})", self.sizes.max_backends);
+        }
+        let old = self.backend(id).with_context(|| format!("reading backend {id}"))?;
+        if (old.addr, old.family, old.generation) != (backend.addr, backend.family, backend.generation) {
+            self.reset_backend_stats(id)?;
         }
         self.backends.set(id, backend, 0).context("writing BACKENDS")?;
         Ok(())

@@ -20,6 +20,13 @@ fn list(v: &Value) -> String {
 
 pub fn status(v: &Value) -> String {
     let mut out = String::new();
+    // The data plane's attachments and pins, when something is amiss.
+    for l in v["links"].as_array().into_iter().flatten().filter(|l| l["state"] != "attached") {
+        let _ = writeln!(out, "interface {}: {}", s(&l["interface"]), s(&l["state"]));
+    }
+    if v["pins"].as_str().is_some_and(|p| p != "ok") {
+        let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", s(&v["pins"]));
+    }
     for svc in v["services"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,

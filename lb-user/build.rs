@@ -19,7 +19,12 @@ fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
     let mut cmd = Command::new("cargo");
     // The nested cargo must not inherit this build's toolchain, flags or target settings.
     for (k, _) in env::vars() {
-        if k.starts_with("CARGO") || k.starts_with("RUSTC") || k == "RUSTUP_TOOLCHAIN" || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS" {
+        if k.starts_with("CARGO")
+            || k.starts_with("RUSTC")
+            || k == "RUSTUP_TOOLCHAIN"
+            || k == "RUSTFLAGS"
+            || k == "RUSTDOCFLAGS"
+        {
             cmd.env_remove(k);
         }
     }

@@ -162,7 +162,8 @@ fn too_big_v4(ctx: &XdpContext, mtu: u32) -> u32 {
     let icmp = ETH_LEN + IPV4_HDR_LEN;
     put_word(p, icmp, 3 | 4 << 8);
     put_word(p, icmp + 4, ((mtu as u16).to_be() as u32) << 16);
-    let sum = unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p.add(icmp) as *mut u32, (ICMP_HDR_LEN + QUOTE4) as u32, 0) };
+    let sum =
+        unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p.add(icmp) as *mut u32, (ICMP_HDR_LEN + QUOTE4) as u32, 0) };
     unsafe { core::ptr::write(p.add(icmp + 2) as *mut u16, fold(sum as u32 as u64) as u16) };
     0
 }
@@ -211,7 +212,8 @@ fn too_big_v6(ctx: &XdpContext, mtu: u32) -> u32 {
     let mut off = 0;
     while off < ICMP_LEN as usize {
         let n = if ICMP_LEN as usize - off > CSUM_CHUNK { CSUM_CHUNK } else { ICMP_LEN as usize - off };
-        partial = unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p.add(icmp + off) as *mut u32, n as u32, partial) } as u32;
+        partial =
+            unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p.add(icmp + off) as *mut u32, n as u32, partial) } as u32;
         off += n;
     }
     sum += partial as u64;

@@ -301,7 +301,11 @@ fn quoted_flow(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize)
         Some(t) => t,
         None => return,
     };
-    let error = if v4 { pkt.tuple.proto == PROTO_ICMP && (icmp_type == 3 || icmp_type == 11) } else { pkt.tuple.proto == PROTO_ICMPV6 && (1..=3).contains(&icmp_type) };
+    let error = if v4 {
+        pkt.tuple.proto == PROTO_ICMP && (icmp_type == 3 || icmp_type == 11)
+    } else {
+        pkt.tuple.proto == PROTO_ICMPV6 && (1..=3).contains(&icmp_type)
+    };
     if !error {
         return;
     }

@@ -131,16 +131,18 @@ fn main() -> std::process::ExitCode {
         Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
-        Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
-            call(&common, Request::BackendSet { service, address, health }, render::done)
-        }
+        Command::Backend {
+            action: BackendAction::Set { backend: BackendRef { common, service, address }, health },
+        } => call(&common, Request::BackendSet { service, address, health }, render::done),
         Command::Backend { action: BackendAction::Drain(DrainArgs { common, host: true, grace_sec, .. }) } => {
             call(&common, Request::HostDrain { grace_sec }, render::done)
         }
-        Command::Backend { action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }) } => {
-            call(&common, Request::BackendDrain { service, address }, render::done)
+        Command::Backend {
+            action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }),
+        } => call(&common, Request::BackendDrain { service, address }, render::done),
+        Command::Backend { action: BackendAction::Drain(_) } => {
+            unreachable!("clap requires --service and --address without --host")
         }
-        Command::Backend { action: BackendAction::Drain(_) } => unreachable!("clap requires --service and --address without --host"),
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
             call(&common, Request::BackendUndrain { service, address }, render::done)
         }

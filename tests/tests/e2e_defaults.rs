@@ -9,9 +9,11 @@ use lb_tests::topology::{Topology, TopologySpec};
 #[test]
 fn ipip_without_tunnel_source_health_check_or_neighbour_forwards_its_first_connection() {
     let prefix = "nd1";
-    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 1)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let _decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let _decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
     for b in &topo.backends {
         topo.lb.ns.ip(&["neigh", "del", &b.v4.to_string(), "dev", "eth0"]).unwrap();
         topo.lb.ns.ip(&["-6", "neigh", "del", &b.v6.to_string(), "dev", "eth0"]).unwrap();
@@ -26,7 +28,8 @@ fn ipip_without_tunnel_source_health_check_or_neighbour_forwards_its_first_conne
     assert!(log.contains("tunnel source 2001:db8::1: the primary address of eth0"), "{log}");
     let client = topo.clients_in_zone(1).next().unwrap();
     for v6 in [false, true] {
-        let name = tcp_hello(client, vip(v6, 80)).unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", d.diagnostics(), d.cli(&["stats"]).unwrap_or_default()));
+        let name = tcp_hello(client, vip(v6, 80))
+            .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", d.diagnostics(), d.cli(&["stats"]).unwrap_or_default()));
         assert_eq!(name, topo.backends[0].name);
     }
     let neigh = topo.lb.ns.ip(&["neigh", "show", "dev", "eth0"]).unwrap();

@@ -10,8 +10,10 @@ const SESSIONS: usize = 48;
 
 #[test]
 fn a_restart_into_bigger_maps_keeps_every_connection() {
-    let topo = Topology::build(&TopologySpec { prefix: "gr1".into(), zones: vec![(1, 5)], outside_clients: 0 }).expect("topology (needs root)");
-    let _servers: Vec<_> = topo.backends.iter().flat_map(|b| [start_server(b, 80).unwrap(), start_server(b, 8008).unwrap()]).collect();
+    let topo = Topology::build(&TopologySpec { prefix: "gr1".into(), zones: vec![(1, 5)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let _servers: Vec<_> =
+        topo.backends.iter().flat_map(|b| [start_server(b, 80).unwrap(), start_server(b, 8008).unwrap()]).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-gr1-decap")).unwrap();
     let service = |name: &str, port: u16, include: &dyn Fn(&str) -> bool| {
         format!(
@@ -30,7 +32,8 @@ fn a_restart_into_bigger_maps_keeps_every_connection() {
     let mut d = Daemon::start_keeping(&topo, "gr1", &small).unwrap();
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
     let client = topo.clients_in_zone(1).next().unwrap();
-    let mut sessions: Vec<Session> = (0..SESSIONS).map(|_| Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d))).collect();
+    let mut sessions: Vec<Session> =
+        (0..SESSIONS).map(|_| Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d))).collect();
     for s in &mut sessions {
         assert_eq!(s.ask("before").unwrap(), s.greeting);
     }
@@ -45,7 +48,12 @@ fn a_restart_into_bigger_maps_keeps_every_connection() {
     let log = d.log();
     assert!(log.contains("other sizes or layout") && log.contains("connections carried over"), "{log}");
     let kept = sessions.iter_mut().filter_map(|s| s.ask("after").ok().filter(|name| *name == s.greeting)).count();
-    assert_eq!(kept, SESSIONS, "established connections that kept their backend across the restart\n{}", d.diagnostics());
+    assert_eq!(
+        kept,
+        SESSIONS,
+        "established connections that kept their backend across the restart\n{}",
+        d.diagnostics()
+    );
     // The grown configuration is live: b1-5 takes new connections, the new services answer.
     let fresh = tcp_spread(client, vip(false, 80), 40).unwrap_or_else(|e| fail(e, &d));
     assert!(fresh.iter().any(|n| n == "b1-5"), "b1-5 gets new connections: {:?}", tally(&fresh));

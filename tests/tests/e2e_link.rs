@@ -32,7 +32,21 @@ fn delete_lb_link(topo: &Topology) {
 fn recreate_lb_link(topo: &Topology, prefix: &str) {
     let peer = format!("{prefix}p1");
     let ns = &topo.lb.ns;
-    ns.ip(&["link", "add", "eth0", "address", &topo.lb.mac, "type", "veth", "peer", "name", &peer, "netns", topo.switch.name()]).unwrap();
+    ns.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "address",
+        &topo.lb.mac,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer,
+        "netns",
+        topo.switch.name(),
+    ])
+    .unwrap();
     topo.switch.ip(&["link", "set", &peer, "master", "br0", "up"]).unwrap();
     ns.ip(&["addr", "add", &format!("{}/16", topo.lb.v4), "dev", "eth0"]).unwrap();
     ns.ip(&["addr", "add", &format!("{}/48", topo.lb.v6), "dev", "eth0", "nodad"]).unwrap();
@@ -46,16 +60,22 @@ fn recreate_lb_link(topo: &Topology, prefix: &str) {
 
 /// A balancer with two backends serving port 80, and a daemon keeping its data plane.
 fn balancer(prefix: &str) -> (Topology, Vec<ChildGuard>, DecapGuard, Daemon) {
-    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
     let d = Daemon::start_keeping(&topo, prefix, &config(&topo)).unwrap();
     (topo, servers, decap, d)
 }
 
 fn link_state(d: &Daemon) -> Option<String> {
     let st = d.status().ok()?;
-    st["links"].as_array()?.iter().find(|l| l["interface"] == "eth0").map(|l| l["state"].as_str().unwrap_or_default().to_owned())
+    st["links"]
+        .as_array()?
+        .iter()
+        .find(|l| l["interface"] == "eth0")
+        .map(|l| l["state"].as_str().unwrap_or_default().to_owned())
 }
 
 #[test]
@@ -68,17 +88,23 @@ fn interface_deleted_and_recreated_under_the_daemon_and_at_start() {
 
     // Deleted under the running daemon: logged, and `lb status` says detached.
     delete_lb_link(&topo);
-    wait_for("the daemon to notice eth0 is gone", Duration::from_secs(10), || link_state(&d).filter(|s| s.starts_with("detached")))
-        .unwrap_or_else(|e| fail(e, &d));
+    wait_for("the daemon to notice eth0 is gone", Duration::from_secs(10), || {
+        link_state(&d).filter(|s| s.starts_with("detached"))
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("interface eth0 was removed"), "{}", d.log());
 
     // Back: attached again, traffic flows.
     recreate_lb_link(&topo, "ln1");
-    wait_for("the daemon to attach to eth0 again", Duration::from_secs(10), || link_state(&d).filter(|s| s == "attached"))
-        .unwrap_or_else(|e| fail(e, &d));
+    wait_for("the daemon to attach to eth0 again", Duration::from_secs(10), || {
+        link_state(&d).filter(|s| s == "attached")
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("interface eth0 is back"), "{}", d.log());
-    let back = wait_for("traffic through the new eth0", Duration::from_secs(20), || tcp_spread(client, vip(false, 80), 4).ok())
-        .unwrap_or_else(|e| fail(e, &d));
+    let back = wait_for("traffic through the new eth0", Duration::from_secs(20), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(back.len(), 4);
 
     // The daemon exits keeping the data plane; the interface goes and comes back while none
@@ -89,8 +115,10 @@ fn interface_deleted_and_recreated_under_the_daemon_and_at_start() {
     d.restart().unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("severed"), "{}", d.log());
     assert_eq!(link_state(&d).as_deref(), Some("attached"));
-    let after = wait_for("traffic after a start over a severed link", Duration::from_secs(20), || tcp_spread(client, vip(false, 80), 4).ok())
-        .unwrap_or_else(|e| fail(e, &d));
+    let after = wait_for("traffic after a start over a severed link", Duration::from_secs(20), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(after.len(), 4);
 }
 
@@ -121,22 +149,42 @@ fn pins_removed_under_the_daemon_are_reported_and_the_program_stays() {
 
 #[test]
 fn commands_that_pin_into_a_private_bpffs_are_refused() {
-    let topo = Topology::build(&TopologySpec { prefix: "ln3".into(), zones: vec![(1, 1)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "ln3".into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let dir = std::path::PathBuf::from("/run/lb-test-ln3");
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("lb.toml");
     std::fs::write(&cfg, config(&topo)).unwrap();
     let ip_netns_exec = |ns: &str, args: &[&str]| {
         // A regression would run the daemon: bounded, it fails instead of hanging.
-        std::process::Command::new("timeout").args(["30", "ip", "netns", "exec", ns]).arg(bin("lb")).args(args).output().unwrap()
+        std::process::Command::new("timeout")
+            .args(["30", "ip", "netns", "exec", ns])
+            .arg(bin("lb"))
+            .args(args)
+            .output()
+            .unwrap()
     };
     let out = ip_netns_exec(
         topo.lb.ns.name(),
-        &["run", "--keep-dataplane", "--interface", "eth0", "--config", cfg.to_str().unwrap(), "--socket", dir.join("lb.sock").to_str().unwrap(), "--pin-dir", "/sys/fs/bpf/lb-test-ln3"],
+        &[
+            "run",
+            "--keep-dataplane",
+            "--interface",
+            "eth0",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--socket",
+            dir.join("lb.sock").to_str().unwrap(),
+            "--pin-dir",
+            "/sys/fs/bpf/lb-test-ln3",
+        ],
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
-    let out = ip_netns_exec(topo.backends[0].ns.name(), &["decap", "attach", "--interface", "eth0", "--pin-dir", "/sys/fs/bpf/lb-test-ln3-decap"]);
+    let out = ip_netns_exec(
+        topo.backends[0].ns.name(),
+        &["decap", "attach", "--interface", "eth0", "--pin-dir", "/sys/fs/bpf/lb-test-ln3-decap"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,12 +7,16 @@ use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
 
 fn upload(prefix: &str, v6: bool) {
-    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 1)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let _decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
-    let d = Daemon::start(&topo, prefix, &(zones_toml(1) + &service_toml(&topo, "up", v6, "", "", 80, &|_| false))).unwrap();
+    let _decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let d = Daemon::start(&topo, prefix, &(zones_toml(1) + &service_toml(&topo, "up", v6, "", "", 80, &|_| false)))
+        .unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
-    let fail = |e: anyhow::Error| -> ! { panic!("{e:#}\n{}\n{}", d.diagnostics(), d.cli(&["stats"]).unwrap_or_default()) };
+    let fail =
+        |e: anyhow::Error| -> ! { panic!("{e:#}\n{}\n{}", d.diagnostics(), d.cli(&["stats"]).unwrap_or_default()) };
     let mut s = Session::open(client, vip(v6, 80)).unwrap_or_else(|e| fail(e));
     // One line of 1 MiB: the backend answers it with its name and the line.
     let line: String = (0..1 << 20).map(|i| (b'a' + (i % 26) as u8) as char).collect();

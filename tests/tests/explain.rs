@@ -7,12 +7,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
+use lb_user::compile::explain::{explain, Flow};
+use lb_user::compile::Compiled;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
-use lb_user::compile::explain::{explain, Flow};
-use lb_user::compile::Compiled;
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
@@ -74,7 +74,9 @@ impl Rng {
 /// controller (the backends of `unhealthy` failed their checks), and what it applied.
 fn loaded(cfg: &Config, unhealthy: &[(&str, &str)]) -> (Dataplane, Compiled) {
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(cfg)).expect("loading the XDP object (needs root)"));
+    let mut dp = lb_tests::fixture::register_interfaces(
+        Dataplane::load(sizes_for(cfg)).expect("loading the XDP object (needs root)"),
+    );
     let mut ctl = Controller::new(cfg.clone());
     for (svc, addr) in unhealthy {
         ctl.set_checked(svc, addr.parse().unwrap(), false);
@@ -98,7 +100,8 @@ fn explain_names_the_backend_the_kernel_picks() {
         let (client, frame) = match svc.vip {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
-                let l4 = if proto == PROTO_TCP { tcp4(c, vip, sport, 80, 0x02, b"") } else { udp4(c, vip, sport, 80, b"q") };
+                let l4 =
+                    if proto == PROTO_TCP { tcp4(c, vip, sport, 80, 0x02, b"") } else { udp4(c, vip, sport, 80, b"q") };
                 let l3 = V4::new(c, vip, proto).build(&l4);
                 (IpAddr::V4(c), ethernet(LB_MAC, CLIENT_MAC, 0x0800, &l3))
             }
@@ -116,13 +119,26 @@ fn explain_names_the_backend_the_kernel_picks() {
         }
         if out.action != XDP_TX {
             let st = dp.stats().unwrap();
-            let counters: Vec<String> = lb_common::maps::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
-            panic!("{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}", svc.name, out.action);
+            let counters: Vec<String> = lb_common::maps::stat::NAMES
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| st.get(*i as u32) != 0)
+                .map(|(i, n)| format!("{n}={}", st.get(i as u32)))
+                .collect();
+            panic!(
+                "{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}",
+                svc.name, out.action
+            );
         }
         let mac = out.data[5];
         let want = predicted["backend"].as_str().unwrap();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(backend.mac.unwrap().to_string(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(
+            backend.mac.unwrap().to_string(),
+            format!("02:be:00:00:00:{mac:02x}"),
+            "{} {client}:{sport}: explain said {want}",
+            svc.name
+        );
         distinct.insert(want.to_owned());
         checked += 1;
     }
@@ -147,7 +163,11 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
                 // The backend's reply, VIP:80 -> client, quoted as header + 8 bytes.
-                let l4 = if proto == PROTO_TCP { tcp4(vip, c, 80, sport, TCP_ACK, &[1; 1400]) } else { udp4(vip, c, 80, sport, b"answer") };
+                let l4 = if proto == PROTO_TCP {
+                    tcp4(vip, c, 80, sport, TCP_ACK, &[1; 1400])
+                } else {
+                    udp4(vip, c, 80, sport, b"answer")
+                };
                 let reply = V4::new(vip, c, proto).build(&l4);
                 let (kind, code, rest) = if n % 2 == 0 { (3, 4, 1400u32) } else { (11, 0, 0) };
                 let mut icmp = vec![kind, code, 0, 0];
@@ -176,7 +196,12 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
         assert_eq!(out.action, XDP_TX, "{} {client}:{sport}: {predicted}", svc.name);
         let want = predicted["backend"].as_str().unwrap();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(
+            b.mac.unwrap().to_string(),
+            format!("02:be:00:00:00:{:02x}", out.data[5]),
+            "{} {client}:{sport}: explain said {want}",
+            svc.name
+        );
         // The error is forwarded whole, only the Ethernet addresses rewritten.
         assert_eq!(out.data[12..], frame[12..]);
         forwarded += 1;
@@ -236,8 +261,15 @@ mac = "02:be:00:00:00:32"
         let IpAddr::V4(vip) = svc.vip else { unreachable!() };
         let c = Ipv4Addr::new(198, 18, 1 + (rng.next() % 3) as u8, 1 + (rng.next() % 250) as u8);
         let sport = 1024 + (rng.next() % 60000) as u16;
-        let frame = ethernet(LB_MAC, CLIENT_MAC, 0x0800, &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")));
-        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP }).unwrap();
+        let frame = ethernet(
+            LB_MAC,
+            CLIENT_MAC,
+            0x0800,
+            &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")),
+        );
+        let predicted =
+            explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP })
+                .unwrap();
         assert_eq!(predicted["routing_method"], svc.routing_method.as_str());
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
         if predicted["dropped"] == true {
@@ -251,5 +283,8 @@ mac = "02:be:00:00:00:32"
         assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
         forwarded += 1;
     }
-    assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");
+    assert!(
+        forwarded > 600 && dropped > 50,
+        "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped"
+    );
 }

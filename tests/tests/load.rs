@@ -44,5 +44,8 @@ fn maps_the_kernel_cannot_allocate_are_reported_as_such() {
     // Connection tables of 2^30 flows: more memory than the kernel hands out for a map.
     let sizes = lb_user::dataplane::DataplaneSizes { conntrack_entries: 1 << 30, ..fixture::sizes() };
     let err = format!("{:#}", lb_user::dataplane::Dataplane::load(sizes).err().expect("refused"));
-    assert!(err.contains("could not allocate its maps") && err.contains("conntrack_entries") && !err.contains("root"), "{err}");
+    assert!(
+        err.contains("could not allocate its maps") && err.contains("conntrack_entries") && !err.contains("root"),
+        "{err}"
+    );
 }

@@ -31,22 +31,48 @@ pub fn status(v: &Value) -> String {
         let _ = writeln!(
             out,
             "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
-            s(&svc["name"]), s(&svc["vip"]), s(&svc["protocol"]), svc["ports"], s(&svc["eligible_kind"]), s(&svc["rule"]), s(&svc["active_pool"])
+            s(&svc["name"]),
+            s(&svc["vip"]),
+            s(&svc["protocol"]),
+            svc["ports"],
+            s(&svc["eligible_kind"]),
+            s(&svc["rule"]),
+            s(&svc["active_pool"])
         );
-        let _ = writeln!(out, "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} DRAINING", "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT");
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} DRAINING",
+            "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT"
+        );
         for b in svc["backends"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,
                 "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} {}",
-                s(&b["address"]), s(&b["zone"]), s(&b["role"]), s(&b["health"]), s(&b["health_source"]), s(&b["weight"]), b["draining"]
+                s(&b["address"]),
+                s(&b["zone"]),
+                s(&b["role"]),
+                s(&b["health"]),
+                s(&b["health_source"]),
+                s(&b["weight"]),
+                b["draining"]
             );
         }
         if let Some(classes) = svc["classes"].as_array() {
             let _ = writeln!(out, "  routing method {}", s(&svc["routing_method"]));
             for c in classes {
-                let prefixes = c["client_prefixes"].as_array().map(|p| p.iter().map(s).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+                let prefixes = c["client_prefixes"]
+                    .as_array()
+                    .map(|p| p.iter().map(s).collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default();
                 let from = if prefixes.is_empty() { "(no prefix)".to_string() } else { prefixes };
-                let _ = writeln!(out, "  class {} {}: {}\n    why: {}", s(&c["class"]), from, list(&c["eligible"]), s(&c["reason"]));
+                let _ = writeln!(
+                    out,
+                    "  class {} {}: {}\n    why: {}",
+                    s(&c["class"]),
+                    from,
+                    list(&c["eligible"]),
+                    s(&c["reason"])
+                );
             }
             continue;
         }
@@ -72,7 +98,11 @@ pub fn stats(v: &Value) -> String {
         let _ = writeln!(out, "service {}", s(&svc["name"]));
         let tm = svc["traffic_manager"] == true;
         let head = if tm { "CLIENT CLASS" } else { "CLIENT ZONE" };
-        let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS");
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>10} {:>12} {:>10} {:>18}",
+            head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS"
+        );
         for c in svc["classes"].as_array().into_iter().flatten() {
             let label = match (tm, c["client_zone"].is_null()) {
                 (true, _) if c["client_class"] == 0 => "0 (default)".into(),
@@ -80,7 +110,11 @@ pub fn stats(v: &Value) -> String {
                 (false, true) => "(non-compatible)".into(),
                 (false, false) => s(&c["client_zone"]),
             };
-            let _ = writeln!(out, "  {:<18} {:>10} {:>12} {:>10} {:>18}", label, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]);
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>10} {:>12} {:>10} {:>18}",
+                label, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]
+            );
         }
     }
     out
@@ -93,13 +127,32 @@ pub fn explain(v: &Value) -> String {
         let _ = writeln!(out, "  client class   {} ({})", s(&v["client_class"]), s(&v["routing_method"]));
         let _ = writeln!(out, "  why            {}", s(&v["reason"]));
     } else {
-        let zone = if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
+        let zone =
+            if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
         let _ = writeln!(out, "  client class   {} (zone {})", s(&v["client_class"]), zone);
-        let _ = writeln!(out, "  eligible set   {} by rule {} ({}); zonal affinity {}", s(&v["eligible_kind"]), s(&v["rule"]), s(&v["reason"]), s(&v["affinity"]));
+        let _ = writeln!(
+            out,
+            "  eligible set   {} by rule {} ({}); zonal affinity {}",
+            s(&v["eligible_kind"]),
+            s(&v["rule"]),
+            s(&v["reason"]),
+            s(&v["affinity"])
+        );
     }
     let _ = writeln!(out, "  eligible       {}", list(&v["eligible"]));
-    let _ = writeln!(out, "  hash           {} ({}), Maglev slot {} of {}", s(&v["hash"]), s(&v["session_affinity"]), s(&v["maglev_slot"]), s(&v["table_size"]));
-    let _ = writeln!(out, "  new flow goes  {}", if v["dropped"] == Value::Bool(true) { "DROP".into() } else { s(&v["backend"]) });
+    let _ = writeln!(
+        out,
+        "  hash           {} ({}), Maglev slot {} of {}",
+        s(&v["hash"]),
+        s(&v["session_affinity"]),
+        s(&v["maglev_slot"]),
+        s(&v["table_size"])
+    );
+    let _ = writeln!(
+        out,
+        "  new flow goes  {}",
+        if v["dropped"] == Value::Bool(true) { "DROP".into() } else { s(&v["backend"]) }
+    );
     out
 }
 
@@ -121,8 +174,16 @@ mod tests {
         ]});
         let out = stats(&v);
         let lines: Vec<&str> = out.lines().map(str::trim).collect();
-        assert!(lines[1].starts_with("CLIENT ZONE") && lines[2].starts_with("(non-compatible)") && lines[3].starts_with("zone-a"), "{out}");
-        assert!(lines[5].starts_with("CLIENT CLASS") && lines[6].starts_with("0 (default)") && lines[7].starts_with("2 "), "{out}");
+        assert!(
+            lines[1].starts_with("CLIENT ZONE")
+                && lines[2].starts_with("(non-compatible)")
+                && lines[3].starts_with("zone-a"),
+            "{out}"
+        );
+        assert!(
+            lines[5].starts_with("CLIENT CLASS") && lines[6].starts_with("0 (default)") && lines[7].starts_with("2 "),
+            "{out}"
+        );
     }
 
     #[test]

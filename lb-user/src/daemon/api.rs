@@ -27,14 +27,32 @@ pub enum HealthOverride {
 pub enum Request {
     Status,
     Stats,
-    Explain { service: String, client: IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<String> },
-    BackendSet { service: String, address: IpAddr, health: HealthOverride },
-    BackendDrain { service: String, address: IpAddr },
-    BackendUndrain { service: String, address: IpAddr },
+    Explain {
+        service: String,
+        client: IpAddr,
+        sport: Option<u16>,
+        dport: Option<u16>,
+        proto: Option<String>,
+    },
+    BackendSet {
+        service: String,
+        address: IpAddr,
+        health: HealthOverride,
+    },
+    BackendDrain {
+        service: String,
+        address: IpAddr,
+    },
+    BackendUndrain {
+        service: String,
+        address: IpAddr,
+    },
     Reload,
     /// Drain the whole host: withdraw the VIPs, keep forwarding `grace_sec` (default
     /// `[announce] drain_grace_sec`), then stop.
-    HostDrain { grace_sec: Option<u32> },
+    HostDrain {
+        grace_sec: Option<u32>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,7 +158,8 @@ pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> 
                 Err(_) => {
                     tokio::spawn(async move {
                         let (_, mut write) = stream.into_split();
-                        let busy = Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
+                        let busy =
+                            Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
                         let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &busy)).await;
                     });
                 }
@@ -198,7 +217,11 @@ mod tests {
 
     #[test]
     fn request_wire_format() {
-        let r = Request::BackendSet { service: "web".into(), address: "198.18.1.10".parse().unwrap(), health: HealthOverride::Unhealthy };
+        let r = Request::BackendSet {
+            service: "web".into(),
+            address: "198.18.1.10".parse().unwrap(),
+            health: HealthOverride::Unhealthy,
+        };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"request":"backend_set","service":"web","address":"198.18.1.10","health":"unhealthy"}"#);
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);

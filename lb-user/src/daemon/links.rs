@@ -73,7 +73,9 @@ fn ifname_attr(mut attrs: &[u8]) -> Option<String> {
 /// A NETLINK_ROUTE socket of the calling thread's network namespace, in the link group.
 fn open() -> Result<OwnedFd> {
     // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+    let fd = unsafe {
+        libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+    };
     if fd < 0 {
         bail!("socket(NETLINK_ROUTE): {}", std::io::Error::last_os_error());
     }
@@ -85,7 +87,11 @@ fn open() -> Result<OwnedFd> {
     addr.nl_groups = RTMGRP_LINK;
     // SAFETY: binding our socket to an address struct of the size given.
     let rc = unsafe {
-        libc::bind(fd.as_raw_fd(), &addr as *const libc::sockaddr_nl as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_nl>() as u32)
+        libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
     };
     if rc != 0 {
         bail!("binding the rtnetlink socket to RTMGRP_LINK: {}", std::io::Error::last_os_error());
@@ -107,7 +113,9 @@ pub fn watch() -> Result<(mpsc::Receiver<LinkEvent>, tokio::task::JoinHandle<()>
         loop {
             let Ok(mut ready) = socket.readable().await else { return };
             // SAFETY: recv into a buffer we own, of its length.
-            let n = unsafe { libc::recv(socket.get_ref().as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+            let n = unsafe {
+                libc::recv(socket.get_ref().as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0)
+            };
             let events = if n < 0 {
                 let err = std::io::Error::last_os_error();
                 match err.raw_os_error() {

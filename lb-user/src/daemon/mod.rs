@@ -15,15 +15,15 @@ pub mod neighbours;
 pub mod state;
 pub mod tunnel_source;
 
-use announce::Announcer;
-use api::{HealthOverride, Request, Response};
+use crate::compile::explain::{self, Flow};
 use crate::config::Config;
 use crate::controller::{CompileOutput, Controller, PersistentState};
-use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
-use crate::compile::explain::{self, Flow};
-use health::HealthEvent;
 use crate::dataplane::pinning::{self, PinState};
+use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
+use announce::Announcer;
 use anyhow::{bail, Context, Result};
+use api::{HealthOverride, Request, Response};
+use health::HealthEvent;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -64,7 +64,9 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     // the data plane's admission check, asking for a restart.)
     let (keys, prefixes) = crate::compile::installed_counts(cfg);
     let mut max_services = (services * 2).max(16).next_power_of_two();
-    while (max_services as u64 * 16) < keys as u64 || (max_services as u64 * classes_per_service as u64 * 16) < prefixes as u64 {
+    while (max_services as u64 * 16) < keys as u64
+        || (max_services as u64 * classes_per_service as u64 * 16) < prefixes as u64
+    {
         max_services *= 2;
     }
     // Active tables plus a standby slot each, and some room for a reload that adds tables.
@@ -91,7 +93,9 @@ fn driven_by(map: &str) -> &'static str {
     match map {
         "CONNTRACK" | "CONNTRACK4" => "dataplane.conntrack_entries",
         "TABLES" => "dataplane.maglev_table_size × (services × client classes)",
-        "CLASS_STATS" | "TABLE_INDEX" | "CLIENT_CLASS" => "services × client classes (zones, Traffic Manager classes, ports, prefixes)",
+        "CLASS_STATS" | "TABLE_INDEX" | "CLIENT_CLASS" => {
+            "services × client classes (zones, Traffic Manager classes, ports, prefixes)"
+        }
         "BACKENDS" | "NEXT_HOPS" => "the number of backends",
         _ => "the number of services and ports",
     }
@@ -106,7 +110,8 @@ pub fn check_map_memory(sizes: &DataplaneSizes) -> Result<()> {
         return Ok(());
     }
     maps.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
-    let largest: Vec<String> = maps.iter().take(3).map(|(name, b)| format!("{name} {} MiB ({})", b >> 20, driven_by(name))).collect();
+    let largest: Vec<String> =
+        maps.iter().take(3).map(|(name, b)| format!("{name} {} MiB ({})", b >> 20, driven_by(name))).collect();
     bail!(
         "this configuration needs {} MiB of BPF maps, above the limit of {MAP_MEMORY_LIMIT_MIB} MiB; the largest: {}",
         total >> 20,
@@ -125,11 +130,19 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
     // The DNS front's sockets are bound at start.
     if cfg.dns != running.dns {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
-        bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
+        bail!(
+            "[dns] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.dns),
+            show(&cfg.dns)
+        );
     }
     if cfg.metrics != running.metrics {
         let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
-        bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
+        bail!(
+            "[metrics] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.metrics),
+            show(&cfg.metrics)
+        );
     }
     // The TUN device and its table are made at start.
     let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
@@ -139,10 +152,14 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
-    if services > now.max_services || classes > now.classes_per_service || backends * 2 > now.max_backends
+    if services > now.max_services
+        || classes > now.classes_per_service
+        || backends * 2 > now.max_backends
         || 2 * services * classes > now.table_slots
     {
-        bail!("the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it");
+        bail!(
+            "the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it"
+        );
     }
     Ok(())
 }
@@ -151,7 +168,10 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
 /// forwarding; the drops would show only as `drop_fib` in `lb stats`, so say it up front.
 /// (L2_DSR then sends every frame back out of the ingress device, whatever the route.)
 fn warn_if_forwarding_disabled(ifname: &str) {
-    for (family, path) in [("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")), ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding"))] {
+    for (family, path) in [
+        ("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")),
+        ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding")),
+    ] {
         if std::fs::read_to_string(&path).map(|v| v.trim() == "0").unwrap_or(false) {
             tracing::warn!("{family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
@@ -214,8 +234,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
     state::check_dir(args.socket.parent().unwrap_or(Path::new("/run/lb")))?;
     let listener = api::bind(&args.socket)?;
     // Pins that must outlive this process must not go into a bpffs only it sees.
-    let shared = |()| if args.keep_dataplane { pinning::require_shared_bpffs(&args.pin_dir, "lb run --keep-dataplane") } else { Ok(()) };
-    let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(shared).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
+    let shared = |()| {
+        if args.keep_dataplane {
+            pinning::require_shared_bpffs(&args.pin_dir, "lb run --keep-dataplane")
+        } else {
+            Ok(())
+        }
+    };
+    let lock = match pinning::ensure_pin_dir(&args.pin_dir)
+        .and_then(shared)
+        .and_then(|()| pinning::lock_pin_dir(&args.pin_dir))
+    {
         Ok(lock) => lock,
         Err(e) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -265,7 +294,12 @@ enum Found {
 
 /// What [`start`] hands the loop besides the daemon: the DNS and metrics tasks, and the
 /// receivers of health events, metrics scrapes and finished compiles.
-type Started = (Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
+type Started = (
+    Vec<JoinHandle<()>>,
+    mpsc::Receiver<HealthEvent>,
+    mpsc::Receiver<metrics::SnapshotRequest>,
+    mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+);
 
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
 /// the metrics endpoint. On error also says whether it had adopted a pinned data plane (which
@@ -299,7 +333,9 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
             restore_state(&args, &mut ctl).map_err(fail)?;
         }
         PinState::Discarded { why, carried: None } => {
-            tracing::warn!("the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
+            tracing::warn!(
+                "the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost"
+            );
         }
         PinState::Discarded { why, carried: Some(old) } => {
             tracing::warn!("the pinned data plane has other sizes or layout ({why}); loading new maps, tracked connections are carried over");
@@ -323,7 +359,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         let now = dp.now_ns().map_err(fail)?;
         ctl.depart_unconfigured(now);
         let next = ctl.preview(now).map_err(fail)?;
-        let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
+        let (keys, prefixes, tables) = dp
+            .sweep_unowned(&next.demand(None))
+            .context("removing what the previous configuration left")
+            .map_err(fail)?;
         if keys + prefixes + tables > 0 {
             tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
         }
@@ -335,14 +374,18 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
     let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp
+            .depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id))
+            .context("flagging backends the configuration dropped")
+            .map_err(fail)?;
         if backends > 0 {
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
     }
     // Last before the program is swapped: the old one adds flows until then.
     if let Some(old) = carried {
-        let (copied, lost) = dp.carry_conntrack(&old).context("copying the connection tables into the new maps").map_err(fail)?;
+        let (copied, lost) =
+            dp.carry_conntrack(&old).context("copying the connection tables into the new maps").map_err(fail)?;
         let lost = if lost > 0 { format!(" ({lost} did not fit and are lost)") } else { String::new() };
         tracing::info!("{copied} tracked connections carried over into the new connection tables{lost}");
     }
@@ -356,17 +399,27 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
     }
     let (health_events, health_rx) = mpsc::channel(1024);
     let (compiled, compiled_rx) = mpsc::unbounded_channel();
-    let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
+    let (dns_view, dns_rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     let counts = metrics::Metrics::default();
     counts.tables_swapped(initial.tables_written);
     // The listen addresses are read at start only (a reload that changes `[dns]` or `[metrics]`
     // is refused).
     let mut tasks = match ctl.config().dns.clone() {
         Some(front) => {
-            let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
-            let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone()).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
-            tracing::info!("DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
+            let limits = dns::TcpLimits {
+                total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()),
+                per_source: limits::DNS_TCP_PER_SOURCE,
+            };
+            let (addr, tasks) = crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone())
+                .await
+                .with_context(|| format!("[dns] listen = {}", front.listen))
+                .map_err(fail)?;
+            tracing::info!(
+                "DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)",
+                limits.total,
+                limits.per_source
+            );
             tasks
         }
         None => Vec::new(),
@@ -374,7 +427,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
     // Without `[metrics]` the sender goes: the loop's scrape branch then never fires.
     let (snapshots, snapshot_rx) = mpsc::channel(4);
     if let Some(m) = ctl.config().metrics.clone() {
-        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots).await.with_context(|| format!("[metrics] listen = {}", m.listen)).map_err(fail)?;
+        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots)
+            .await
+            .with_context(|| format!("[metrics] listen = {}", m.listen))
+            .map_err(fail)?;
         tracing::info!("metrics on http://{addr}/metrics");
         tasks.push(task);
     }
@@ -428,7 +484,11 @@ fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
-type Events = (mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>, mpsc::UnboundedReceiver<(u64, CompileOutput)>);
+type Events = (
+    mpsc::Receiver<HealthEvent>,
+    mpsc::Receiver<metrics::SnapshotRequest>,
+    mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+);
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
 async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events, signals: Signals) -> Result<()> {
@@ -501,7 +561,8 @@ impl Daemon {
     fn announce(&mut self) {
         let Some(a) = self.announcer.as_mut() else { return };
         let cfg = self.ctl.config();
-        let applied: Vec<&str> = self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
+        let applied: Vec<&str> =
+            self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
         let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
         let ctl = &self.ctl;
         let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
@@ -513,7 +574,9 @@ impl Daemon {
     /// `lb backend drain --host`: withdraw every VIP now, keep forwarding what still arrives
     /// for the grace period, then stop as on SIGTERM.
     fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<Value> {
-        let grace = grace_sec.or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec)).unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
+        let grace = grace_sec
+            .or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec))
+            .unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
         if let Some(a) = self.announcer.as_mut() {
             a.drain()?;
         }
@@ -588,8 +651,13 @@ impl Daemon {
         self.announce();
         self.keep_neighbours();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
-            tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
-                report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
+            tracing::info!(
+                "tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
+                report.backends_written,
+                report.tables_written,
+                report.services_written,
+                report.services_removed,
+                report.backends_departed
             );
         }
         self.save_state();
@@ -661,8 +729,12 @@ impl Daemon {
     /// `lb status`; when an interface of that name exists again, the balancer is attached to it.
     fn on_link(&mut self, ev: links::LinkEvent) {
         match ev {
-            links::LinkEvent::Removed { ifname, .. } if self.args.interfaces.contains(&ifname) => self.note_removed(&ifname),
-            links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => self.attach_again(&ifname),
+            links::LinkEvent::Removed { ifname, .. } if self.args.interfaces.contains(&ifname) => {
+                self.note_removed(&ifname)
+            }
+            links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => {
+                self.attach_again(&ifname)
+            }
             links::LinkEvent::Overrun => self.check_links(),
             _ => {}
         }
@@ -776,9 +848,15 @@ impl Daemon {
     fn handle(&mut self, req: Request) -> Response {
         // Operator actions are audited, accepted or refused.
         let action = match &req {
-            Request::BackendSet { service, address, health } => Some(("override", format!("service {service} backend {address} health {health:?}"))),
-            Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
-            Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
+            Request::BackendSet { service, address, health } => {
+                Some(("override", format!("service {service} backend {address} health {health:?}")))
+            }
+            Request::BackendDrain { service, address } => {
+                Some(("drain", format!("service {service} backend {address}")))
+            }
+            Request::BackendUndrain { service, address } => {
+                Some(("undrain", format!("service {service} backend {address}")))
+            }
             Request::Reload => Some(("reload", "control socket".to_owned())),
             Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
             Request::Status | Request::Stats | Request::Explain { .. } => None,
@@ -786,14 +864,19 @@ impl Daemon {
         let result = match req {
             Request::Status => Ok(self.status()),
             Request::Stats => self.stats(),
-            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto.as_deref()),
+            Request::Explain { service, client, sport, dport, proto } => {
+                self.explain(&service, client, sport, dport, proto.as_deref())
+            }
             Request::BackendSet { service, address, health } => {
                 let h = match health {
                     HealthOverride::Healthy => Some(true),
                     HealthOverride::Unhealthy => Some(false),
                     HealthOverride::Auto => None,
                 };
-                self.ctl.set_override(&service, address, h).and_then(|_| self.reconcile()).map(|_| json!({"service": service, "address": address.to_string(), "health": health}))
+                self.ctl
+                    .set_override(&service, address, h)
+                    .and_then(|_| self.reconcile())
+                    .map(|_| json!({"service": service, "address": address.to_string(), "health": health}))
             }
             Request::BackendDrain { service, address } => self
                 .ctl
@@ -893,7 +976,8 @@ impl Daemon {
         let announce = self.announcer.as_ref().map(|a| {
             json!({"device": a.device(), "table": a.table(), "draining": a.draining(), "announced": a.announced().iter().map(|v| v.to_string()).collect::<Vec<_>>()})
         });
-        let pins = if self.pins_lost.is_empty() { "ok".to_owned() } else { format!("lost: {}", self.pins_lost.join(", ")) };
+        let pins =
+            if self.pins_lost.is_empty() { "ok".to_owned() } else { format!("lost: {}", self.pins_lost.join(", ")) };
         json!({
             "config": self.args.config.display().to_string(),
             "interfaces": self.args.interfaces,
@@ -906,8 +990,11 @@ impl Daemon {
 
     fn stats(&self) -> Result<Value> {
         let st = self.dp.stats()?;
-        let global: serde_json::Map<String, Value> =
-            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), json!(st.get(i as u32)))).collect();
+        let global: serde_json::Map<String, Value> = lb_common::maps::stat::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), json!(st.get(i as u32))))
+            .collect();
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
         let services: Vec<Value> = applied
@@ -938,10 +1025,21 @@ impl Daemon {
         Ok(json!({"global": global, "services": services}))
     }
 
-    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<&str>) -> Result<Value> {
+    fn explain(
+        &self,
+        service: &str,
+        client: std::net::IpAddr,
+        sport: Option<u16>,
+        dport: Option<u16>,
+        proto: Option<&str>,
+    ) -> Result<Value> {
         let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
-        let svc = cfg.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
+        let svc = cfg
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
         let proto = match proto.unwrap_or(match svc.protocol {
             crate::model::Protocol::Udp => "udp",
             _ => "tcp",
@@ -950,7 +1048,12 @@ impl Daemon {
             "udp" => lb_common::maps::PROTO_UDP,
             other => bail!("--proto {other:?}: allowed values are tcp, udp"),
         };
-        let flow = Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
+        let flow = Flow {
+            client,
+            sport: sport.unwrap_or(40000),
+            dport: dport.or(svc.ports.first().copied()).unwrap_or(0),
+            proto,
+        };
         explain::explain(cfg, applied, service, &flow)
     }
 
@@ -967,7 +1070,11 @@ impl Daemon {
             if missing.is_empty() {
                 tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
             } else {
-                tracing::error!("exiting; pins in {} were removed ({}): the data plane stops with this daemon", self.args.pin_dir.display(), missing.join(", "));
+                tracing::error!(
+                    "exiting; pins in {} were removed ({}): the data plane stops with this daemon",
+                    self.args.pin_dir.display(),
+                    missing.join(", ")
+                );
             }
             return Ok(());
         }
@@ -1021,12 +1128,20 @@ mod tests {
         let cfg = Config::parse(&service(1)).unwrap();
         assert!(check_map_memory(&sizes_for(&cfg)).is_ok());
         // The largest connection tables validation allows still fit.
-        let most = Config::parse(&format!("[dataplane]\nconntrack_entries = {}\n{}", crate::config::MAX_CONNTRACK_ENTRIES, service(1))).unwrap();
+        let most = Config::parse(&format!(
+            "[dataplane]\nconntrack_entries = {}\n{}",
+            crate::config::MAX_CONNTRACK_ENTRIES,
+            service(1)
+        ))
+        .unwrap();
         assert!(check_map_memory(&sizes_for(&most)).is_ok(), "{:?}", check_map_memory(&sizes_for(&most)));
         // 8192 tables of M = 65537 (8 bytes per cell): 4 GiB of TABLES alone.
         let big = DataplaneSizes { table_slots: 8192, table_size_m: 65537, ..sizes_for(&cfg) };
         let err = check_map_memory(&big).unwrap_err().to_string();
-        assert!(err.contains("MiB") && err.contains("TABLES 4096 MiB") && err.contains("dataplane.maglev_table_size"), "{err}");
+        assert!(
+            err.contains("MiB") && err.contains("TABLES 4096 MiB") && err.contains("dataplane.maglev_table_size"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -92,11 +92,23 @@ mod tests {
     #[test]
     fn next_hop_is_the_gateway_or_the_address_itself() {
         let b: IpAddr = "198.19.10.3".parse().unwrap();
-        assert_eq!(next_hop("198.19.10.3 via 198.18.0.2 dev eth0 src 198.18.0.1 uid 0 \\    cache", b), Some(("198.18.0.2".parse().unwrap(), "eth0".into())));
+        assert_eq!(
+            next_hop("198.19.10.3 via 198.18.0.2 dev eth0 src 198.18.0.1 uid 0 \\    cache", b),
+            Some(("198.18.0.2".parse().unwrap(), "eth0".into()))
+        );
         assert_eq!(next_hop("198.19.10.3 dev eth1 src 198.19.10.1 uid 0 \\    cache", b), Some((b, "eth1".into())));
         let b6: IpAddr = "2001:db8:10::3".parse().unwrap();
-        assert_eq!(next_hop("2001:db8:10::3 from :: via fe80::1 dev eth0 proto static src 2001:db8::1 metric 1024 pref medium", b6), Some(("fe80::1".parse().unwrap(), "eth0".into())));
-        assert_eq!(next_hop("198.19.10.3 via inet6 fe80::1 dev eth0 src 198.18.0.1", b), Some(("fe80::1".parse().unwrap(), "eth0".into())));
+        assert_eq!(
+            next_hop(
+                "2001:db8:10::3 from :: via fe80::1 dev eth0 proto static src 2001:db8::1 metric 1024 pref medium",
+                b6
+            ),
+            Some(("fe80::1".parse().unwrap(), "eth0".into()))
+        );
+        assert_eq!(
+            next_hop("198.19.10.3 via inet6 fe80::1 dev eth0 src 198.18.0.1", b),
+            Some(("fe80::1".parse().unwrap(), "eth0".into()))
+        );
         assert_eq!(next_hop("local 198.18.0.1 dev lo src 198.18.0.1 uid 0", b), None);
     }
 }

@@ -52,7 +52,11 @@ pub fn primary_address(ifname: &str, v6: bool) -> Option<IpAddr> {
 /// Sets each unset `encap_source_v4/_v6` of `cfg` that an IPIP service of that family needs
 /// to `address(interface, v6)` of the first of `interfaces` that has one (`primary_address`
 /// on a host). Returns what it chose, one line per family, for the log.
-pub fn fill_defaults(cfg: &mut Config, interfaces: &[String], address: impl Fn(&str, bool) -> Option<IpAddr>) -> Result<Vec<String>> {
+pub fn fill_defaults(
+    cfg: &mut Config,
+    interfaces: &[String],
+    address: impl Fn(&str, bool) -> Option<IpAddr>,
+) -> Result<Vec<String>> {
     let mut chosen = Vec::new();
     for v6 in [false, true] {
         let (field, slot) = if v6 {

@@ -189,7 +189,10 @@ impl Carried {
 
 impl std::fmt::Debug for Carried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Carried").field("buckets", &self.conntrack.len()).field("backends", &self.backends.len()).finish()
+        f.debug_struct("Carried")
+            .field("buckets", &self.conntrack.len())
+            .field("backends", &self.backends.len())
+            .finish()
     }
 }
 

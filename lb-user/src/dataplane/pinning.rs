@@ -122,7 +122,10 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         };
         if let Some(size) = layout {
             if info.value_size() as usize != size && mismatch.is_none() {
-                mismatch = Some(format!("{name} has another layout (values of {} bytes, this version needs {size})", info.value_size()));
+                mismatch = Some(format!(
+                    "{name} has another layout (values of {} bytes, this version needs {size})",
+                    info.value_size()
+                ));
             }
         }
     }
@@ -200,7 +203,8 @@ pub fn require_shared_bpffs(pin_dir: &Path, what: &str) -> Result<()> {
     let ns = |pid: &str| std::fs::metadata(format!("/proc/{pid}/ns/mnt")).map(|m| (m.dev(), m.ino()));
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() }.to_string();
-    let Some((reference, theirs)) = ["1", parent.as_str()].into_iter().find_map(|pid| ns(pid).ok().map(|n| (pid, n))) else {
+    let Some((reference, theirs)) = ["1", parent.as_str()].into_iter().find_map(|pid| ns(pid).ok().map(|n| (pid, n)))
+    else {
         // No process to compare with: nothing to say.
         return Ok(());
     };
@@ -222,6 +226,8 @@ pub fn require_shared_bpffs(pin_dir: &Path, what: &str) -> Result<()> {
 /// `pin_dir`: removed by hand, or with the directory.
 pub fn missing_pins(pin_dir: &Path, interfaces: &[String]) -> Vec<String> {
     let maps = MAP_NAMES.iter().map(|n| n.to_string());
-    let links = interfaces.iter().map(|i| link_pin(pin_dir, i).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let links = interfaces
+        .iter()
+        .map(|i| link_pin(pin_dir, i).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     maps.chain(links).filter(|name| !pin_dir.join(name).exists()).collect()
 }

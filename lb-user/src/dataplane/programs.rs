@@ -169,11 +169,21 @@ impl Attached {
 
 impl std::fmt::Display for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mode = |m: &XdpMode| if *m == XdpMode::Skb { "generic (skb) mode, which is slower: the driver refused native XDP" } else { "native XDP" };
+        let mode = |m: &XdpMode| {
+            if *m == XdpMode::Skb {
+                "generic (skb) mode, which is slower: the driver refused native XDP"
+            } else {
+                "native XDP"
+            }
+        };
         match self {
             Attached::New(m) => write!(f, "attached ({})", mode(m)),
-            Attached::Replaced => write!(f, "replaced the program in its pinned link (kept attached across the restart)"),
-            Attached::Renewed(m) => write!(f, "the pinned link was severed (its interface had been removed); attached anew ({})", mode(m)),
+            Attached::Replaced => {
+                write!(f, "replaced the program in its pinned link (kept attached across the restart)")
+            }
+            Attached::Renewed(m) => {
+                write!(f, "the pinned link was severed (its interface had been removed); attached anew ({})", mode(m))
+            }
         }
     }
 }
@@ -188,9 +198,13 @@ pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin:
     let prog = xdp_mut(ebpf, name)?;
     let mut severed = false;
     if link_pin.exists() {
-        let pinned = FdLink::from(PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?);
+        let pinned =
+            FdLink::from(PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?);
         let held = held_fd(&pinned)?;
-        if xdp_link_ifindex(held.as_fd()).with_context(|| format!("reading the link pinned at {}", link_pin.display()))? != 0 {
+        if xdp_link_ifindex(held.as_fd())
+            .with_context(|| format!("reading the link pinned at {}", link_pin.display()))?
+            != 0
+        {
             let link = XdpLink::try_from(pinned).context("pinned link is not an XDP link")?;
             let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
             // The pin and `held` keep the link (and so the attachment); aya's fd to it can go.
@@ -199,7 +213,8 @@ pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin:
         }
         // Severed: bpf_link_update would fail with ENOLINK. The pin goes; the link itself
         // goes with its last descriptor.
-        std::fs::remove_file(link_pin).with_context(|| format!("removing the severed link pinned at {}", link_pin.display()))?;
+        std::fs::remove_file(link_pin)
+            .with_context(|| format!("removing the severed link pinned at {}", link_pin.display()))?;
         severed = true;
     }
     let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
@@ -211,7 +226,8 @@ pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin:
             (id, XdpMode::Skb)
         }
     };
-    let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+    let link =
+        FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
     let held = held_fd(&link)?;
     link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
     Ok((if severed { Attached::Renewed(mode) } else { Attached::New(mode) }, held))

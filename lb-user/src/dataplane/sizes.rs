@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Result};
 use lb_common::ct_table;
-use lb_common::maps::{AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
+use lb_common::maps::{
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID,
+};
 use std::mem::size_of;
 
 use super::service_table;
@@ -30,26 +32,104 @@ const NEXT_HOP_BYTES: usize = 80;
 /// itself within a second, is not pinned.
 const SIZED_MAPS: &[SizedMap] = &[
     // Two halves of S slots, S >= twice the key capacity (16 keys per service).
-    SizedMap { name: "SERVICE_TABLE", pinned: true, per_cpu: false, entry_bytes: size_of::<lb_common::maps::ServiceSlot>(), max_entries: |s| 2 * s.service_slots() },
+    SizedMap {
+        name: "SERVICE_TABLE",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<lb_common::maps::ServiceSlot>(),
+        max_entries: |s| 2 * s.service_slots(),
+    },
     SizedMap { name: "SERVICE_INDEX", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
-    SizedMap { name: "VIPS", pinned: true, per_cpu: false, entry_bytes: HASHED + size_of::<AddrKey>() + 4, max_entries: |s| s.max_services.saturating_mul(4) },
-    SizedMap { name: "CONNTRACK", pinned: true, per_cpu: false, entry_bytes: size_of::<ct_table::Bucket6>(), max_entries: |s| s.conntrack_buckets() },
-    SizedMap { name: "CONNTRACK4", pinned: true, per_cpu: false, entry_bytes: size_of::<ct_table::Bucket4>(), max_entries: |s| s.conntrack_buckets() },
+    SizedMap {
+        name: "VIPS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<AddrKey>() + 4,
+        max_entries: |s| s.max_services.saturating_mul(4),
+    },
+    SizedMap {
+        name: "CONNTRACK",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<ct_table::Bucket6>(),
+        max_entries: |s| s.conntrack_buckets(),
+    },
+    SizedMap {
+        name: "CONNTRACK4",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<ct_table::Bucket4>(),
+        max_entries: |s| s.conntrack_buckets(),
+    },
     SizedMap { name: "CT_SEED_STORE", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
-    SizedMap { name: "CLIENT_CLASS", pinned: true, per_cpu: false, entry_bytes: HASHED + size_of::<ClassKey>() + 4, max_entries: |s| s.class_pairs().saturating_mul(16).max(16) },
-    SizedMap { name: "CLASSED_SERVICES", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |s| s.max_services },
-    SizedMap { name: "TABLE_INDEX", pinned: true, per_cpu: false, entry_bytes: size_of::<TableRef>(), max_entries: |s| s.class_pairs() },
-    SizedMap { name: "TABLES", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |s| s.table_slots * s.table_size_m },
-    SizedMap { name: "BACKENDS", pinned: true, per_cpu: false, entry_bytes: size_of::<Backend>(), max_entries: |s| s.max_backends },
+    SizedMap {
+        name: "CLIENT_CLASS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<ClassKey>() + 4,
+        max_entries: |s| s.class_pairs().saturating_mul(16).max(16),
+    },
+    SizedMap {
+        name: "CLASSED_SERVICES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |s| s.max_services,
+    },
+    SizedMap {
+        name: "TABLE_INDEX",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<TableRef>(),
+        max_entries: |s| s.class_pairs(),
+    },
+    SizedMap {
+        name: "TABLES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |s| s.table_slots * s.table_size_m,
+    },
+    SizedMap {
+        name: "BACKENDS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<Backend>(),
+        max_entries: |s| s.max_backends,
+    },
     // One record of global counters; one record per (service, class).
     SizedMap { name: "STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<GlobalStats>(), max_entries: |_| 1 },
-    SizedMap { name: "CLASS_STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<ClassCounters>(), max_entries: |s| s.class_pairs() },
+    SizedMap {
+        name: "CLASS_STATS",
+        pinned: true,
+        per_cpu: true,
+        entry_bytes: size_of::<ClassCounters>(),
+        max_entries: |s| s.class_pairs(),
+    },
     // One record per backend id (metrics per backend).
-    SizedMap { name: "BACKEND_STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<BackendCounters>(), max_entries: |s| s.max_backends },
-    SizedMap { name: "NEXT_HOPS", pinned: false, per_cpu: true, entry_bytes: NEXT_HOP_BYTES, max_entries: |s| s.max_backends },
+    SizedMap {
+        name: "BACKEND_STATS",
+        pinned: true,
+        per_cpu: true,
+        entry_bytes: size_of::<BackendCounters>(),
+        max_entries: |s| s.max_backends,
+    },
+    SizedMap {
+        name: "NEXT_HOPS",
+        pinned: false,
+        per_cpu: true,
+        entry_bytes: NEXT_HOP_BYTES,
+        max_entries: |s| s.max_backends,
+    },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.
-    SizedMap { name: "LOCAL_MACS", pinned: false, per_cpu: false, entry_bytes: size_of::<lb_common::maps::LocalMac>(), max_entries: |_| LOCAL_MAC_SLOTS },
+    SizedMap {
+        name: "LOCAL_MACS",
+        pinned: false,
+        per_cpu: false,
+        entry_bytes: size_of::<lb_common::maps::LocalMac>(),
+        max_entries: |_| LOCAL_MAC_SLOTS,
+    },
 ];
 
 const fn pinned_count() -> usize {
@@ -130,8 +210,12 @@ impl DataplaneSizes {
 
     pub(super) fn validate(&self) -> Result<()> {
         let s = self;
-        if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
-            || s.max_backends == 0 || s.table_slots == 0
+        if s.table_size_m < 2
+            || s.conntrack_entries == 0
+            || s.max_services == 0
+            || s.classes_per_service == 0
+            || s.max_backends == 0
+            || s.table_slots == 0
         {
             bail!("data-plane sizes must be positive (M at least 2): {s:?}");
         }

@@ -109,7 +109,12 @@ pub(super) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
         };
         // SAFETY: attr points at live key/value buffers of `count` elements each.
         let rc = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
         };
         if rc != 0 {
             bail!("BPF_MAP_UPDATE_BATCH: {}", std::io::Error::last_os_error());
@@ -205,9 +210,20 @@ pub(crate) fn xdp_link_ifindex(link: std::os::fd::BorrowedFd<'_>) -> std::io::Re
     // `struct bpf_link_info`: type, id, prog_id, then (8-aligned) the union whose `xdp` member
     // starts with the ifindex. A larger buffer than the kernel fills is fine (zeroed).
     let mut info = [0u64; 8];
-    let mut attr = InfoAttr { bpf_fd: link.as_raw_fd() as u32, info_len: std::mem::size_of_val(&info) as u32, info: info.as_mut_ptr() as u64 };
+    let mut attr = InfoAttr {
+        bpf_fd: link.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
     // SAFETY: attr points at a live buffer of info_len bytes.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &mut attr as *mut InfoAttr, std::mem::size_of::<InfoAttr>() as u32) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>() as u32,
+        )
+    };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -222,7 +238,9 @@ pub(crate) fn link_fd_by_id(id: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     // `union bpf_attr`'s `*_get_fd_by_id` members: the id, next_id, open_flags.
     let mut attr = [id, 0u32, 0u32];
     // SAFETY: attr is a live buffer of the size given.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_GET_FD_BY_ID, attr.as_mut_ptr(), std::mem::size_of_val(&attr) as u32) };
+    let fd = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_LINK_GET_FD_BY_ID, attr.as_mut_ptr(), std::mem::size_of_val(&attr) as u32)
+    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -114,15 +114,15 @@ fn main() -> std::process::ExitCode {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
         Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
-            call(&common, Request::BackendSet { service, address, health }, render::done)
+            call(&common, Request::BackendSet { service, address, health }, render::backend)
         }
         Command::Backend { action: BackendAction::Drain(BackendRef { common, service, address }) } => {
-            call(&common, Request::BackendDrain { service, address }, render::done)
+            call(&common, Request::BackendDrain { service, address }, render::backend)
         }
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
-            call(&common, Request::BackendUndrain { service, address }, render::done)
+            call(&common, Request::BackendUndrain { service, address }, render::backend)
         }
-        Command::Reload(c) => call(&c, Request::Reload, render::done),
+        Command::Reload(c) => call(&c, Request::Reload, render::reloaded),
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
     };
@@ -135,7 +135,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Send a request to the daemon behind `c`; print the answer as JSON or through `human`.
-fn call(c: &Common, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+/// Send a request to the daemon behind `c`; print the reply as JSON or through `human`.
+fn call<T: serde::Serialize + serde::de::DeserializeOwned>(c: &Common, req: Request, human: fn(&T) -> String) -> anyhow::Result<()> {
     cli::call(&c.socket, c.json, req, human)
 }

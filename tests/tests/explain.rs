@@ -11,7 +11,7 @@ use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
-use lb_user::compile::explain::{explain, Flow};
+use lb_user::compile::explain::{explain, ClassFacts, Flow};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
@@ -96,17 +96,18 @@ fn explain_names_the_backend_the_kernel_picks() {
         };
         let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
-        if predicted["dropped"] == true {
-            assert_eq!(out.action, XDP_DROP, "{predicted}");
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
             continue;
         }
         if out.action != XDP_TX {
             let st = dp.stats().unwrap();
             let counters: Vec<String> = lb_common::maps::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
-            panic!("{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}", svc.name, out.action);
+            panic!("{} {client}:{sport}: action {} but explain said {predicted:?}; counters {counters:?}", svc.name, out.action);
         }
         let mac = out.data[5];
-        let want = predicted["backend"].as_str().unwrap();
+        let want = predicted.backend.unwrap().to_string();
+        let want = want.as_str();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
         assert_eq!(backend.mac.as_deref().unwrap(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
         distinct.insert(want.to_owned());
@@ -174,17 +175,19 @@ mac = "02:be:00:00:00:32"
         let sport = 1024 + (rng.next() % 60000) as u16;
         let frame = ethernet(LB_MAC, CLIENT_MAC, 0x0800, &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")));
         let predicted = explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP }).unwrap();
-        assert_eq!(predicted["routing_method"], svc.routing_method.as_str());
+        let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else { panic!("a Traffic Manager class: {predicted:?}") };
+        assert_eq!(routing_method, svc.routing_method.as_str());
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
-        if predicted["dropped"] == true {
-            assert_eq!(out.action, XDP_DROP, "{predicted}");
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
             dropped += 1;
             continue;
         }
-        assert_eq!(out.action, XDP_TX, "{predicted}");
-        let want = predicted["backend"].as_str().unwrap();
+        assert_eq!(out.action, XDP_TX, "{predicted:?}");
+        let want = predicted.backend.unwrap().to_string();
+        let want = want.as_str();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
+        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
         forwarded += 1;
     }
     assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");

@@ -13,10 +13,11 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-/// Send a request to the daemon; print the answer as JSON or through `human`.
-pub fn call(socket: &Path, json: bool, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+/// Send a request to the daemon; print its reply `T` (see `daemon::reply`) as JSON or through
+/// `human`.
+pub fn call<T: serde::Serialize + serde::de::DeserializeOwned>(socket: &Path, json: bool, req: Request, human: fn(&T) -> String) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let value = rt.block_on(api::call(socket, &req))?;
+    let value: T = rt.block_on(api::call(socket, &req))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {

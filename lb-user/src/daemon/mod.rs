@@ -8,6 +8,7 @@ pub mod dns;
 pub mod health;
 pub mod limits;
 pub mod logging;
+pub mod reply;
 pub mod state;
 
 use api::{HealthOverride, Request, Response};
@@ -18,7 +19,7 @@ use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
 use crate::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use reply::{BackendChange, BackendStatus, ClassStats, ClassView, Counters, Reply, ServiceStats, ServiceStatus, ZoneView};
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -106,6 +107,31 @@ fn warn_if_forwarding_disabled(ifname: &str) {
             tracing::warn!("{family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
     }
+}
+
+/// A zonal service's eligible set per client zone.
+fn zone_views(cfg: &Config, c: &crate::compile::CompiledService) -> Vec<ZoneView> {
+    c.plan
+        .classes
+        .iter()
+        .map(|cp| ZoneView {
+            client_zone: cp.client_zone.map(|z| cfg.zones[z].name.clone()),
+            affinity: cp.outcome.as_str().to_owned(),
+            eligible: cp.eligible.iter().map(|&i| c.backend_addrs[i]).collect(),
+        })
+        .collect()
+}
+
+/// A Traffic Manager service's client classes (None for a zonal service).
+fn class_views(c: &crate::compile::CompiledService) -> Option<Vec<ClassView>> {
+    let tm = c.tm.as_ref()?;
+    let view = |cl: &crate::policy::tm::classes::TmClass| ClassView {
+        class: cl.id,
+        client_prefixes: tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| *n).collect(),
+        eligible: cl.eligible.iter().map(|e| e.address).collect(),
+        reason: cl.reason.clone(),
+    };
+    Some(tm.classes.iter().map(view).collect())
 }
 
 struct Daemon {
@@ -408,7 +434,7 @@ impl Daemon {
     }
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
-    fn reload(&mut self) -> Result<Value> {
+    fn reload(&mut self) -> Result<reply::Reloaded> {
         let cfg = Config::load(&self.args.config)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let result = self.ctl.reload(cfg, &mut self.dp);
@@ -416,7 +442,7 @@ impl Daemon {
         result.context("applying the new configuration")?;
         self.start_checkers();
         tracing::info!("configuration reloaded from {}", self.args.config.display());
-        Ok(json!({"reloaded": self.args.config.display().to_string()}))
+        Ok(reply::Reloaded { reloaded: self.args.config.display().to_string() })
     }
 
     fn handle(&mut self, req: Request) -> Response {
@@ -429,28 +455,31 @@ impl Daemon {
             Request::Status | Request::Stats | Request::Explain { .. } => None,
         };
         let result = match req {
-            Request::Status => Ok(self.status()),
-            Request::Stats => self.stats(),
-            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto.as_deref()),
+            Request::Status => Ok(Reply::Status(self.status())),
+            Request::Stats => self.stats().map(Reply::Stats),
+            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto.as_deref()).map(Reply::Explain),
             Request::BackendSet { service, address, health } => {
                 let h = match health {
                     HealthOverride::Healthy => Some(true),
                     HealthOverride::Unhealthy => Some(false),
                     HealthOverride::Auto => None,
                 };
-                self.ctl.set_override(&service, address, h).and_then(|_| self.reconcile()).map(|_| json!({"service": service, "address": address.to_string(), "health": health}))
+                self.ctl
+                    .set_override(&service, address, h)
+                    .and_then(|_| self.reconcile())
+                    .map(|_| Reply::Backend(BackendChange { service, address, health: Some(health), draining: None }))
             }
             Request::BackendDrain { service, address } => self
                 .ctl
                 .drain(&service, address)
                 .and_then(|_| self.reconcile())
-                .map(|_| json!({"service": service, "address": address.to_string(), "draining": true})),
+                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) })),
             Request::BackendUndrain { service, address } => self
                 .ctl
                 .undrain(&service, address)
                 .and_then(|_| self.reconcile())
-                .map(|_| json!({"service": service, "address": address.to_string(), "draining": false})),
-            Request::Reload => self.reload(),
+                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
+            Request::Reload => self.reload().map(Reply::Reloaded),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -461,15 +490,15 @@ impl Daemon {
         }
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> reply::Status {
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
-        let services: Vec<Value> = cfg
+        let services = cfg
             .services
             .iter()
             .map(|svc| {
                 let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
-                let backends: Vec<Value> = svc
+                let backends = svc
                     .backends
                     .iter()
                     .map(|b| {
@@ -480,75 +509,47 @@ impl Daemon {
                         } else {
                             "initial"
                         };
-                        json!({
-                            "address": b.address.to_string(),
-                            "zone": b.zone,
-                            "role": if b.failover { "failover" } else { "primary" },
-                            "health": if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" },
-                            "health_source": source,
-                            "weight": b.weight,
-                            "draining": self.ctl.is_drained(&svc.name, b.address),
-                        })
+                        BackendStatus {
+                            address: b.address,
+                            zone: b.zone.clone(),
+                            role: if b.failover { "failover" } else { "primary" }.to_owned(),
+                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }.to_owned(),
+                            health_source: source.to_owned(),
+                            weight: b.weight,
+                            draining: self.ctl.is_drained(&svc.name, b.address),
+                        }
                     })
                     .collect();
-                let zones: Vec<Value> = compiled
-                    .map(|c| {
-                        c.plan
-                            .classes
-                            .iter()
-                            .map(|cp| {
-                                json!({
-                                    "client_zone": cp.client_zone.map(|z| cfg.zones[z].name.clone()),
-                                    "affinity": cp.outcome.as_str(),
-                                    "eligible": cp.eligible.iter().map(|&i| c.backend_addrs[i].to_string()).collect::<Vec<_>>(),
-                                })
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                json!({
-                    "name": svc.name,
-                    "vip": svc.vip.to_string(),
-                    "protocol": svc.protocol.as_str(),
-                    "ports": svc.ports,
-                    "eligible_kind": compiled.map(|c| c.plan.kind.as_str()),
-                    "rule": compiled.map(|c| c.plan.rule.id()),
-                    "active_pool": compiled.map(|c| c.plan.active_pool.as_str()),
-                    "backends": backends,
-                    "zones": zones,
-                    "routing_method": svc.routing_method.as_str(),
+                ServiceStatus {
+                    name: svc.name.clone(),
+                    vip: svc.vip,
+                    protocol: svc.protocol.as_str().to_owned(),
+                    ports: svc.ports.clone(),
+                    eligible_kind: compiled.map(|c| c.plan.kind.as_str().to_owned()),
+                    rule: compiled.map(|c| c.plan.rule.id().to_owned()),
+                    active_pool: compiled.map(|c| c.plan.active_pool.as_str().to_owned()),
+                    backends,
+                    zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
+                    routing_method: svc.routing_method.as_str().to_owned(),
                     // Traffic Manager services: the routing method's client classes.
-                    "classes": compiled.and_then(|c| c.tm.as_ref()).map(|tm| {
-                        tm.classes
-                            .iter()
-                            .map(|cl| {
-                                json!({
-                                    "class": cl.id,
-                                    "client_prefixes": tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| n.to_string()).collect::<Vec<_>>(),
-                                    "eligible": cl.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>(),
-                                    "reason": cl.reason,
-                                })
-                            })
-                            .collect::<Vec<_>>()
-                    }),
-                })
+                    classes: compiled.and_then(class_views),
+                }
             })
             .collect();
-        json!({"config": self.args.config.display().to_string(), "interfaces": self.args.interfaces, "services": services})
+        reply::Status { config: self.args.config.display().to_string(), interfaces: self.args.interfaces.clone(), services }
     }
 
-    fn stats(&self) -> Result<Value> {
+    fn stats(&self) -> Result<reply::Stats> {
         let st = self.dp.stats()?;
-        let global: serde_json::Map<String, Value> =
-            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), json!(st.get(i as u32)))).collect();
+        let global = Counters(lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect());
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
-        let services: Vec<Value> = applied
+        let services = applied
             .map(|a| {
                 a.services
                     .iter()
                     .map(|s| {
-                        let classes: Vec<Value> = s
+                        let classes = s
                             .tables
                             .iter()
                             .map(|t| {
@@ -556,22 +557,25 @@ impl Daemon {
                                 // A Traffic Manager service's classes are its routing method's,
                                 // not zones (`lb status` lists their prefixes).
                                 let zone = if t.class == 0 || s.tm.is_some() { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) };
-                                json!({
-                                    "client_class": t.class,
-                                    "client_zone": zone,
-                                    "packets": c.packets, "bytes": c.bytes, "new_flows": c.new_flows, "cross_zone_spills": c.spills,
-                                })
+                                ClassStats {
+                                    client_class: t.class,
+                                    client_zone: zone,
+                                    packets: c.packets,
+                                    bytes: c.bytes,
+                                    new_flows: c.new_flows,
+                                    cross_zone_spills: c.spills,
+                                }
                             })
                             .collect();
-                        json!({"name": s.name, "traffic_manager": s.tm.is_some(), "classes": classes})
+                        ServiceStats { name: s.name.clone(), traffic_manager: s.tm.is_some(), classes }
                     })
                     .collect()
             })
             .unwrap_or_default();
-        Ok(json!({"global": global, "services": services}))
+        Ok(reply::Stats { global, services })
     }
 
-    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<&str>) -> Result<Value> {
+    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<&str>) -> Result<reply::Explanation> {
         let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
         let svc = cfg.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;

@@ -1,9 +1,11 @@
-//! The command line's work beyond argument parsing (`main.rs` is clap only): offline `plan`,
-//! human rendering of the daemon's answers, `decap`, and the control-socket round trip.
+//! The command line's work beyond argument parsing (`main.rs` is clap only): offline `plan` and
+//! `validate`, human rendering of the daemon's answers, `decap`, and the control-socket round
+//! trip.
 
 pub mod decap;
 pub mod plan;
 pub mod render;
+pub mod validate;
 
 use crate::daemon::api::{self, Request};
 use std::path::Path;

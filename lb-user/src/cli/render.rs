@@ -1,7 +1,7 @@
 //! Human-readable rendering of the daemon's replies (`--json` prints them as they are). Tables
 //! are aligned columns without borders (`comfy-table`); a long eligible set wraps within its
 //! column instead of running off the terminal.
-use crate::daemon::reply::{BackendChange, ClassFacts, Explanation, Reloaded, Stats, Status};
+use crate::daemon::reply::{BackendChange, ChangeKind, ClassFacts, Explanation, ReloadPlan, Reloaded, Stats, Status};
 use comfy_table::{presets, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
 use std::fmt::Write;
 use std::net::IpAddr;
@@ -165,6 +165,38 @@ pub fn backend(v: &BackendChange) -> String {
 
 pub fn reloaded(v: &Reloaded) -> String {
     format!("ok: reloaded {}\n", v.reloaded)
+}
+
+pub fn reload_plan(v: &ReloadPlan) -> String {
+    let mut out = String::new();
+    if v.services.is_empty() {
+        let _ = writeln!(out, "dry run: reloading {} changes nothing", v.config);
+        return out;
+    }
+    let _ = writeln!(out, "dry run: reloading {} would write {} tables (nothing was applied)", v.config, v.tables_to_write);
+    for s in &v.services {
+        let kind = match s.change {
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Changed => "changed",
+        };
+        let _ = writeln!(out, "service {} {kind} ({} tables)", s.name, s.tables);
+        for (sign, list) in [("+", &s.backends_added), ("-", &s.backends_removed)] {
+            for a in list {
+                let _ = writeln!(out, "  {sign} backend {a}");
+            }
+        }
+        if s.eligible.is_empty() {
+            continue;
+        }
+        let mut t = table(&["CLIENT", "ELIGIBLE BEFORE", "ELIGIBLE AFTER"], &[18], &[]);
+        let set = |s: &Option<Vec<IpAddr>>| s.as_deref().map_or_else(|| "-".to_owned(), eligible);
+        for e in &s.eligible {
+            t.add_row(vec![e.client.clone(), set(&e.before), set(&e.after)]);
+        }
+        push_table(&mut out, &t);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -24,16 +24,28 @@ pub enum HealthOverride {
     Auto,
 }
 
+/// The protocol of a flow `lb explain` explains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
+    /// ICMP (ICMPv6 for an IPv6 client): L3_DEFAULT services only.
+    Icmp,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum Request {
     Status,
     Stats,
-    Explain { service: String, client: IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<String> },
+    Explain { service: String, client: IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<Proto> },
     BackendSet { service: String, address: IpAddr, health: HealthOverride },
     BackendDrain { service: String, address: IpAddr },
     BackendUndrain { service: String, address: IpAddr },
     Reload,
+    /// What a reload would change, without applying it.
+    ReloadDryRun,
 }
 
 /// One reply line: `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. The daemon
@@ -206,6 +218,10 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"request":"backend_set","service":"web","address":"198.18.1.10","health":"unhealthy"}"#);
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        let explain = r#"{"request":"explain","service":"web","client":"198.18.1.1","sport":null,"dport":80,"proto":"icmp"}"#;
+        let r = Request::Explain { service: "web".into(), client: "198.18.1.1".parse().unwrap(), sport: None, dport: Some(80), proto: Some(Proto::Icmp) };
+        assert_eq!(serde_json::to_string(&r).unwrap(), explain);
+        assert_eq!(serde_json::from_str::<Request>(explain).unwrap(), r);
     }
 
     /// What the test server answers to Status.

@@ -5,13 +5,14 @@
 
 pub mod api;
 pub mod dns;
+pub mod dry_run;
 pub mod health;
 pub mod limits;
 pub mod logging;
 pub mod reply;
 pub mod state;
 
-use api::{HealthOverride, Request, Response};
+use api::{HealthOverride, Proto, Request, Response};
 use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
@@ -445,6 +446,16 @@ impl Daemon {
         Ok(reply::Reloaded { reloaded: self.args.config.display().to_string() })
     }
 
+    /// What reloading the config file would change; refused as the reload would be.
+    fn reload_dry_run(&mut self) -> Result<reply::ReloadPlan> {
+        let cfg = Config::load(&self.args.config)?;
+        fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
+        let now = self.dp.now_ns()?;
+        let next = self.ctl.preview_config(cfg.clone(), now)?;
+        self.dp.admit(self.ctl.applied(), &next)?;
+        Ok(dry_run::plan(&self.args.config, self.ctl.config(), self.ctl.applied(), &cfg, &next))
+    }
+
     fn handle(&mut self, req: Request) -> Response {
         // Operator actions are audited, accepted or refused.
         let action = match &req {
@@ -452,12 +463,12 @@ impl Daemon {
             Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
             Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
             Request::Reload => Some(("reload", "control socket".to_owned())),
-            Request::Status | Request::Stats | Request::Explain { .. } => None,
+            Request::Status | Request::Stats | Request::Explain { .. } | Request::ReloadDryRun => None,
         };
         let result = match req {
             Request::Status => Ok(Reply::Status(self.status())),
             Request::Stats => self.stats().map(Reply::Stats),
-            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto.as_deref()).map(Reply::Explain),
+            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto).map(Reply::Explain),
             Request::BackendSet { service, address, health } => {
                 let h = match health {
                     HealthOverride::Healthy => Some(true),
@@ -480,6 +491,7 @@ impl Daemon {
                 .and_then(|_| self.reconcile())
                 .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
             Request::Reload => self.reload().map(Reply::Reloaded),
+            Request::ReloadDryRun => self.reload_dry_run().map(Reply::ReloadPlan),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -575,17 +587,17 @@ impl Daemon {
         Ok(reply::Stats { global, services })
     }
 
-    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<&str>) -> Result<reply::Explanation> {
+    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<Proto>) -> Result<reply::Explanation> {
+        use crate::model::Protocol;
         let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
         let svc = cfg.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        let proto = match proto.unwrap_or(match svc.protocol {
-            crate::model::Protocol::Udp => "udp",
-            _ => "tcp",
-        }) {
-            "tcp" => lb_common::maps::PROTO_TCP,
-            "udp" => lb_common::maps::PROTO_UDP,
-            other => bail!("--proto {other:?}: allowed values are tcp, udp"),
+        let proto = match (proto.unwrap_or(if svc.protocol == Protocol::Udp { Proto::Udp } else { Proto::Tcp }), svc.protocol) {
+            (Proto::Tcp, _) => lb_common::maps::PROTO_TCP,
+            (Proto::Udp, _) => lb_common::maps::PROTO_UDP,
+            (Proto::Icmp, Protocol::L3Default) if client.is_ipv4() => libc::IPPROTO_ICMP as u8,
+            (Proto::Icmp, Protocol::L3Default) => libc::IPPROTO_ICMPV6 as u8,
+            (Proto::Icmp, p) => bail!("--proto icmp: service {service:?} is {}; allowed values: tcp, udp (icmp for L3_DEFAULT services)", p.as_str()),
         };
         let flow = Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
         explain::explain(cfg, applied, service, &flow)

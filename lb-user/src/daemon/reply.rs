@@ -140,6 +140,45 @@ pub struct Reloaded {
     pub reloaded: String,
 }
 
+/// `lb reload --dry-run`: what a reload of the file would change (nothing is applied).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReloadPlan {
+    pub config: String,
+    /// Services added, removed or changed, in the file's order (removed ones last).
+    pub services: Vec<ServiceChange>,
+    /// Maglev tables the reload would write, over all services.
+    pub tables_to_write: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Removed,
+    Changed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceChange {
+    pub name: String,
+    pub change: ChangeKind,
+    pub backends_added: Vec<IpAddr>,
+    pub backends_removed: Vec<IpAddr>,
+    /// Client zones or classes whose eligible set changes.
+    pub eligible: Vec<EligibleChange>,
+    /// Maglev tables of this service that would be written.
+    pub tables: usize,
+}
+
+/// One client zone's (or Traffic Manager class's) eligible set before and after; None where
+/// the zone or class does not exist.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EligibleChange {
+    pub client: String,
+    pub before: Option<Vec<IpAddr>>,
+    pub after: Option<Vec<IpAddr>>,
+}
+
 /// Any reply, as the daemon's loop sends it (the CLI reads the one it asked for).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
@@ -149,6 +188,7 @@ pub enum Reply {
     Explain(Explanation),
     Backend(BackendChange),
     Reloaded(Reloaded),
+    ReloadPlan(ReloadPlan),
 }
 
 #[cfg(test)]

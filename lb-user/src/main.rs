@@ -5,8 +5,12 @@ use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+/// `lb --version`: the release, the commit it was built from and the embedded XDP object's
+/// SHA-256 (both from `build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LB_GIT_COMMIT"), ", eBPF object sha256 ", env!("LB_EBPF_SHA256"), ")");
+
 #[derive(Parser)]
-#[command(name = "lb", version, about = "eBPF/XDP L4 pass-through load balancer")]
+#[command(name = "lb", version = VERSION, about = "eBPF/XDP L4 pass-through load balancer")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -234,5 +238,14 @@ mod tests {
         assert_eq!(proto("udp"), Ok(Some(Proto::Udp)));
         let err = proto("sctp").unwrap_err();
         assert!(err.contains("--proto") && err.contains("tcp, udp, icmp"), "{err}");
+    }
+
+    #[test]
+    fn version_names_the_commit_and_the_ebpf_object() {
+        let v = Cli::command().render_version();
+        assert!(v.contains(" (commit ") && v.contains("eBPF object sha256 "), "{v}");
+        let hash = v.trim().trim_end_matches(')').rsplit(' ').next().unwrap();
+        assert_eq!(hash.len(), 64, "{v}");
+        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()), "{v}");
     }
 }

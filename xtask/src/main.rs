@@ -109,7 +109,7 @@ extern "C" {
 
 fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
-    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    println!("built target/release/lb (the eBPF objects are embedded; `lb --version` names their hash)");
     Ok(())
 }
 

@@ -86,6 +86,36 @@ pub fn is_new_flow(is_tcp_syn: bool, tracking_mode: u8, session_affinity: u8) ->
             || session_affinity == affinity::CLIENT_IP_PORT_PROTO)
 }
 
+/// Whether a SYN that is new by rule ([`is_new_flow`]) keeps the entry its tracking key already
+/// has instead of re-selecting: it does when that entry's backend would still be chosen for a
+/// NEW connection, so a SYN for an established flow (a retransmission, a client reusing its
+/// port, or a spoofed SYN with the victim's tuple) never moves it (Google Cloud keeps
+/// established connections on their backend). Kept when all of these hold:
+/// * the entry is not idle-expired (an `idle_timeout_ns` of 0: never);
+/// * it was made under the service's current pool generation (`pool_gen`);
+/// * its backend is present, with the same generation (the id was not given to another);
+/// * that backend is not REMOVED (neither gone nor draining) and is HEALTHY.
+///
+/// It re-selects (and the insert overwrites the entry) when any of these fails: idle
+/// timeout passed, the active pool changed since (failover or failback, whatever
+/// FLUSH_ON_POOL_CHANGE says), backend removed, draining, reused or unhealthy (also when the
+/// flow itself would persist on it), and of course when the key has no entry: under
+/// PER_CONNECTION a SYN from another source port has another 5-tuple key (spec S7). A table
+/// change alone (a reload adding backends) does not make it re-select.
+#[inline(always)]
+pub fn syn_keeps_entry(entry: &CtEntry, backend: Option<&Backend>, service: &ServiceInfo, now_ns: u64) -> bool {
+    let fresh = service.idle_timeout_ns == 0 || now_ns.saturating_sub(entry.last_seen_ns) <= service.idle_timeout_ns;
+    let usable = match backend {
+        Some(b) => {
+            b.family != 0
+                && b.generation == entry.backend_gen
+                && b.flags & (backend_flags::REMOVED | backend_flags::HEALTHY) == backend_flags::HEALTHY
+        }
+        None => false,
+    };
+    fresh && entry.pool_gen == service.pool_gen && usable
+}
+
 /// [`ServiceInfo::flags`] persistence bits from the persistence option, tracking mode and
 /// affinity (spec §1.4 table). `None` = invalid configuration (ALWAYS_PERSIST + PER_SESSION).
 pub fn persistence_flags(option: u8, tracking_mode: u8, session_affinity: u8) -> Option<u8> {
@@ -299,6 +329,27 @@ mod tests {
     const NOW: u64 = 1_000_000_000_000;
     fn entry() -> CtEntry {
         CtEntry { backend: 1, last_seen_ns: NOW - 1, ..Default::default() }
+    }
+
+    #[test]
+    fn syn_keeps_a_usable_entry_and_re_selects_otherwise() {
+        let s = ServiceInfo { pool_gen: 3, ..svc(0) };
+        let e = CtEntry { pool_gen: 3, backend_gen: 2, ..entry() };
+        let b = Backend { generation: 2, ..b1(backend_flags::HEALTHY) };
+        assert!(syn_keeps_entry(&e, Some(&b), &s, NOW), "usable backend: the flow stays");
+        // Each re-select case.
+        assert!(!syn_keeps_entry(&e, None, &s, NOW), "backend unreadable");
+        assert!(!syn_keeps_entry(&e, Some(&Backend { family: 0, ..b }), &s, NOW), "backend gone");
+        assert!(!syn_keeps_entry(&e, Some(&Backend { generation: 3, ..b }), &s, NOW), "id reused");
+        let removed = Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..b };
+        assert!(!syn_keeps_entry(&e, Some(&removed), &s, NOW), "draining");
+        assert!(!syn_keeps_entry(&e, Some(&Backend { flags: 0, ..b }), &s, NOW), "unhealthy");
+        assert!(!syn_keeps_entry(&CtEntry { pool_gen: 2, ..e }, Some(&b), &s, NOW), "pool changed");
+        let idle = CtEntry { last_seen_ns: NOW - s.idle_timeout_ns - 1, ..e };
+        assert!(!syn_keeps_entry(&idle, Some(&b), &s, NOW), "idle expired");
+        // No idle timeout: never expires; a stamp later than `now` (another CPU) is fresh.
+        assert!(syn_keeps_entry(&idle, Some(&b), &ServiceInfo { idle_timeout_ns: 0, ..s }, NOW));
+        assert!(syn_keeps_entry(&CtEntry { last_seen_ns: NOW + 4, ..e }, Some(&b), &s, NOW));
     }
 
     /// Established flow on b1, b1 unhealthy, b2 healthy (`no_healthy` false unless P8).

@@ -381,6 +381,13 @@ pub mod stat {
         /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
         /// but not tracked; its next packet makes the entry.
         CT_INSERT_BUSY = "ct_insert_busy",
+        /// A new flow's insert evicted a live flow: one seen within the inserting service's idle
+        /// timeout (any flow, if that service's entries never idle out). 0 while the tracked flows
+        /// stay within the configured capacity.
+        CT_EVICT_LIVE = "ct_evict_live",
+        /// Frame to a VIP whose destination MAC is not the ingress device's (broadcast, multicast,
+        /// or flooded to us for another host): passed untouched, not balanced.
+        PASS_NOT_OUR_MAC = "pass_not_our_mac",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
@@ -404,6 +411,27 @@ impl Default for GlobalStats {
     fn default() -> Self {
         Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::ct_table::Search::default() }
     }
+}
+
+/// Slots of `LOCAL_MACS`, a direct-mapped array indexed by [`local_mac_slot`].
+pub const LOCAL_MAC_SLOTS: u32 = 256;
+
+/// The `LOCAL_MACS` slot of an interface: interfaces the balancer is attached to must have
+/// ifindexes that differ modulo [`LOCAL_MAC_SLOTS`] (the daemon refuses others at attach).
+#[inline(always)]
+pub const fn local_mac_slot(ifindex: u32) -> u32 {
+    ifindex & (LOCAL_MAC_SLOTS - 1)
+}
+
+/// Value of `LOCAL_MACS`: an interface the balancer is attached to and its MAC. The data plane
+/// balances only frames whose destination is the MAC of the ingress device's slot, written by
+/// the daemon before it attaches; an empty slot (`ifindex` 0) or another device's is not ours.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalMac {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// Value of the `CLASS_STATS` per-CPU array at `service * classes_per_service + class`: the
@@ -434,7 +462,7 @@ mod pod {
     }
     pod!(
         ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Slot4, Slot6, Bucket4,
-        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters
+        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters, LocalMac
     );
 }
 
@@ -462,6 +490,7 @@ const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
 // adopted as is (its unused counters 29..32 become the search record).
 const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
+const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 
 #[cfg(test)]
 mod tests {
@@ -471,9 +500,12 @@ mod tests {
     fn counter_indices_follow_the_list_and_keep_their_values() {
         // The indices are ABI: a restarted daemon adopts the pinned STATS record.
         assert_eq!((stat::RX_PACKETS, stat::DECAP, stat::CT_INSERT_BUSY), (0, 20, 23));
-        assert_eq!(stat::NAMES.len(), 24);
+        assert_eq!((stat::CT_EVICT_LIVE, stat::PASS_NOT_OUR_MAC), (24, 25));
+        assert_eq!(stat::NAMES.len(), 26);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
+        assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");
+        assert_eq!(stat::NAMES[stat::PASS_NOT_OUR_MAC as usize], "pass_not_our_mac");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use aya_ebpf::maps::Array;
 use lb_common::ct_table;
-use lb_common::decide::{ct_verdict, CtVerdict};
+use lb_common::decide::{ct_verdict, syn_keeps_entry, CtVerdict};
 use lb_common::maps::{stat, table_flags, Backend, CtEntry, CtKey, CtKey4, ServiceInfo};
 
 use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
@@ -34,13 +34,22 @@ impl FlowKey<'_> {
     }
 
     /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
-    /// false if another CPU held the slot (see `insert`).
+    /// false if another CPU held the slot (see `insert`). An evicted flow seen within
+    /// `idle_timeout_ns` of the entry's time is counted (`stat::CT_EVICT_LIVE`).
     #[inline(always)]
-    pub fn insert(self, entry: &CtEntry, counters: Counters) -> bool {
+    pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         let Some(st) = counters.ct_search() else { return false };
-        match self {
+        let evicted = match self {
             FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, st),
             FlowKey::V6(k) => insert(&CONNTRACK, k, entry, st),
+        };
+        match evicted {
+            Some(Some(last_seen)) if ct_table::evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
+                counters.inc(stat::CT_EVICT_LIVE);
+                true
+            }
+            Some(_) => true,
+            None => false,
         }
     }
 }
@@ -134,29 +143,28 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
     unsafe { core::ptr::write_volatile(slot.state_mut(), ct_table::next_state(observed, live)) };
 }
 
-/// Writes `key`'s entry into its own slot, a free one, or the least recently seen one. If
-/// another CPU is writing that slot at this instant the flow goes untracked for this packet;
-/// its next packet makes the entry.
+/// Writes `key`'s entry into its own slot, a free one of the less loaded bucket, or the least
+/// recently seen one (`ct_table::victim`). If another CPU is writing that slot at this instant the
+/// flow goes untracked for this packet (None); its next packet makes the entry. Written:
+/// `Some(last_seen_ns of the flow it evicted)`, or `Some(None)`.
 #[inline(always)]
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
     entry: &CtEntry,
     st: *mut ct_table::Search,
-) -> bool {
-    let b = match buckets(map, key) {
-        Some(b) => b,
-        None => return false,
-    };
-    let slot = unsafe { &mut *slot_at(b, ct_table::victim([&*b[0], &*b[1]], key, st)) };
+) -> Option<Option<u64>> {
+    let b = buckets(map, key)?;
+    let victim = ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, st);
+    let slot = unsafe { &mut *slot_at(b, victim.index) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
-        return false;
+        return None;
     }
     slot.set(key, entry);
     finish(slot, observed, true);
-    true
+    Some(if victim.evicts { Some(unsafe { core::ptr::read_volatile(&(*st).oldest) }) } else { None })
 }
 
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
@@ -204,4 +212,24 @@ pub fn lookup(
     counters.inc(reason);
     slot.remove(state);
     None
+}
+
+/// For a SYN that is new by rule (`is_new_flow`): the tracked (backend id, class, backend record,
+/// flow hash) of its key if the entry keeps the flow (`lb_common::decide::syn_keeps_entry`: its backend
+/// is still usable for a new connection), refreshed. Else None: the caller selects a backend
+/// as for a new flow and its insert overwrites the entry (nothing is deleted or counted here).
+#[inline(always)]
+pub fn keep_for_syn(
+    key: FlowKey,
+    service: &ServiceInfo,
+    now: u64,
+    counters: Counters,
+) -> Option<(u32, u32, &'static Backend, u32)> {
+    let (slot, e, _) = key.get(counters)?;
+    let backend = BACKENDS.get(e.backend)?;
+    if !syn_keeps_entry(&e, Some(backend), service, now) {
+        return None;
+    }
+    slot.touch(now);
+    Some((e.backend, e.class as u32, backend, e.hash))
 }

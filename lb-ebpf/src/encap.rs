@@ -180,8 +180,9 @@ pub fn ip6ip6(
 
 /// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
 /// frame goes to the backend's MAC. An untagged frame leaves by the device the route to the
-/// backend's address uses: the ingress device (XDP_TX; source = the MAC the frame was sent to)
-/// or another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
+/// backend's address uses: the ingress device (XDP_TX; source = the MAC the frame was sent to,
+/// which `parse::to_local_mac` checked is that device's own) or another one (redirect; source =
+/// that device's MAC). A VLAN-tagged frame goes back out of
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
 /// device, on which native XDP cannot transmit.
 #[inline(always)]

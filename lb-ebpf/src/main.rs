@@ -138,6 +138,12 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             return xdp_action::XDP_PASS;
         }
     };
+    // Only frames sent to the ingress device's own MAC: not a broadcast or multicast, nor a
+    // frame flooded to us for another host (whatever the forwarding method).
+    if !parse::to_local_mac(ctx) {
+        counters.inc(stat::PASS_NOT_OUR_MAC);
+        return xdp_action::XDP_PASS;
+    }
     stop_before!(STOP, 2);
     let proto = pkt.tuple.proto;
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
@@ -150,7 +156,8 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     let now = clock::now_ns();
 
     let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
-        None
+        // Re-selects unless the key's entry has a backend still usable for a new connection.
+        conntrack::keep_for_syn(key, svc, now, counters)
     } else {
         conntrack::lookup(key, svc, proto, now, counters)
     };
@@ -177,7 +184,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
             let entry = CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class: class as u16, backend_gen: b.generation, hash };
-            if !key.insert(&entry, counters) {
+            if !key.insert(&entry, svc.idle_timeout_ns, counters) {
                 counters.inc(stat::CT_INSERT_BUSY);
             }
             counters.inc(stat::NEW_FLOW);

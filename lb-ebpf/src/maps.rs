@@ -7,7 +7,10 @@ use aya_ebpf::{
     Global,
 };
 use lb_common::ct_table;
-use lb_common::maps::{AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, ServiceSlot, ServiceTableRef, TableRef};
+use lb_common::maps::{
+    AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, LocalMac, ServiceSlot, ServiceTableRef, TableRef,
+    LOCAL_MAC_SLOTS,
+};
 
 use crate::nexthop::{FibParams, NextHop};
 
@@ -59,6 +62,11 @@ pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0)
 /// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
 #[map]
 pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
+/// `lb_common::maps::local_mac_slot(ifindex)` -> an interface the balancer is attached to and
+/// its MAC (written by the daemon before it attaches; not pinned: each loaded program has its
+/// own, filled before it is attached or swapped in). A fixed size: not set from the configuration.
+#[map]
+pub static LOCAL_MACS: Array<LocalMac> = Array::with_max_entries(LOCAL_MAC_SLOTS, 0);
 
 /// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
 #[map]

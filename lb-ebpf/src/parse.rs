@@ -6,11 +6,11 @@
 //! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::maps::{stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{local_mac_slot, stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 use lb_ebpf::consts::{ETH_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::{as_key, ptr_at, read, word, Verdict};
 
-use crate::maps::VIPS;
+use crate::maps::{LOCAL_MACS, VIPS};
 
 /// Extension headers skipped at most; more is treated as malformed.
 const MAX_EXT_HEADERS: usize = 6;
@@ -37,6 +37,23 @@ pub struct Packet {
     /// header's second word: a DF-clear datagram that is fragmented on the way to the backend
     /// then carries the client's identification, not one constant for all (RFC 6864).
     pub id_df: u32,
+}
+
+/// Whether the frame's destination MAC is the ingress device's own (`LOCAL_MACS`): false for
+/// broadcast and multicast frames, frames flooded to us for another host, and devices the
+/// daemon did not register. One inlined array lookup and two compares.
+#[inline(always)]
+pub fn to_local_mac(ctx: &XdpContext) -> bool {
+    let ifindex = ctx.ingress_ifindex() as u32;
+    let (Some(local), Some(eth)) = (LOCAL_MACS.get(local_mac_slot(ifindex)), ptr_at::<[u16; 3]>(ctx, 0)) else {
+        return false;
+    };
+    let m = local.mac.as_ptr();
+    let p = eth as *const u8;
+    // Words as they lie in the frame and in the map (the MAC sits at offset 4 of the value).
+    let (want_lo, want_hi) = unsafe { (core::ptr::read(m as *const u32), core::ptr::read(m.add(4) as *const u16)) };
+    let (lo, hi) = unsafe { (core::ptr::read(p as *const u32), core::ptr::read(p.add(4) as *const u16)) };
+    local.ifindex == ifindex && lo == want_lo && hi == want_hi
 }
 
 /// Whether `addr` is a VIP: packets to it are ours (malformed ones are dropped).

@@ -21,8 +21,9 @@ use ipnet::IpNet;
 pub use lb_common::maps::addr_words;
 use lb_common::ct_table;
 use lb_common::maps::{
-    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, ServiceInfo,
-    ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, MAX_SERVICE_ID,
+    stat, table_flags, AddrKey, Backend, ClassCounters, ClassKey, CtEntry, CtKey, CtKey4, GlobalStats, LocalMac,
+    ServiceInfo, ServiceKey, TableRef, BACKEND_DROP, CLASS_KEY_SERVICE_BITS, FAMILY_V4, FAMILY_V6, LOCAL_MAC_SLOTS,
+    MAX_SERVICE_ID,
 };
 
 use crate::service_table::{self, ServiceTable};
@@ -55,6 +56,9 @@ const SIZED_MAPS: &[SizedMap] = &[
     SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
     SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
     SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
+    // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
+    // object has its own, filled before it is attached or swapped in.
+    SizedMap { name: "LOCAL_MACS", pinned: false, max_entries: |_| LOCAL_MAC_SLOTS },
 ];
 
 const fn pinned_count() -> usize {
@@ -265,6 +269,8 @@ pub struct Dataplane {
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
+    /// The interfaces `lb` balances on and their MACs (`LOCAL_MACS`, not pinned).
+    local_macs: Array<MapData, LocalMac>,
     clock_probe: Array<MapData, u64>,
     /// Service keys per VIP address, to keep `VIPS` in step with the service table.
     vip_refs: StdHashMap<AddrKey, usize>,
@@ -398,6 +404,7 @@ impl Dataplane {
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
+            local_macs: take(&mut ebpf, "LOCAL_MACS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
             ebpf,
             sizes,
@@ -803,9 +810,33 @@ impl Dataplane {
         Ok(Stats { global, classes })
     }
 
+    /// Registers `ifindex` as an interface `lb` balances on, with its MAC: `lb` balances only
+    /// frames sent to the ingress device's registered MAC (others pass, counted as
+    /// `pass_not_our_mac`). Refuses a second interface in the same `LOCAL_MACS` slot.
+    pub fn set_local_mac(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<()> {
+        let slot = lb_common::maps::local_mac_slot(ifindex);
+        let old = self.local_macs.get(&slot, 0).context("reading LOCAL_MACS")?;
+        if old.ifindex != 0 && old.ifindex != ifindex {
+            bail!(
+                "interfaces {} and {ifindex} share slot {slot} of LOCAL_MACS (ifindexes equal modulo {})",
+                old.ifindex,
+                LOCAL_MAC_SLOTS
+            );
+        }
+        self.local_macs.set(slot, LocalMac { ifindex, mac, _pad: [0; 2] }, 0).context("writing LOCAL_MACS")
+    }
+
+    /// Registers `ifname` (its index and current MAC, see [`Dataplane::set_local_mac`]).
+    pub fn register_interface(&mut self, ifname: &str) -> Result<()> {
+        let (ifindex, mac) = interface_mac(ifname)?;
+        self.set_local_mac(ifindex, mac)
+    }
+
     /// Attaches a program to an interface, native (driver) mode first, else generic.
-    /// Returns the mode used. The attachment lives as long as this `Dataplane`.
+    /// Returns the mode used. The attachment lives as long as this `Dataplane`. The interface
+    /// is registered first (`set_local_mac`), so the first packet already finds its MAC.
     pub fn attach(&mut self, ifname: &str, p: Program) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         attach(&mut self.ebpf, p.name(), ifname)
     }
 
@@ -813,6 +844,7 @@ impl Dataplane {
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
+        self.register_interface(ifname)?;
         attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)
     }
 
@@ -913,6 +945,40 @@ pub(crate) fn run_test(ebpf: &Ebpf, name: &str, packet: &[u8], ingress_ifindex: 
     let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
     out.truncate(r.data_size_out as usize);
     Ok(TestOutput { action: r.return_value, data: out })
+}
+
+/// An interface's index and MAC (`SIOCGIFHWADDR`), in the calling thread's network namespace.
+fn interface_mac(ifname: &str) -> Result<(u32, [u8; 6])> {
+    let name = std::ffi::CString::new(ifname).context("interface name")?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface {ifname}: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed ifreq with the name copied in (shorter than IFNAMSIZ, checked), on a
+    // socket we own and close; the ioctl writes only into the ifreq.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let bytes = name.as_bytes();
+        if bytes.len() >= req.ifr_name.len() {
+            bail!("interface name {ifname} is too long");
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            bail!("reading the MAC of {ifname}: {err}");
+        }
+        let data = req.ifr_ifru.ifru_hwaddr.sa_data;
+        Ok((ifindex, std::array::from_fn(|i| data[i] as u8)))
+    }
 }
 
 /// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in
@@ -1082,7 +1148,7 @@ where
     ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()) as usize;
+    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()).index as usize;
     let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).

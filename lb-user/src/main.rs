@@ -114,8 +114,9 @@ enum BackendAction {
         #[arg(long, value_enum)]
         health: HealthOverride,
     },
-    /// No new flows; existing flows continue until the service's draining timeout.
-    Drain(BackendRef),
+    /// No new flows; existing flows continue until the service's draining timeout. With
+    /// `--host`: drain this whole balancer (withdraw its VIPs, forward for a grace period, stop).
+    Drain(DrainArgs),
     /// Ends a drain: the backend takes new flows again (its tracked flows stay).
     Undrain(BackendRef),
 }
@@ -131,6 +132,25 @@ struct BackendRef {
     /// The backend's address, as configured.
     #[arg(long)]
     address: IpAddr,
+}
+
+/// `lb backend drain`: one backend of one service, or (`--host`) this balancer.
+#[derive(clap::Args)]
+struct DrainArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The service's name.
+    #[arg(long, required_unless_present = "host")]
+    service: Option<String>,
+    /// The backend's address, as configured.
+    #[arg(long, required_unless_present = "host")]
+    address: Option<IpAddr>,
+    /// Drain the whole host: withdraw every announced VIP, keep forwarding, then stop.
+    #[arg(long, conflicts_with_all = ["service", "address"])]
+    host: bool,
+    /// With --host: seconds to keep forwarding (default `[announce] drain_grace_sec`).
+    #[arg(long, requires = "host")]
+    grace_sec: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -158,9 +178,13 @@ fn main() -> std::process::ExitCode {
         Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
             call(&common, Request::BackendSet { service, address, health }, render::backend)
         }
-        Command::Backend { action: BackendAction::Drain(BackendRef { common, service, address }) } => {
+        Command::Backend { action: BackendAction::Drain(DrainArgs { common, host: true, grace_sec, .. }) } => {
+            call(&common, Request::HostDrain { grace_sec }, render::host_drain)
+        }
+        Command::Backend { action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }) } => {
             call(&common, Request::BackendDrain { service, address }, render::backend)
         }
+        Command::Backend { action: BackendAction::Drain(_) } => unreachable!("clap requires --service and --address without --host"),
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
             call(&common, Request::BackendUndrain { service, address }, render::backend)
         }

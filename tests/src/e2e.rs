@@ -94,14 +94,19 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with RLIMIT_NOFILE set to `nofile` (soft and hard).
     pub fn start_with_nofile(topo: &Topology, prefix: &str, config: &str, nofile: u64) -> Result<Self> {
-        Self::start_opts_nofile(topo, prefix, config, false, Some(nofile))
+        Self::start_in_opts(&topo.lb.ns, prefix, config, false, Some(nofile))
+    }
+
+    /// Like [`Daemon::start`], on the `eth0` of the balancer namespace `ns`.
+    pub fn start_in(ns: &Netns, prefix: &str, config: &str) -> Result<Self> {
+        Self::start_in_opts(ns, prefix, config, false, None)
     }
 
     fn start_opts(topo: &Topology, prefix: &str, config: &str, keep: bool) -> Result<Self> {
-        Self::start_opts_nofile(topo, prefix, config, keep, None)
+        Self::start_in_opts(&topo.lb.ns, prefix, config, keep, None)
     }
 
-    fn start_opts_nofile(topo: &Topology, prefix: &str, config: &str, keep: bool, nofile: Option<u64>) -> Result<Self> {
+    fn start_in_opts(ns: &Netns, prefix: &str, config: &str, keep: bool, nofile: Option<u64>) -> Result<Self> {
         let dir = PathBuf::from(format!("/run/lb-test-{prefix}"));
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/lb-test-{prefix}"));
         // Leftovers of a crashed run: a fresh start must not adopt them.
@@ -116,7 +121,7 @@ impl Daemon {
             config: cfg,
             pin_dir,
             dir,
-            ns_name: topo.lb.ns.name().to_owned(),
+            ns_name: ns.name().to_owned(),
             keep: false,
             nofile,
         };
@@ -213,6 +218,19 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+
+    /// Kill with SIGKILL (a crash: nothing of the daemon's clean-up runs) and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the daemon has exited (on its own: a host drain ends in a stop).
+    pub fn exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// Stop and start again. A daemon started with [`Daemon::start_keeping`] leaves the data
@@ -331,6 +349,11 @@ pub struct Session {
 }
 
 impl Session {
+    /// The client side's address (its source port tells which way ECMP sends the flow).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.writer.local_addr()?)
+    }
+
     pub fn open(client: &Host, target: SocketAddr) -> Result<Self> {
         let s = client.ns.run(move || TcpStream::connect_timeout(&target, Duration::from_secs(5)))??;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -398,8 +421,13 @@ pub fn service_block(name: &str, v6: bool, keys: &str, tables: &str, hc_port: u1
 
 /// `[[service.backend]]` entries for the topology's backends that `include` selects.
 pub fn backends_toml_where(topo: &Topology, v6: bool, include: &dyn Fn(&Host) -> bool) -> String {
+    backends_toml_of(topo.backends.iter().filter(|b| include(b)), v6)
+}
+
+/// `[[service.backend]]` entries (address, zone, MAC) for `hosts`.
+pub fn backends_toml_of<'a>(hosts: impl Iterator<Item = &'a Host>, v6: bool) -> String {
     let mut s = String::new();
-    for b in topo.backends.iter().filter(|b| include(b)) {
+    for b in hosts {
         s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n\n", b.addr(v6), b.zone, b.mac);
     }
     s

@@ -20,7 +20,28 @@ pub fn sizes() -> DataplaneSizes {
 }
 
 pub fn load() -> Dataplane {
-    Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)")
+    register_interfaces(Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)"))
+}
+
+/// Registers the interfaces test frames arrive on (`Dataplane::set_local_mac`), as the daemon
+/// does on attach: `lo` (`BPF_PROG_TEST_RUN` without an ingress device; its frames are sent to
+/// `fixture_net::LB_MAC`) and, where the calling thread's namespace has them, `lbv0` and
+/// `lbv2` of `fixture_net` with their own MACs.
+pub fn register_interfaces(mut dp: Dataplane) -> Dataplane {
+    const LOOPBACK_IFINDEX: u32 = 1;
+    dp.set_local_mac(LOOPBACK_IFINDEX, crate::fixture_net::LB_MAC).expect("registering lo");
+    for name in ["lbv0", "lbv2"] {
+        if interface_exists(name) {
+            dp.register_interface(name).unwrap_or_else(|e| panic!("registering {name}: {e:#}"));
+        }
+    }
+    dp
+}
+
+fn interface_exists(name: &str) -> bool {
+    let c = std::ffi::CString::new(name).expect("interface name");
+    // SAFETY: a NUL-terminated name, only read.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
 }
 
 pub fn service_key(vip: IpAddr, port: u16, proto: u8) -> ServiceKey {

@@ -2,6 +2,7 @@
 //! with a private namespace for `bpf_fib_lookup` (`fixture_net`), named network namespaces and
 //! the end-to-end topology.
 
+pub mod bgp;
 pub mod fixture;
 pub mod e2e;
 pub mod fixture_net;

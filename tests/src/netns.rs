@@ -92,6 +92,11 @@ impl Drop for Netns {
 pub struct ChildGuard(Option<Child>);
 
 impl ChildGuard {
+    /// Guard a child started elsewhere (e.g. with its output redirected).
+    pub fn new(child: Child) -> Self {
+        Self(Some(child))
+    }
+
     pub fn id(&self) -> u32 {
         self.0.as_ref().map(|c| c.id()).unwrap_or(0)
     }

@@ -66,7 +66,7 @@ pub struct Topology {
 
 /// A bpffs directory removed on drop (removing a link's pin detaches it).
 #[derive(Debug)]
-struct PinDir(PathBuf);
+pub struct PinDir(pub PathBuf);
 
 impl Drop for PinDir {
     fn drop(&mut self) {
@@ -89,6 +89,58 @@ pub fn backend_addrs(zone: usize, i: usize) -> (Ipv4Addr, Ipv6Addr) {
     (Ipv4Addr::new(198, 18, 10 + zone as u8, 1 + i as u8), Ipv6Addr::new(0x2001, 0xdb8, 0, 0x10 + zone as u16, 0, 0, 0, 1 + i as u16))
 }
 
+/// A new namespace `ns_name` whose `eth0` is plugged into `bridge` of `switch` (switch side
+/// `peer`), with `addrs` ("ADDR/LEN"; IPv6 without duplicate address detection), up. Returns
+/// the namespace and eth0's MAC.
+pub fn plug(switch: &Netns, bridge: &str, ns_name: &str, peer: &str, addrs: &[String]) -> Result<(Netns, String)> {
+    let ns = Netns::new(ns_name)?;
+    ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", switch.name()])?;
+    switch.ip(&["link", "set", peer, "master", bridge, "up"])?;
+    for a in addrs {
+        if a.contains(':') {
+            ns.ip(&["addr", "add", a, "dev", "eth0", "nodad"])?;
+        } else {
+            ns.ip(&["addr", "add", a, "dev", "eth0"])?;
+        }
+    }
+    ns.ip(&["link", "set", "eth0", "up"])?;
+    let mac = ns.exec(&["cat", "/sys/class/net/eth0/address"])?.trim().to_owned();
+    Ok((ns, mac))
+}
+
+/// A balancer transmits with XDP_TX, and a veth delivers XDP_TX frames only to a peer in NAPI
+/// mode: an XDP program on the switch-side `peer` gives that (lb_decap for an address nobody
+/// uses passes every frame), pinned under `pins`.
+pub fn napi_peer(switch: &Netns, peer: &str, pins: &std::path::Path) -> Result<()> {
+    sh(switch
+        .nsenter()
+        .arg(crate::e2e::bin("lb"))
+        .args(["decap", "attach", "--interface", peer, "--address", "198.19.255.254", "--pin-dir"])
+        .arg(pins))
+    .map(|_| ())
+}
+
+/// A backend: the VIPs on `lo`, never claimed on the segment (arp_ignore/arp_announce), and
+/// packets from clients accepted whatever the route back (rp_filter off).
+pub fn hold_vips(ns: &Netns) -> Result<()> {
+    ns.ip(&["addr", "add", &format!("{VIP4}/32"), "dev", "lo"])?;
+    ns.ip(&["addr", "add", &format!("{VIP6}/128"), "dev", "lo", "nodad"])?;
+    for s in ["net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.eth0.rp_filter=0"] {
+        ns.exec(&["sysctl", "-qw", s])?;
+    }
+    Ok(())
+}
+
+/// Every backend's MAC resolved on a balancer now, so the first forwarded packet finds its
+/// neighbour (bpf_fib_lookup does not resolve; health checks keep entries fresh).
+pub fn pin_neighbours(lb: &Netns, backends: &[Host]) -> Result<()> {
+    for b in backends {
+        lb.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
+        lb.ip(&["-6", "neigh", "replace", &b.v6.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
+    }
+    Ok(())
+}
+
 impl Topology {
     pub fn build(spec: &TopologySpec) -> Result<Topology> {
         let p = &spec.prefix;
@@ -100,14 +152,7 @@ impl Topology {
         let mut port = 0usize;
         let mut host = |name: String, zone: usize, v4: Ipv4Addr, v6: Ipv6Addr| -> Result<Host> {
             port += 1;
-            let ns = Netns::new(&format!("{p}-{name}"))?;
-            let peer = format!("{p}p{port}");
-            ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", &peer, "netns", switch.name()])?;
-            switch.ip(&["link", "set", &peer, "master", "br0", "up"])?;
-            ns.ip(&["addr", "add", &format!("{v4}/16"), "dev", "eth0"])?;
-            ns.ip(&["addr", "add", &format!("{v6}/48"), "dev", "eth0", "nodad"])?;
-            ns.ip(&["link", "set", "eth0", "up"])?;
-            let mac = ns.exec(&["cat", "/sys/class/net/eth0/address"])?.trim().to_owned();
+            let (ns, mac) = plug(&switch, "br0", &format!("{p}-{name}"), &format!("{p}p{port}"), &[format!("{v4}/16"), format!("{v6}/48")])?;
             Ok(Host { ns, name, zone, v4, v6, mac })
         };
         let lb = host("lb".into(), 0, LB4, LB6)?;
@@ -116,11 +161,7 @@ impl Topology {
         // the peer does: lb_decap for an address nobody uses passes every frame.
         let peer_pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/lb-topo-{p}")));
         let _ = std::fs::remove_dir_all(&peer_pins.0);
-        sh(switch
-            .nsenter()
-            .arg(crate::e2e::bin("lb"))
-            .args(["decap", "attach", "--interface", &format!("{p}p1"), "--address", "198.19.255.254", "--pin-dir"])
-            .arg(&peer_pins.0))?;
+        napi_peer(&switch, &format!("{p}p1"), &peer_pins.0)?;
         // bpf_fib_lookup (IPIP next hop) answers only where forwarding is enabled.
         lb.ns.exec(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])?;
         lb.ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
@@ -131,11 +172,7 @@ impl Topology {
             for i in 0..*nb {
                 let (v4, v6) = backend_addrs(z, i);
                 let b = host(format!("b{z}-{}", i + 1), z, v4, v6)?;
-                b.ns.ip(&["addr", "add", &format!("{VIP4}/32"), "dev", "lo"])?;
-                b.ns.ip(&["addr", "add", &format!("{VIP6}/128"), "dev", "lo", "nodad"])?;
-                for s in ["net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.eth0.rp_filter=0"] {
-                    b.ns.exec(&["sysctl", "-qw", s])?;
-                }
+                hold_vips(&b.ns)?;
                 backends.push(b);
             }
             for i in 0..*nc {
@@ -156,10 +193,7 @@ impl Topology {
         }
         // Resolve every backend's MAC on the balancer now, so the first forwarded packet finds
         // its neighbour (bpf_fib_lookup does not resolve; health checks keep entries fresh).
-        for b in &backends {
-            lb.ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
-            lb.ns.ip(&["-6", "neigh", "replace", &b.v6.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])?;
-        }
+        pin_neighbours(&lb.ns, &backends)?;
         Ok(Topology { lb, clients, backends, switch, _peer_pins: peer_pins })
     }
 

@@ -30,7 +30,7 @@ fn config(services: &[&str], backends: usize, prefixes: usize, set: u8) -> Strin
 
 /// What `lb run` does on adopted pins: restore, depart what left, sweep, reconcile.
 fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &PersistentState) -> (Dataplane, Controller, (usize, usize, usize, usize), u64) {
-    let mut dp = Dataplane::load_with(sizes, Some(pins)).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes, Some(pins)).unwrap());
     let mut ctl = Controller::new(Config::parse(cfg).unwrap());
     ctl.restore(state);
     let now = dp.now_ns().unwrap();
@@ -50,7 +50,7 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     let both = config(&["web", "api"], 2, 550, 0);
     let sizes = sizes_for(&Config::parse(&both).unwrap());
     let state = {
-        let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
+        let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes, Some(pins.path())).unwrap());
         let mut ctl = Controller::new(Config::parse(&both).unwrap());
         ctl.reconcile(&mut dp).unwrap();
         assert_eq!(dp.installed_services().len(), 2);
@@ -98,7 +98,7 @@ fn an_ipv4_mapped_prefix_survives_adoption() {
     let cfg = config(&["web"], 1, 0, 0).replace("client_prefixes = []", "client_prefixes = [\"::ffff:198.19.0.0/112\"]");
     let sizes = sizes_for(&Config::parse(&cfg).unwrap());
     let state = {
-        let mut dp = Dataplane::load_with(sizes, Some(pins.path())).unwrap();
+        let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes, Some(pins.path())).unwrap());
         let mut ctl = Controller::new(Config::parse(&cfg).unwrap());
         ctl.reconcile(&mut dp).unwrap();
         ctl.persistent_state()

@@ -30,12 +30,16 @@ fn setup(dp: &mut Dataplane) {
     dp.write_table(SVC, 1, 0, &uniform(B1)).unwrap();
 }
 
-/// The backend a new flow (SYN) from the v4 or v6 client goes to.
+/// The backend a new flow (SYN) from the v4 or v6 client goes to. Each call is another flow
+/// (another source port): a SYN of a tracked flow whose backend is still usable would keep it
+/// (`lb_common::decide::syn_keeps_entry`) instead of being classified again.
 fn backend_of(dp: &Dataplane, v6: bool) -> u32 {
+    static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(40000);
+    let sport = NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let frame = if v6 {
-        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, 40000, 80, TCP_SYN, b"")))
+        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, sport, 80, TCP_SYN, b"")))
     } else {
-        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, 40000, 80, TCP_SYN, b"")))
+        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, sport, 80, TCP_SYN, b"")))
     };
     let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
     assert_eq!(out.action, XDP_TX);
@@ -69,12 +73,12 @@ fn a_restarted_writer_keeps_the_class_flags_exact() {
     let dir = pins.path();
     {
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
+        let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap());
         setup(&mut dp);
         dp.set_class_prefix(SVC, "198.18.1.0/24".parse().unwrap(), 1).unwrap();
         dp.set_class_prefix(SVC, "198.18.0.0/16".parse().unwrap(), 1).unwrap();
     }
-    let mut dp = Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(dir)).unwrap());
     assert_eq!(backend_of(&dp, false), B1, "the adopted trie and flag classify the client");
     dp.remove_class_prefix(SVC, "198.18.1.0/24".parse().unwrap()).unwrap();
     assert_eq!(backend_of(&dp, false), B1, "the /16 still matches: the flag stays");

@@ -28,7 +28,8 @@ fn setup(info: ServiceInfo) -> Dataplane {
     install(fixture::load(), info)
 }
 
-fn install(mut dp: Dataplane, info: ServiceInfo) -> Dataplane {
+fn install(dp: Dataplane, info: ServiceInfo) -> Dataplane {
+    let mut dp = fixture::register_interfaces(dp);
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP.into(), 53, PROTO_UDP)], info).unwrap();
     for id in [B1, B2] {
         let addr = IpAddr::V4(Ipv4Addr::new(198, 18, 3, id as u8));
@@ -45,6 +46,13 @@ fn dsr(aff: u8, mode: u8) -> ServiceInfo {
 fn tcp(sport: u16, flags: u8) -> Vec<u8> {
     let ip = V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, sport, 80, flags, b"data"));
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
+}
+
+/// A SYN with the flow's tuple and a bad TCP checksum, as a spoofer from another host sends.
+fn spoofed_syn(sport: u16) -> Vec<u8> {
+    let mut seg = tcp4(CLIENT, VIP, sport, 80, TCP_SYN, b"");
+    seg[16] ^= 0x5a;
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, PROTO_TCP).build(&seg))
 }
 
 fn udp(sport: u16) -> Vec<u8> {
@@ -64,9 +72,14 @@ fn backend_of(dp: &Dataplane, frame: &[u8]) -> u32 {
 }
 
 fn ct_key(info: &ServiceInfo, proto: u8, sport: u16, dport: u16) -> CtKey {
+    key_of(info, CLIENT.into(), VIP.into(), proto, sport, dport)
+}
+
+/// The tracking key of a flow with ports from `src` to `dst`.
+fn key_of(info: &ServiceInfo, src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> CtKey {
     let full = FlowTuple {
-        src: addr_words(CLIENT.into()).0,
-        dst: addr_words(VIP.into()).0,
+        src: addr_words(src).0,
+        dst: addr_words(dst).0,
         sport: sport.to_be(),
         dport: dport.to_be(),
         proto,
@@ -93,11 +106,15 @@ fn established_flow_keeps_backend_across_table_swap() {
 }
 
 #[test]
-fn syn_on_tracked_five_tuple_starts_a_new_flow() {
-    // §1.1: with PER_CONNECTION every SYN is new and overwrites the entry (FIN/RST remove nothing).
+fn syn_on_tracked_five_tuple_starts_a_new_flow_once_its_backend_drains() {
+    // §1.1: with PER_CONNECTION a SYN is new and overwrites the entry (FIN/RST remove nothing)
+    // when the entry's backend no longer takes new connections (`syn_keeps_entry`): here b1
+    // drains (removed, deadline ahead), so tracked non-SYN packets would still reach it.
     let mut dp = setup(dsr(affinity::NONE, tracking::PER_CONNECTION));
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     move_table_to_b2(&mut dp);
+    let deadline = dp.now_ns().unwrap() + 300_000_000_000;
+    dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, deadline).unwrap();
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B2);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "the entry was overwritten");
 }
@@ -120,6 +137,55 @@ fn s8_client_ip_per_session_syn_follows_existing_entry() {
     // S5: the UDP flow of the same client shares the one 2-tuple entry.
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     assert_eq!(dp.conntrack_entries().len(), 1);
+}
+
+/// Issue 20.2: spoofed SYNs with an established flow's tuple (bad checksum) after a table change
+/// that hashes the tuple elsewhere do not move the flow: its backend is still usable.
+#[test]
+fn spoofed_syn_keeps_an_established_flow_on_its_usable_backend() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = flow_on_b1_table_on_b2(info);
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1);
+    assert_eq!(backend_of(&dp, &spoofed_syn(40000)), B1, "the SYN follows the entry");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1, "so does a genuine retransmitted SYN");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the flow stays");
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().backend, B1);
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::NEW_FLOW), s.get(stat::CT_HIT)), (1, 4));
+    // A SYN of another tuple is a new flow on the new table.
+    assert_eq!(backend_of(&dp, &spoofed_syn(40001)), B2);
+}
+
+/// Each case in which a SYN on a tracked tuple re-selects (`lb_common::decide::syn_keeps_entry`): the
+/// established flow on b1 moves to b2, where the table now hashes it, and stays there.
+#[test]
+fn syn_re_selects_when_the_tracked_backend_takes_no_new_connections() {
+    type Case = fn(&mut Dataplane, ServiceInfo);
+    let cases: [(&str, Case); 5] = [
+        ("unhealthy", |dp, _| dp.set_backend_state(B1, 0, 0).unwrap()),
+        ("draining", |dp, _| {
+            let deadline = dp.now_ns().unwrap() + 300_000_000_000;
+            dp.set_backend_state(B1, backend_flags::HEALTHY | backend_flags::REMOVED, deadline).unwrap()
+        }),
+        ("id given to another backend", |dp, _| {
+            let other = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, 9)), backend_mac(B1), 0);
+            dp.set_backend(B1, lb_common::maps::Backend { generation: 1, ..other }).unwrap()
+        }),
+        ("active pool changed", |dp, info| republish(dp, ServiceInfo { pool_gen: 1, ..info })),
+        ("idle timeout passed", |dp, info| {
+            let key = ct_key(&info, PROTO_TCP, 40000, 80);
+            let e = dp.conntrack_get(FAMILY_V4, &key).unwrap();
+            dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e }).unwrap()
+        }),
+    ];
+    for (case, apply) in cases {
+        let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+        let mut dp = flow_on_b1_table_on_b2(info);
+        apply(&mut dp, info);
+        assert_eq!(backend_of(&dp, &spoofed_syn(40000)), B2, "{case}: the SYN re-selects");
+        assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B2, "{case}: the entry was overwritten");
+        assert_eq!(dp.stats().unwrap().get(stat::NEW_FLOW), 2, "{case}");
+    }
 }
 
 /// P-vector harness: flow established on b1; b1 turns unhealthy; the table moves to b2
@@ -357,15 +423,7 @@ fn each_family_tracks_its_flows_in_its_own_table() {
     assert_eq!(entries.len(), 2, "{entries:?}");
     assert_eq!((entries[0].0, entries[1].0), (FAMILY_V4, FAMILY_V6));
     assert_eq!(entries[0].1, ct_key(&info, PROTO_TCP, 40000, 80));
-    let full6 = FlowTuple {
-        src: addr_words(CLIENT6.into()).0,
-        dst: addr_words(VIP6.into()).0,
-        sport: 40000u16.to_be(),
-        dport: 80u16.to_be(),
-        proto: PROTO_TCP,
-        _pad: [0; 3],
-    };
-    let key6 = CtKey { tuple: track_tuple(info.affinity, info.tracking, &full6, true), service: info.id };
+    let key6 = key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40000, 80);
     assert_eq!(entries[1].1, key6);
     assert_eq!(dp.conntrack_get(FAMILY_V6, &key6).map(|e| e.backend), Some(B1));
     assert!(dp.conntrack_get(FAMILY_V4, &key6).is_none(), "an IPv6 key is not in the IPv4 table");
@@ -415,11 +473,36 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     assert_eq!(backend_of(&dp, &tcp(41100, TCP_SYN)), B2, "a ninth flow");
     assert_eq!(dp.conntrack_entries().len(), 8);
     assert!(dp.conntrack_get(FAMILY_V4, &key(41003)).is_none(), "the least recently seen flow was evicted");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_EVICT_LIVE), 1, "seen 5 s ago: a live flow");
     for &p in ports.iter().filter(|&&p| p != 41003) {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "port {p} keeps its backend");
     }
     // The evicted flow's next packet is a new flow: it follows the table.
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
+}
+
+/// Issue 17.1: a table configured for 2^16 flows takes exactly that many new flows, one per
+/// program run, without evicting any: every flow is read back, and no live eviction counted.
+#[test]
+fn the_configured_number_of_flows_fits_without_eviction() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let dp = setup(info);
+    let flows = fixture::sizes().conntrack_entries;
+    assert_eq!(flows, 1 << 16);
+    let client = |i: u32| Ipv4Addr::new(10, (i >> 8) as u8, i as u8, 1);
+    for i in 0..flows {
+        let ip = V4::new(client(i), VIP, PROTO_UDP).build(&udp4(client(i), VIP, 5000, 53, b"x"));
+        let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip), 0).unwrap();
+        assert_eq!(out.action, XDP_TX, "flow {i}");
+    }
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::NEW_FLOW), s.get(stat::CT_INSERT_BUSY)), (u64::from(flows), 0));
+    assert_eq!(s.get(stat::CT_EVICT_LIVE), 0, "no live flow evicted");
+    let tracked: std::collections::HashSet<CtKey> = dp.conntrack_entries().into_iter().map(|(_, k, _)| k).collect();
+    assert_eq!(tracked.len(), flows as usize);
+    for i in 0..flows {
+        assert!(tracked.contains(&key_of(&info, client(i).into(), VIP.into(), PROTO_UDP, 5000, 53)), "flow {i} was evicted");
+    }
 }
 
 /// A restarted daemon adopts the pinned tables and finds the flows its predecessor tracked:
@@ -433,7 +516,7 @@ fn adopted_pinned_tables_keep_their_flows() {
         let dp = install(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap(), info);
         assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     }
-    let mut dp = Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap());
     assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).map(|e| e.backend), Some(B1));
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the adopted entry still holds the flow");

@@ -51,18 +51,8 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
     const NEIGHBOUR_MAC: [u8; 6] = [0x02, 0x99, 0, 0, 0, 0x99];
     in_netns(|topo| {
         let mut dp = fixture::load();
-        let vip4 = Ipv4Addr::new(198, 18, 0, 100);
-        let vip6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
-        let info = |id| service_info(id, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
         // Service 1 (IPv4 VIP) and 2 (IPv6 VIP), each with one backend; the test moves it.
-        dp.set_service(&[service_key(vip4.into(), 80, PROTO_TCP)], info(1)).unwrap();
-        dp.set_service(&[service_key(vip6.into(), 80, PROTO_TCP)], info(2)).unwrap();
-        dp.write_table(1, 0, 0, &uniform(1)).unwrap();
-        dp.write_table(2, 0, 0, &uniform(2)).unwrap();
-        let c4 = Ipv4Addr::new(198, 18, 1, 5);
-        let c6 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
-        let ip4 = V4::new(c4, vip4, PROTO_TCP).build(&tcp4(c4, vip4, 40000, 80, TCP_SYN, b"l2"));
-        let ip6 = ipv6(c6, vip6, PROTO_TCP, 64, 0, &tcp6(c6, vip6, 40000, 80, TCP_SYN, b"l2"));
+        let (ip4, ip6) = two_services(&mut dp, forwarding::L2_DSR, b"l2");
         let cases: [(u32, IpAddr, &[u8], u16, &str); 2] = [
             (1, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), &ip4, ETH_P_IP, "ipv4"),
             (2, IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9)), &ip6, ETH_P_IPV6, "ipv6"),
@@ -115,6 +105,72 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             assert_eq!(count(&dp, stat::DROP_UNROUTABLE), drops + 1);
         }
     });
+}
+
+/// Issue 20.8: only frames sent to the ingress device's own MAC are balanced, for every
+/// forwarding method. Broadcast, multicast, another host's MAC (a frame flooded to us) and
+/// the MAC of another of our devices pass untouched and are counted; a frame sent to us leaves
+/// with the egress device's MAC as source.
+#[test]
+fn only_frames_to_the_ingress_device_mac_are_balanced() {
+    use lb_common::maps::stat;
+    use lb_tests::fixture_net::{in_netns, LB2_MAC};
+    use lb_user::dataplane::XDP_PASS;
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        // The IPv4 service by L2 DSR, the IPv6 one by IP6IP6.
+        let (ip4, ip6) = two_services(&mut dp, forwarding::IPIP, b"mac");
+        dp.set_backend(1, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), BACKEND_MAC, 0)).unwrap();
+        dp.set_backend(2, backend(IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 9)), BACKEND_MAC, 0)).unwrap();
+        let other_host = [0x02, 0x77, 0, 0, 0, 0x77];
+        let not_ours: [([u8; 6], &str); 5] = [
+            ([0xff; 6], "broadcast"),
+            ([0x01, 0x00, 0x5e, 0, 0, 0x01], "IPv4 multicast"),
+            ([0x33, 0x33, 0, 0, 0, 0x01], "IPv6 multicast"),
+            (other_host, "another host"),
+            (LB2_MAC, "another of our devices (lbv2), not the ingress"),
+        ];
+        let mut passed = 0;
+        for (ethertype, ip) in [(ETH_P_IP, &ip4), (ETH_P_IPV6, &ip6)] {
+            for (dst, what) in not_ours {
+                for frame in [ethernet(dst, CLIENT_MAC, ethertype, ip), ethernet_vlan(dst, CLIENT_MAC, 7, ethertype, ip)] {
+                    let out = dp.run_test(Program::Lb, &frame, topo.lbv0).unwrap();
+                    assert_eq!((out.action, &out.data), (XDP_PASS, &frame), "{what}: passed untouched");
+                    passed += 1;
+                }
+            }
+        }
+        let st = dp.stats().unwrap();
+        assert_eq!(st.get(stat::PASS_NOT_OUR_MAC), passed);
+        assert_eq!((st.get(stat::NEW_FLOW), st.get(stat::CT_MISS)), (0, 0), "nothing balanced");
+        // Sent to lbv0's MAC: balanced, source = the egress device's MAC (lbv0 for XDP_TX).
+        let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip4), topo.lbv0).unwrap();
+        assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &ip4)));
+        // A device nobody registered (the daemon is not attached there): nothing is ours.
+        let frame = ethernet(LB2_MAC, CLIENT_MAC, ETH_P_IP, &ip4);
+        let mut fresh = lb_user::dataplane::Dataplane::load(fixture::sizes()).unwrap();
+        two_services(&mut fresh, forwarding::IPIP, b"mac");
+        assert_eq!(fresh.run_test(Program::Lb, &frame, topo.lbv2).unwrap().action, XDP_PASS);
+        assert_eq!(fresh.stats().unwrap().get(stat::PASS_NOT_OUR_MAC), 1);
+    });
+}
+
+/// Service 1 on 198.18.0.100:80/TCP (L2 DSR) and service 2 on [2001:db8::100]:80/TCP
+/// (forwarded as `v6_forwarding`), tables to backends 1 and 2 (not set here); returns a TCP
+/// SYN carrying `payload` to each, IPv4 and IPv6 datagrams.
+fn two_services(dp: &mut lb_user::dataplane::Dataplane, v6_forwarding: u8, payload: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let vip4 = Ipv4Addr::new(198, 18, 0, 100);
+    let vip6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+    let info = |id, fwd| service_info(id, affinity::NONE, tracking::PER_CONNECTION, fwd);
+    dp.set_service(&[service_key(vip4.into(), 80, PROTO_TCP)], info(1, forwarding::L2_DSR)).unwrap();
+    dp.set_service(&[service_key(vip6.into(), 80, PROTO_TCP)], info(2, v6_forwarding)).unwrap();
+    dp.write_table(1, 0, 0, &uniform(1)).unwrap();
+    dp.write_table(2, 0, 0, &uniform(2)).unwrap();
+    let c4 = Ipv4Addr::new(198, 18, 1, 5);
+    let c6 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
+    let ip4 = V4::new(c4, vip4, PROTO_TCP).build(&tcp4(c4, vip4, 40000, 80, TCP_SYN, payload));
+    let ip6 = ipv6(c6, vip6, PROTO_TCP, 64, 0, &tcp6(c6, vip6, 40000, 80, TCP_SYN, payload));
+    (ip4, ip6)
 }
 
 /// Test address `host` in subnet `net` of the family of `like`: 198.18.NET.HOST or

@@ -5,9 +5,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
-use lb_common::decide::hash_tuple;
+use lb_common::decide::{hash_tuple, syn_keeps_entry};
 use lb_common::hash::{flow_hash, maglev_slot};
-use lb_common::maps::{affinity, forwarding, tracking, FlowTuple, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{
+    affinity, forwarding, tracking, CtEntry, FlowTuple, ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP,
+};
 use lb_tests::fixture::{self, backend, backend_mac, service_info, service_key, TEST_M};
 use lb_tests::packet::*;
 use lb_user::dataplane::{addr_words, Dataplane, Program, XDP_TX};
@@ -162,6 +164,8 @@ fn kernel_choice_equals_userspace_prediction_for_random_flows() {
     let mut rng = Rng(0x5eed_1b0b_cafe_f00d);
     let model = build(&mut dp, &mut rng);
     let mut hits = std::collections::HashMap::<u32, usize>::new();
+    // (service, client, ports, backend) of TCP flows, sent again after a table change.
+    let mut sent_again = Vec::new();
     for i in 0..FLOWS {
         let svc = &model.services[rng.below(model.services.len() as u64) as usize];
         let proto = match svc.proto {
@@ -177,6 +181,27 @@ fn kernel_choice_equals_userspace_prediction_for_random_flows() {
         let want = model.predict(svc, src, sport, dport, proto);
         assert_eq!(got, want, "flow {i}: service {} src {src} {sport}->{dport} proto {proto}", svc.id);
         *hits.entry(got).or_default() += 1;
+        if proto == PROTO_TCP && sent_again.len() < 2000 {
+            sent_again.push((svc.id, src, sport, dport, got));
+        }
     }
     assert!(hits.len() > 20, "flows should spread over many backends, got {}", hits.len());
+
+    // New tables everywhere, then the tracked TCP flows' SYNs again (issue 20.2): the model
+    // applies lb-common's rule to each flow's entry, as the kernel does.
+    let model = build(&mut dp, &mut rng);
+    let now = dp.now_ns().unwrap();
+    let mut kept = 0;
+    for (i, &(id, src, sport, dport, first)) in sent_again.iter().enumerate() {
+        let svc = &model.services[id as usize];
+        let info = service_info(svc.id, svc.affinity, tracking::PER_CONNECTION, forwarding::L2_DSR);
+        let entry = CtEntry { backend: first, last_seen_ns: now, ..Default::default() };
+        let b = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, first as u8)), backend_mac(first), 0);
+        let want = if syn_keeps_entry(&entry, Some(&b), &info, now) { first } else { model.predict(svc, src, sport, dport, PROTO_TCP) };
+        let out = dp.run_test(Program::Lb, &frame(src, svc.vip, sport, dport, PROTO_TCP), 0).unwrap();
+        let got = u32::from(out.data[4]) << 8 | u32::from(out.data[5]);
+        assert_eq!((out.action, got), (XDP_TX, want), "SYN {i} again: service {id} src {src} {sport}->{dport}");
+        kept += usize::from(want != model.predict(svc, src, sport, dport, PROTO_TCP));
+    }
+    assert!(kept > sent_again.len() / 2, "most flows hash elsewhere under the new tables and stay: {kept}");
 }

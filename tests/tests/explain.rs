@@ -64,7 +64,7 @@ impl Rng {
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
     let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
     for (svc, addr) in [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")] {
@@ -162,7 +162,7 @@ mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)");
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
     let mut ctl = Controller::new(cfg.clone());
     ctl.reconcile(&mut dp).unwrap();
     let applied = ctl.applied().unwrap().clone();

@@ -142,7 +142,7 @@ fn model_keys(installed: &BTreeMap<(u32, u32), ServiceKey>) -> Vec<ServiceKey> {
 #[test]
 fn two_hundred_keys_hit_their_services_and_removed_ones_do_not() {
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)");
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)"));
     let mut installed = install_all(&mut dp);
     assert_eq!(installed.len(), 200);
     assert_eq!(installed_keys(&dp), model_keys(&installed));
@@ -201,7 +201,7 @@ fn more_keys_than_the_capacity_are_refused_and_change_nothing() {
     let mut small = sizes();
     small.max_services = 2; // 32 keys, halves of 64 slots.
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = Dataplane::load(small).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(small).unwrap());
     let keys: Vec<ServiceKey> = (0..32).map(|p| service_key(vip(0), 1000 + p, PROTO_TCP)).collect();
     let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
     dp.set_service(&keys, info).unwrap();
@@ -219,10 +219,10 @@ fn a_restarted_writer_adopts_the_pinned_service_table() {
     let dir = pins.path();
     let installed = {
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let mut dp = Dataplane::load_with(sizes(), Some(dir)).unwrap();
+        let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes(), Some(dir)).unwrap());
         install_all(&mut dp)
     };
-    let mut dp = Dataplane::load_with(sizes(), Some(dir)).unwrap();
+    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes(), Some(dir)).unwrap());
     assert_eq!(installed_keys(&dp), model_keys(&installed));
     check_all(&dp, &installed);
     // The adopted bookkeeping is complete: removing a VIP's keys removes the VIP.

@@ -211,7 +211,7 @@ impl Rig {
     fn new(cfg: &str) -> Rig {
         let cfg = Config::parse(cfg).expect("test configuration is valid");
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let dp = Dataplane::load(sizes_for(&cfg)).expect("loading the data plane (tests must run as root)");
+        let dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the data plane (tests must run as root)"));
         let mut rig = Rig { ctl: Controller::new(cfg), dp };
         rig.ctl.reconcile(&mut rig.dp).expect("initial reconcile");
         rig

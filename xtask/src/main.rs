@@ -32,8 +32,11 @@ enum Cmd {
     },
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
     Bench,
-    /// The live demo (see README.md).
-    Demo,
+    /// The live demo (see README.md): `zonal` (default) or `scale-out`.
+    Demo {
+        #[arg(value_enum, default_value = "zonal")]
+        scene: Scene,
+    },
 }
 
 fn main() -> Result<()> {
@@ -48,7 +51,7 @@ fn main() -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
         Cmd::Bench => bench(),
-        Cmd::Demo => demo(),
+        Cmd::Demo { scene } => demo(scene),
     }
 }
 
@@ -132,10 +135,23 @@ fn bench() -> Result<()> {
     })
 }
 
-fn demo() -> Result<()> {
+/// Scenes of the demo.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Scene {
+    /// Zonal affinity with spill-over, one balancer.
+    Zonal,
+    /// Three balancers behind ECMP with BIRD; one is killed.
+    ScaleOut,
+}
+
+fn demo(scene: Scene) -> Result<()> {
     require_root("cargo xtask demo")?;
     build()?;
     // The demo drives the `lb` binary and the `lb-testsrv` backends, built next to it.
     run(cargo().args(["build", "--release", "-q", "-p", "lb-tests", "--bins"]))?;
-    bpffs::guarded(|| run(&mut Command::new(workspace_root().join("target/release/demo"))))
+    let scene = match scene {
+        Scene::Zonal => "zonal",
+        Scene::ScaleOut => "scale-out",
+    };
+    bpffs::guarded(|| run(Command::new(workspace_root().join("target/release/demo")).arg(scene)))
 }

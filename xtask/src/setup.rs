@@ -9,7 +9,8 @@
 //!   soname file, both linking to the toolchain's library, then
 //!   `LLVM_PREFIX=<prefix> cargo +nightly install bpf-linker --features llvm-<major>`.
 //!   The prefix lives under /opt because the installed binary keeps an rpath to it;
-//! - the Debian packages the tests and demo call (iproute2, ethtool).
+//! - the Debian packages the tests and demo call (iproute2, ethtool, dnsutils; bird2 for the
+//!   scale-out tests' BGP speakers).
 
 use crate::run;
 use anyhow::{bail, Context, Result};
@@ -21,7 +22,7 @@ const LLVM_PREFIX: &str = "/opt/lb-toolchain/llvm";
 /// The bpf-linker release verified with this nightly.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages and a command each provides, checked before installing.
-const DEBIAN_PACKAGES: &[(&str, &str)] = &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig")];
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("bird2", "bird")];
 
 pub fn ensure() -> Result<()> {
     rust_src()?;

@@ -1,7 +1,7 @@
 //! Human-readable rendering of the daemon's replies (`--json` prints them as they are). Tables
 //! are aligned columns without borders (`comfy-table`); a long eligible set wraps within its
 //! column instead of running off the terminal.
-use crate::daemon::reply::{BackendChange, ChangeKind, ClassFacts, Explanation, ReloadPlan, Reloaded, Stats, Status};
+use crate::daemon::reply::{BackendChange, ChangeKind, ClassFacts, Explanation, HostDrain, ReloadPlan, Reloaded, Stats, Status};
 use comfy_table::{presets, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
 use std::fmt::Write;
 use std::net::IpAddr;
@@ -163,6 +163,10 @@ pub fn backend(v: &BackendChange) -> String {
     format!("ok: service {} backend {}: {}\n", v.service, v.address, what.join(", "))
 }
 
+pub fn host_drain(v: &HostDrain) -> String {
+    format!("ok: VIPs withdrawn; the daemon stops in {} s\n", v.stop_in_sec)
+}
+
 pub fn reloaded(v: &Reloaded) -> String {
     format!("ok: reloaded {}\n", v.reloaded)
 }
@@ -256,7 +260,7 @@ mod tests {
     }
 
     fn status_of(services: Vec<ServiceStatus>) -> Status {
-        Status { config: "lb.toml".into(), interfaces: vec![], services }
+        Status { config: "lb.toml".into(), interfaces: vec![], services, announce: None }
     }
 
     #[test]

@@ -10,6 +10,8 @@ pub enum Scope {
     Config,
     /// `[dataplane]`.
     Dataplane,
+    /// `[announce]` (fields are absolute, like `[dataplane]`'s).
+    Announce,
     /// The `index`-th `[[zone]]`.
     Zone { index: usize, name: String },
     /// The `index`-th `[[service]]`.
@@ -26,6 +28,7 @@ impl fmt::Display for Scope {
         match self {
             Scope::Config => f.write_str("configuration"),
             Scope::Dataplane => f.write_str("dataplane"),
+            Scope::Announce => f.write_str("announce"),
             Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
             Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
@@ -61,7 +64,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
             Scope::Config => f.write_str(&self.problem),
-            Scope::Dataplane => write!(f, "{}: {}", self.field, self.problem),
+            Scope::Dataplane | Scope::Announce => write!(f, "{}: {}", self.field, self.problem),
             _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
         }
     }

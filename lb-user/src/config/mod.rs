@@ -4,6 +4,7 @@
 //! field and the allowed values. Nothing downstream ever sees an invalid configuration, so a bad
 //! reload cannot touch the running tables.
 
+mod announce;
 mod error;
 pub mod monitor;
 mod prefix;
@@ -12,6 +13,7 @@ pub mod regions;
 mod tm_validate;
 mod validate;
 
+pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
@@ -54,6 +56,9 @@ pub struct Config {
     /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
     #[serde(default)]
     pub dns: Option<DnsFront>,
+    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
+    #[serde(default)]
+    pub announce: Option<Announce>,
 }
 
 /// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'

@@ -96,6 +96,9 @@ impl Report<'_> {
 pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     let mut out = Sink::default();
     check_dataplane(&cfg.dataplane, &mut out);
+    if let Some(a) = &cfg.announce {
+        super::announce::check(a, &mut out);
+    }
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
     for (index, svc) in cfg.services.iter().enumerate() {

@@ -46,6 +46,9 @@ pub enum Request {
     Reload,
     /// What a reload would change, without applying it.
     ReloadDryRun,
+    /// Drain the whole host: withdraw the VIPs, keep forwarding `grace_sec` (default
+    /// `[announce] drain_grace_sec`), then stop.
+    HostDrain { grace_sec: Option<u32> },
 }
 
 /// One reply line: `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. The daemon
@@ -226,7 +229,7 @@ mod tests {
 
     /// What the test server answers to Status.
     fn answer() -> Status {
-        Status { config: "test.toml".into(), interfaces: vec!["eth9".into()], services: vec![] }
+        Status { config: "test.toml".into(), interfaces: vec!["eth9".into()], services: vec![], announce: None }
     }
 
     /// A test socket in a directory of its own; the server task answers Status and refuses

@@ -3,6 +3,7 @@
 //! requests and reloads (SIGHUP or `lb reload`) are handled one at a time by that loop, so
 //! every table swap starts from a consistent picture.
 
+pub mod announce;
 pub mod api;
 pub mod dns;
 pub mod dry_run;
@@ -12,6 +13,7 @@ pub mod logging;
 pub mod reply;
 pub mod state;
 
+use announce::Announcer;
 use api::{HealthOverride, Proto, Request, Response};
 use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
@@ -88,6 +90,11 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
         bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
     }
+    // The TUN device and its table are made at start.
+    let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
+    if where_(cfg) != where_(running) {
+        bail!("[announce] (present or not, table, device) takes effect only on restart");
+    }
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
@@ -150,6 +157,10 @@ struct Daemon {
     dns_view: crate::daemon::dns::ViewSender,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
+    /// `[announce]`: the VIP routes the routing daemon exports.
+    announcer: Option<Announcer>,
+    /// A host drain (`lb backend drain --host`): when the daemon stops.
+    drain_deadline: Option<tokio::time::Instant>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -298,7 +309,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         }
         None => Vec::new(),
     };
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None };
+    // Attached and tables written: from here on the VIPs may be announced.
+    let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
+    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None, announcer, drain_deadline: None };
+    d.announce();
     d.save_state();
     d.start_checkers();
     Ok((d, dns_tasks, health_rx))
@@ -341,13 +355,52 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = until(d.drain_deadline) => {
+                tracing::info!("host drain: grace period over, stopping");
+                break;
+            }
         }
     }
     control.abort();
     d.shutdown()
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Daemon {
+    /// Brings the announced VIPs in line with what can be served now (a failure is retried at
+    /// the next reconcile or tick).
+    fn announce(&mut self) {
+        let Some(a) = self.announcer.as_mut() else { return };
+        let cfg = self.ctl.config();
+        let applied: Vec<&str> = self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
+        let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
+        let ctl = &self.ctl;
+        let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
+        if let Err(e) = a.set(&want) {
+            tracing::warn!("announce: {e:#} (retried)");
+        }
+    }
+
+    /// `lb backend drain --host`: withdraw every VIP now, keep forwarding what still arrives
+    /// for the grace period, then stop as on SIGTERM.
+    fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<reply::HostDrain> {
+        let grace = grace_sec.or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec)).unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
+        if let Some(a) = self.announcer.as_mut() {
+            a.drain()?;
+        }
+        let at = tokio::time::Instant::now() + std::time::Duration::from_secs(grace.into());
+        self.drain_deadline = Some(self.drain_deadline.map_or(at, |d| d.min(at)));
+        tracing::info!("host drain: VIPs withdrawn, stopping in {grace} s");
+        Ok(reply::HostDrain { host_draining: true, stop_in_sec: grace })
+    }
+
     fn reconcile(&mut self) -> Result<()> {
         let result = self.ctl.reconcile(&mut self.dp);
         self.after_reconcile(result.as_ref().ok());
@@ -355,8 +408,9 @@ impl Daemon {
     }
 
     /// Republishes the DNS view, logs what was written and saves the state.
-    fn after_reconcile(&self, report: Option<&crate::controller::ReconcileReport>) {
+    fn after_reconcile(&mut self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
+        self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
                 report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
@@ -402,6 +456,7 @@ impl Daemon {
     /// A pool-change drain that has ended is written to the data plane. A failure is retried
     /// at every tick but logged once per distinct error.
     fn on_tick(&mut self) {
+        self.announce();
         let Some(end) = self.ctl.next_pool_drain_end() else {
             self.tick_error = None;
             return;
@@ -463,6 +518,7 @@ impl Daemon {
             Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
             Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
             Request::Reload => Some(("reload", "control socket".to_owned())),
+            Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
             Request::Status | Request::Stats | Request::Explain { .. } | Request::ReloadDryRun => None,
         };
         let result = match req {
@@ -492,6 +548,7 @@ impl Daemon {
                 .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
             Request::Reload => self.reload().map(Reply::Reloaded),
             Request::ReloadDryRun => self.reload_dry_run().map(Reply::ReloadPlan),
+            Request::HostDrain { grace_sec } => self.host_drain(grace_sec).map(Reply::HostDrain),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -548,7 +605,13 @@ impl Daemon {
                 }
             })
             .collect();
-        reply::Status { config: self.args.config.display().to_string(), interfaces: self.args.interfaces.clone(), services }
+        let announce = self.announcer.as_ref().map(|a| reply::AnnounceStatus {
+            device: a.device().to_owned(),
+            table: a.table(),
+            draining: a.draining(),
+            announced: a.announced().iter().copied().collect(),
+        });
+        reply::Status { config: self.args.config.display().to_string(), interfaces: self.args.interfaces.clone(), services, announce }
     }
 
     fn stats(&self) -> Result<reply::Stats> {
@@ -604,6 +667,8 @@ impl Daemon {
     }
 
     fn shutdown(mut self) -> Result<()> {
+        // Withdraw first: the routers stop sending before the data plane goes.
+        drop(self.announcer.take());
         for (_, h, _) in self.checkers.drain(..) {
             h.abort();
         }

@@ -14,6 +14,18 @@ pub struct Status {
     pub config: String,
     pub interfaces: Vec<String>,
     pub services: Vec<ServiceStatus>,
+    /// The VIP announcement (`[announce]`), if configured.
+    pub announce: Option<AnnounceStatus>,
+}
+
+/// What the balancer announces (`lb status`, `[announce]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AnnounceStatus {
+    pub device: String,
+    pub table: u32,
+    /// A host drain withdrew the VIPs.
+    pub draining: bool,
+    pub announced: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,6 +152,13 @@ pub struct Reloaded {
     pub reloaded: String,
 }
 
+/// `lb backend drain --host`: the VIPs are withdrawn; the daemon stops in `stop_in_sec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostDrain {
+    pub host_draining: bool,
+    pub stop_in_sec: u32,
+}
+
 /// `lb reload --dry-run`: what a reload of the file would change (nothing is applied).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReloadPlan {
@@ -189,6 +208,7 @@ pub enum Reply {
     Backend(BackendChange),
     Reloaded(Reloaded),
     ReloadPlan(ReloadPlan),
+    HostDrain(HostDrain),
 }
 
 #[cfg(test)]

@@ -45,8 +45,8 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use lb_common::maps::{
-    affinity, forwarding, stat, table_flags, tracking, AddrKey, Backend, GlobalStats, ServiceInfo, ServiceKey,
-    TableRef, PROTO_TCP,
+    affinity, forwarding, local_mac_slot, stat, table_flags, tracking, AddrKey, Backend, GlobalStats, LocalMac,
+    ServiceInfo, ServiceKey, TableRef, PROTO_TCP,
 };
 use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
@@ -79,7 +79,10 @@ const SVC6: u32 = 2;
 /// VIP4:`L2_PORT`/TCP forwarded by L2 DSR (destination MAC rewrite, no encapsulation).
 const SVC4_L2: u32 = 3;
 const L2_PORT: u16 = 81;
-const BACKEND_MAC: [u8; 6] = [0x02, 0xbe, 0, 0, 0, 0x01];
+/// The ingress device's own MAC: `lb` balances only frames sent to it, and the L2 DSR cases run
+/// `lb` alone with `repeat > 1` on the frame its previous iteration rewrote, which must again
+/// be addressed to us to take the same path.
+const BACKEND_MAC: [u8; 6] = LB_MAC;
 
 #[derive(Clone, Copy)]
 struct Params {
@@ -172,6 +175,11 @@ impl Bench {
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").ok_or_else(|| anyhow!("no STATS map"))?)?;
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| anyhow!("no {name} map"));
         let services = ServiceTable::new(take(&mut ebpf, "SERVICE_TABLE")?, take(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?;
+        // The ingress device's MAC, as the daemon registers it on attach (frames are sent to it).
+        if let Some(map) = ebpf.map_mut("LOCAL_MACS") {
+            let mut local: Array<_, LocalMac> = Array::try_from(map)?;
+            local.set(local_mac_slot(ingress_ifindex), LocalMac { ifindex: ingress_ifindex, mac: LB_MAC, _pad: [0; 2] }, 0)?;
+        }
         let mut bench = Self { ebpf, services, stats, ingress_ifindex };
         bench.install_service(SVC4, IpAddr::V4(VIP4), 80, forwarding::IPIP, 0, |i| IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8)))?;
         bench.install_service(SVC6, IpAddr::V6(VIP6), 80, forwarding::IPIP, 32, |i| {
@@ -203,7 +211,12 @@ impl Bench {
         let addrs: Vec<IpAddr> = (0..BACKENDS_PER_SERVICE).map(&addr).collect();
         let keys: Vec<Vec<u8>> = addrs.iter().map(|a| a.to_string().into_bytes()).collect();
         for (i, a) in addrs.iter().enumerate() {
-            backends.set(first_id + i as u32, backend(*a, BACKEND_MAC, 0), 0)?;
+            // Flagged unhealthy (TCP flows persist on them, so hits are unchanged): the new-flow
+            // case repeats one SYN, which would keep its tracked backend if it were usable for
+            // a new connection (`lb_common::decide::syn_keeps_entry`); so each SYN looks its entry up,
+            // re-selects and overwrites it.
+            let b = Backend { flags: 0, ..backend(*a, BACKEND_MAC, 0) };
+            backends.set(first_id + i as u32, b, 0)?;
         }
         let members: Vec<MaglevBackend> = keys.iter().map(|k| MaglevBackend { key: k, weight: 1 }).collect();
         let table = build_table(&members, TABLE_M).map_err(|e| anyhow!("maglev: {e:?}"))?;

@@ -5,6 +5,10 @@
 //! balancer; then two zone-2 backends fail (their servers stop, the health checks notice) and
 //! the clients connect again. Printed: where the connections landed, per client zone, before
 //! and after, with a one-line reading. Everything is torn down at the end, also on Ctrl-C.
+//!
+//! `demo scale-out`: the second scene (`scale_out.rs`), three balancers behind ECMP with BGP.
+
+mod scale_out;
 
 use anyhow::{Context, Result};
 use lb_tests::e2e::{self, Daemon, DecapGuard};
@@ -21,7 +25,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn check_interrupt() -> Result<()> {
+pub(crate) fn check_interrupt() -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         anyhow::bail!("interrupted; cleaning up");
     }
@@ -101,7 +105,13 @@ fn run() -> Result<()> {
 fn main() -> std::process::ExitCode {
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
-    match run() {
+    let scene = std::env::args().nth(1);
+    let result = match scene.as_deref() {
+        None | Some("zonal") => run(),
+        Some("scale-out") => scale_out::run(),
+        Some(other) => Err(anyhow::anyhow!("no scene {other:?}: zonal (default) or scale-out")),
+    };
+    match result {
         Ok(()) => {
             println!("\nDemo done; namespaces and pins removed.");
             std::process::ExitCode::SUCCESS

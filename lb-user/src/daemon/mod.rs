@@ -10,6 +10,7 @@ pub mod dry_run;
 pub mod health;
 pub mod limits;
 pub mod logging;
+pub mod notify;
 pub mod reply;
 pub mod state;
 
@@ -341,6 +342,11 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
     let control = api::spawn_server(listener, requests);
     tracing::info!("running; control socket {}", d.args.socket.display());
+    // `start` has written the tables and attached: only now is the unit started.
+    tracing::info!("ready: notifying the service manager");
+    notify::ready(&d.summary());
+    // Pinged from this loop, so that a loop that stops turning gets the daemon restarted.
+    let mut watchdog = notify::watchdog_interval().map(tokio::time::interval);
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
@@ -350,9 +356,12 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
                 let _ = pending.reply.send(resp);
             }
             _ = hup.recv() => {
+                notify::reloading();
                 let result = d.reload();
                 audit("reload", "SIGHUP", &result);
+                notify::ready(&d.summary());
             }
+            _ = async { if let Some(w) = watchdog.as_mut() { w.tick().await } else { std::future::pending().await } } => notify::watchdog(),
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = until(d.drain_deadline) => {
@@ -361,6 +370,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
             }
         }
     }
+    notify::stopping();
     control.abort();
     d.shutdown()
 }
@@ -487,6 +497,12 @@ impl Daemon {
         if let Err(e) = self.reconcile() {
             tracing::error!("error applying a health change: {e:#}");
         }
+    }
+
+    /// One line for `systemctl status`.
+    fn summary(&self) -> String {
+        let services = self.ctl.config().services.len();
+        format!("{services} services on {}; control socket {}", self.args.interfaces.join(", "), self.args.socket.display())
     }
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.

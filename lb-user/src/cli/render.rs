@@ -263,26 +263,31 @@ mod tests {
         Status { config: "lb.toml".into(), interfaces: vec![], services, announce: None }
     }
 
+    /// A zonal service `web` (VIP 198.18.0.100, TCP 80) with these per-zone sets.
+    fn zonal_web(zones: Vec<ZoneView>) -> ServiceStatus {
+        ServiceStatus {
+            name: "web".into(),
+            vip: "198.18.0.100".parse().unwrap(),
+            protocol: "TCP".into(),
+            ports: vec![80],
+            eligible_kind: Some("ALL_HEALTHY".into()),
+            rule: Some("E-1".into()),
+            active_pool: Some("ALL".into()),
+            backends: vec![],
+            zones,
+            routing_method: "ZONAL".into(),
+            classes: None,
+        }
+    }
+
     #[test]
     fn status_shows_zones_for_zonal_and_classes_for_traffic_manager_services() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let v = status_of(vec![
-            ServiceStatus {
-                name: "web".into(),
-                vip: ip("198.18.0.100"),
-                protocol: "TCP".into(),
-                ports: vec![80],
-                eligible_kind: Some("ALL_HEALTHY".into()),
-                rule: Some("E-1".into()),
-                active_pool: Some("ALL".into()),
-                backends: vec![],
-                zones: vec![
-                    ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: vec![ip("198.18.11.1")] },
-                    ZoneView { client_zone: None, affinity: "NOT_COMPATIBLE".into(), eligible: vec![] },
-                ],
-                routing_method: "ZONAL".into(),
-                classes: None,
-            },
+            zonal_web(vec![
+                ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: vec![ip("198.18.11.1")] },
+                ZoneView { client_zone: None, affinity: "NOT_COMPATIBLE".into(), eligible: vec![] },
+            ]),
             ServiceStatus {
                 name: "app".into(),
                 vip: ip("198.18.0.21"),
@@ -313,19 +318,7 @@ mod tests {
     #[test]
     fn long_eligible_sets_wrap() {
         let set: Vec<IpAddr> = (1..=40).map(|i| format!("198.18.11.{i}").parse().unwrap()).collect();
-        let v = status_of(vec![ServiceStatus {
-            name: "web".into(),
-            vip: "198.18.0.100".parse().unwrap(),
-            protocol: "TCP".into(),
-            ports: vec![80],
-            eligible_kind: Some("ALL_HEALTHY".into()),
-            rule: Some("E-1".into()),
-            active_pool: Some("ALL".into()),
-            backends: vec![],
-            zones: vec![ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: set.clone() }],
-            routing_method: "ZONAL".into(),
-            classes: None,
-        }]);
+        let v = status_of(vec![zonal_web(vec![ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: set.clone() }])]);
         let out = status(&v);
         assert!(out.lines().all(|l| l.chars().count() <= DEFAULT_WIDTH as usize), "{out}");
         assert!(out.lines().filter(|l| l.contains("198.18.11.")).count() > 3, "wrapped over several lines: {out}");

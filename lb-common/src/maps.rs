@@ -449,6 +449,20 @@ pub struct ClassCounters {
     pub spills: u64,
 }
 
+/// Value of the `BACKEND_STATS` per-CPU array at a backend id: that backend's traffic, updated
+/// with one lookup per forwarded packet. An id given to another backend (its generation bumped)
+/// starts again from zero (the data-plane writer resets it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Packets forwarded to the backend.
+    pub packets: u64,
+    /// Their bytes (whole frames as received).
+    pub bytes: u64,
+    /// New flows (backend selections) that chose the backend.
+    pub new_flows: u64,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -462,7 +476,8 @@ mod pod {
     }
     pod!(
         ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Slot4, Slot6, Bucket4,
-        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters, LocalMac
+        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters, LocalMac,
+        BackendCounters
     );
 }
 
@@ -491,6 +506,7 @@ const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
+const _: () = assert!(core::mem::size_of::<BackendCounters>() == 24);
 
 #[cfg(test)]
 mod tests {

@@ -165,7 +165,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     let (id, class, backend, new_flows, spills, hash) = match tracked {
         Some((id, class, b, hash)) => {
             counters.inc(stat::CT_HIT);
-            (id, class, b, 0, 0, hash)
+            (id, class, b, 0u64, 0, hash)
         }
         None => {
             counters.inc(stat::CT_MISS);
@@ -193,15 +193,25 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         }
     };
     stop_before!(STOP, 3);
+    let len = (ctx.data_end() - ctx.data()) as u64;
     if let Some(c) = stats::class_counters(svc.id, class, CLASSES_PER_SERVICE.load()) {
         unsafe {
             (*c).packets += 1;
-            (*c).bytes += (ctx.data_end() - ctx.data()) as u64;
+            (*c).bytes += len;
             // Only a new flow touches these (a hit would add zeros).
             if new_flows != 0 {
                 (*c).new_flows += 1;
                 (*c).spills += spills;
             }
+        }
+    }
+
+    // The backend's own counters (metrics per backend): one more inlined per-CPU lookup.
+    if let Some(c) = stats::backend_counters(id) {
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += len;
+            (*c).new_flows += new_flows;
         }
     }
 

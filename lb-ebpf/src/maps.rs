@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use lb_common::ct_table;
 use lb_common::maps::{
-    AddrKey, Backend, ClassCounters, ClassKey, GlobalStats, LocalMac, ServiceSlot, ServiceTableRef, TableRef,
-    LOCAL_MAC_SLOTS,
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, ServiceSlot, ServiceTableRef,
+    TableRef, LOCAL_MAC_SLOTS,
 };
 
 use crate::nexthop::{FibParams, NextHop};
@@ -56,6 +56,9 @@ pub static STATS: PerCpuArray<GlobalStats> = PerCpuArray::with_max_entries(1, 0)
 /// service * CLASSES_PER_SERVICE + class -> that pair's counters.
 #[map]
 pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entries(1, 0);
+/// Backend id -> that backend's packets, bytes and new flows (this CPU's copy).
+#[map]
+pub static BACKEND_STATS: PerCpuArray<BackendCounters> = PerCpuArray::with_max_entries(1, 0);
 /// Backend id -> cached `bpf_fib_lookup` result (this CPU's copy), see `nexthop`.
 #[map]
 pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0);

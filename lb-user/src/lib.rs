@@ -7,8 +7,12 @@
 //! - `daemon` (`lb run`: reconcile loop, control socket API, health checks, DNS front);
 //! - `cli` (offline `plan`, human rendering, `decap`), on top, for `main.rs`.
 //!
+//! `rng` (a seeded generator) is neutral, used by `policy` and by `dataplane`'s tests.
+//!
 //! `dataplane` (BPF objects, maps, pinning) sits apart: it depends on `lb-common` and neutral
-//! types only, never on policy, compile or controller; the controller drives it through `Tables`.
+//! types only, never on policy, compile, controller or config; the controller drives it through
+//! the `Tables` trait, which `dataplane` defines (with `Demand`, what a change needs, which
+//! `compile` produces).
 
 pub mod cli;
 pub mod compile;
@@ -17,6 +21,5 @@ pub mod controller;
 pub mod daemon;
 pub mod dataplane;
 pub mod model;
-pub mod pinning;
 pub mod policy;
-pub mod service_table;
+pub mod rng;

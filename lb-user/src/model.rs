@@ -46,8 +46,9 @@ api_enum!(
 
 api_enum!(
     /// `sessionAffinity` (spec §1.3 table S).
+    #[derive(Default)]
     SessionAffinity {
-        None = "NONE",
+        #[default] None = "NONE",
         ClientIpPortProto = "CLIENT_IP_PORT_PROTO",
         ClientIpProto = "CLIENT_IP_PROTO",
         ClientIp = "CLIENT_IP",
@@ -57,13 +58,15 @@ api_enum!(
 
 api_enum!(
     /// How packets reach the backend.
-    Forwarding { Ipip = "IPIP", L2Dsr = "L2_DSR" }
+    #[derive(Default)]
+    Forwarding { #[default] Ipip = "IPIP", L2Dsr = "L2_DSR" }
 );
 
 api_enum!(
     /// `zonalAffinity.spillover` (spec §1.5).
+    #[derive(Default)]
     Spillover {
-        Disabled = "ZONAL_AFFINITY_DISABLED",
+        #[default] Disabled = "ZONAL_AFFINITY_DISABLED",
         StayWithinZone = "ZONAL_AFFINITY_STAY_WITHIN_ZONE",
         SpillCrossZone = "ZONAL_AFFINITY_SPILL_CROSS_ZONE",
     }
@@ -71,13 +74,15 @@ api_enum!(
 
 api_enum!(
     /// `connectionTrackingPolicy.trackingMode`.
-    TrackingMode { PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }
+    #[derive(Default)]
+    TrackingMode { #[default] PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }
 );
 
 api_enum!(
     /// `connectionTrackingPolicy.connectionPersistenceOnUnhealthyBackends` (spec §1.4).
+    #[derive(Default)]
     Persistence {
-        DefaultForProtocol = "DEFAULT_FOR_PROTOCOL",
+        #[default] DefaultForProtocol = "DEFAULT_FOR_PROTOCOL",
         NeverPersist = "NEVER_PERSIST",
         AlwaysPersist = "ALWAYS_PERSIST",
     }
@@ -86,49 +91,16 @@ api_enum!(
 api_enum!(
     /// `subsetting.policy` (spec §1.0). Accepted so that its incompatibility with zonal affinity
     /// (vector Z19) can be checked; the balancer itself always uses every backend.
-    Subsetting { None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
+    #[derive(Default)]
+    Subsetting { #[default] None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
 );
 
 api_enum!(
     /// Health check protocol.
-    HealthProtocol { Tcp = "TCP", Http = "HTTP" }
+    #[derive(Default)]
+    HealthProtocol { #[default] Tcp = "TCP", Http = "HTTP" }
 );
 
-impl Default for SessionAffinity {
-    fn default() -> Self {
-        Self::None
-    }
-}
-impl Default for Forwarding {
-    fn default() -> Self {
-        Self::Ipip
-    }
-}
-impl Default for Spillover {
-    fn default() -> Self {
-        Self::Disabled
-    }
-}
-impl Default for TrackingMode {
-    fn default() -> Self {
-        Self::PerConnection
-    }
-}
-impl Default for Persistence {
-    fn default() -> Self {
-        Self::DefaultForProtocol
-    }
-}
-impl Default for HealthProtocol {
-    fn default() -> Self {
-        Self::Tcp
-    }
-}
-impl Default for Subsetting {
-    fn default() -> Self {
-        Self::None
-    }
-}
 
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
 // Serialized names are Traffic Manager's own strings, except the routing-method selector, which
@@ -137,8 +109,9 @@ impl Default for Subsetting {
 api_enum!(
     /// How a service picks backends: ZONAL is the Google Cloud pipeline (spec §1); the others
     /// are Traffic Manager routing methods (spec §2.4).
+    #[derive(Default)]
     RoutingMethod {
-        Zonal = "ZONAL",
+        #[default] Zonal = "ZONAL",
         Priority = "PRIORITY",
         Weighted = "WEIGHTED",
         Performance = "PERFORMANCE",
@@ -150,12 +123,14 @@ api_enum!(
 
 api_enum!(
     /// `endpointStatus` / `profileStatus`: an administrative switch.
-    AdminStatus { Enabled = "Enabled", Disabled = "Disabled" }
+    #[derive(Default)]
+    AdminStatus { #[default] Enabled = "Enabled", Disabled = "Disabled" }
 );
 
 api_enum!(
     /// `monitorConfig.protocol` (spec §2.3).
-    MonitorProtocol { Http = "HTTP", Https = "HTTPS", Tcp = "TCP" }
+    #[derive(Default)]
+    MonitorProtocol { #[default] Http = "HTTP", Https = "HTTPS", Tcp = "TCP" }
 );
 
 api_enum!(
@@ -189,26 +164,28 @@ impl RoutingMethod {
     }
 }
 
-impl Default for RoutingMethod {
-    fn default() -> Self {
-        Self::Zonal
-    }
-}
-impl Default for AdminStatus {
-    fn default() -> Self {
-        Self::Enabled
-    }
-}
-impl Default for MonitorProtocol {
-    fn default() -> Self {
-        Self::Http
+
+/// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The type of
+/// the configuration's `mac` fields, parsed once when the file is read (a malformed one is a
+/// load error naming the field and the form) and written back in the same form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MacAddr(pub [u8; 6]);
+
+impl TryFrom<String> for MacAddr {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+            .map_err(|()| format!("mac {text:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"))
     }
 }
 
-/// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The one parser
-/// of the configuration's `mac` fields (validation and compilation both use it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MacAddr(pub [u8; 6]);
+impl From<MacAddr> for String {
+    fn from(mac: MacAddr) -> Self {
+        mac.to_string()
+    }
+}
 
 impl std::str::FromStr for MacAddr {
     type Err = ();
@@ -234,5 +211,71 @@ impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c, d, e, g] = self.0;
         write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MacAddr;
+
+    #[test]
+    fn macs() {
+        let is_valid_mac = |text: &str| text.parse::<MacAddr>().is_ok();
+        assert!(is_valid_mac("02:00:c6:12:0b:01") && is_valid_mac("AA:BB:CC:DD:EE:FF"));
+        for bad in [
+            "",
+            "02:00:c6:12:0b",
+            "02:00:c6:12:0b:01:02",
+            "02-00-c6-12-0b-01",
+            "2:00:c6:12:0b:01",
+            "0g:00:c6:12:0b:01",
+        ] {
+            assert!(!is_valid_mac(bad), "{bad}");
+        }
+    }
+}
+
+/// A backend as the controller keys its ids, health verdicts, overrides and drains: its
+/// service's name and its address. Serialized as the pair `[service, address]`, the form the
+/// persistent state (`state.json`) has always stored these keys in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(from = "(String, std::net::IpAddr)", into = "(String, std::net::IpAddr)")]
+pub struct BackendKey {
+    pub service: String,
+    pub address: std::net::IpAddr,
+}
+
+impl BackendKey {
+    pub fn new(service: &str, address: std::net::IpAddr) -> Self {
+        Self { service: service.to_owned(), address }
+    }
+}
+
+impl From<(String, std::net::IpAddr)> for BackendKey {
+    fn from((service, address): (String, std::net::IpAddr)) -> Self {
+        Self { service, address }
+    }
+}
+
+impl From<BackendKey> for (String, std::net::IpAddr) {
+    fn from(k: BackendKey) -> Self {
+        (k.service, k.address)
+    }
+}
+
+/// Serde form of a list of (backend, value) as flat triples `[service, address, value]`, the
+/// form `state.json` stores verdicts and ids in (`#[serde(with = "keyed_triples")]`).
+pub mod keyed_triples {
+    use super::BackendKey;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::net::IpAddr;
+
+    pub fn serialize<S: Serializer, V: Serialize>(list: &[(BackendKey, V)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(list.iter().map(|(k, v)| (&k.service, k.address, v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(d: D) -> Result<Vec<(BackendKey, V)>, D::Error> {
+        let triples = Vec::<(String, IpAddr, V)>::deserialize(d)?;
+        Ok(triples.into_iter().map(|(service, address, v)| (BackendKey { service, address }, v)).collect())
     }
 }

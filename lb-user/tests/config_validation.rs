@@ -778,10 +778,12 @@ fn weight_out_of_range_rejected() {
 fn l2_dsr_backend_without_mac_rejected() {
     let mut cfg = base();
     cfg.services[0].forwarding = Forwarding::L2Dsr;
-    cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".into());
+    cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
     reject_web(cfg, "backend[1].mac", &["required", "L2_DSR"]);
 }
 
+/// A malformed MAC is refused when the file is parsed (the field is a `MacAddr`): the error
+/// names the field, its line and the allowed form.
 #[test]
 fn malformed_mac_rejected() {
     for mac in [
@@ -790,15 +792,14 @@ fn malformed_mac_rejected() {
         "02:00:c6:12:0b:zz",
         "2:00:c6:12:0b:01",
     ] {
-        let mut cfg = base();
-        cfg.services[0].forwarding = Forwarding::L2Dsr;
-        cfg.services[0].backends[0].mac = Some(mac.into());
-        cfg.services[0].backends[1].mac = Some("02:00:c6:12:0c:01".into());
-        reject_web(
-            cfg,
-            "backend[0].mac",
-            &[mac, "six hex octets separated by ':'"],
-        );
+        let text = toml_with("forwarding = \"L2_DSR\"", "")
+            .replacen("zone = \"zone-1\"\n", &format!("zone = \"zone-1\"\nmac = \"{mac}\"\n"), 1)
+            .replacen("zone = \"zone-2\"\n", "zone = \"zone-2\"\nmac = \"02:00:c6:12:0c:01\"\n", 1);
+        let line = text.lines().position(|l| l.starts_with("mac = ")).unwrap() + 1;
+        let msg = syntax_error(&text);
+        for needle in ["mac", mac, "six hex octets separated by ':'", &format!("line {line},")] {
+            assert!(msg.contains(needle), "message lacks {needle:?}: {msg}");
+        }
     }
 }
 
@@ -806,8 +807,8 @@ fn malformed_mac_rejected() {
 fn l2_dsr_with_macs_accepted() {
     let mut cfg = base();
     cfg.services[0].forwarding = Forwarding::L2Dsr;
-    cfg.services[0].backends[0].mac = Some("02:00:C6:12:0B:01".into());
-    cfg.services[0].backends[1].mac = Some("02:00:c6:12:0c:01".into());
+    cfg.services[0].backends[0].mac = Some("02:00:C6:12:0B:01".parse().unwrap());
+    cfg.services[0].backends[1].mac = Some("02:00:c6:12:0c:01".parse().unwrap());
     cfg.validate().expect("valid");
 }
 
@@ -1194,7 +1195,7 @@ fn defaults() {
     assert!(s.failover_policy.is_none() && s.health_check.is_none());
     let b = &s.backends[0];
     assert_eq!(
-        (b.weight, b.failover, b.zone.as_deref(), b.mac.as_deref()),
+        (b.weight, b.failover, b.zone.as_deref(), b.mac),
         (1, false, None, None)
     );
 }
@@ -1342,8 +1343,8 @@ fn non_unicast_l2_dsr_macs_rejected() {
     ] {
         let mut cfg = base();
         cfg.services[0].forwarding = Forwarding::L2Dsr;
-        cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".into());
-        cfg.services[0].backends[1].mac = Some(mac.into());
+        cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
+        cfg.services[0].backends[1].mac = Some(mac.parse().unwrap());
         reject_web(cfg, "backend[1].mac", &[mac, what, "allowed a unicast MAC"]);
     }
 }

@@ -5,6 +5,7 @@
 
 use lb_user::config::Config;
 use lb_user::daemon::dns::{self, RoutingView, ViewSender};
+use lb_user::daemon::metrics::{self, Metrics};
 use lb_user::model::MonitorStatus;
 use lb_user::policy::tm::ProbeStatuses;
 use std::collections::BTreeMap;
@@ -190,6 +191,8 @@ struct Front {
     probes: ProbeStatuses,
     tx: ViewSender,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Counts the answers sent (the daemon's metrics).
+    metrics: Metrics,
 }
 
 impl Front {
@@ -197,8 +200,9 @@ impl Front {
         let cfg = Config::parse(CFG).unwrap();
         let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(RoutingView::new(cfg.clone(), probes.clone())));
-        let (addr, tasks) = dns::serve("127.0.0.1:0".parse().unwrap(), rx, dns::TcpLimits { total: 64, per_source: 16 }).await.unwrap();
-        Front { addr, cfg, probes, tx, tasks }
+        let metrics = Metrics::default();
+        let (addr, tasks) = dns::serve("127.0.0.1:0".parse().unwrap(), rx, dns::TcpLimits { total: 64, per_source: 16 }, metrics.clone()).await.unwrap();
+        Front { addr, cfg, probes, tx, tasks, metrics }
     }
 
     /// Publishes a monitor status, as the daemon does after a reconcile.
@@ -328,6 +332,11 @@ async fn disabled_profile_nxdomain_and_unknown_name_refused() {
     let f = Front::start().await;
     assert_eq!(one(f.addr, "off.tm.test", "A", &[]).await.status, "NXDOMAIN", "O6");
     assert_eq!(one(f.addr, "nothere.tm.test", "A", &[]).await.status, "REFUSED");
+    // Every answer sent is counted by its response code (`lb_dns_answers_total`).
+    let text = metrics::render(&Default::default(), &f.metrics);
+    for line in [r#"lb_dns_answers_total{rcode="NXDOMAIN"} 1"#, r#"lb_dns_answers_total{rcode="REFUSED"} 1"#] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
 }
 
 /// A TCP client that sends a length prefix and then nothing is disconnected (RFC 7766

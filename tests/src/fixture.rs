@@ -107,7 +107,7 @@ impl PinDir {
     pub fn new(name: &str) -> Self {
         let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-{name}-{}", std::process::id()));
         // Mounts bpffs at /sys/fs/bpf first if nothing is mounted there, as `lb` does.
-        lb_user::pinning::ensure_pin_dir(&dir).expect("a pin directory on bpffs at /sys/fs/bpf (tests must run as root)");
+        lb_user::dataplane::pinning::ensure_pin_dir(&dir).expect("a pin directory on bpffs at /sys/fs/bpf (tests must run as root)");
         PinDir(dir)
     }
 

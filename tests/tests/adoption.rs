@@ -36,9 +36,9 @@ fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &Per
     let now = dp.now_ns().unwrap();
     ctl.depart_unconfigured(now);
     let next = ctl.preview(now).unwrap();
-    let (keys, prefixes, tables) = dp.sweep_unowned(&next).unwrap();
+    let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).unwrap();
     ctl.reconcile(&mut dp).expect("the configuration fits the data plane it is written to");
-    let backends = dp.depart_unused_backends(ctl.applied().unwrap(), now, &|id| ctl.drain_ns_of(id)).unwrap();
+    let backends = dp.depart_unused_backends(&ctl.applied().unwrap().demand(None), now, &|id| ctl.drain_ns_of(id)).unwrap();
     (dp, ctl, (keys, prefixes, tables, backends), now)
 }
 
@@ -79,14 +79,14 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     assert_eq!((installed.len(), installed[0].1.id), (1, applied.services[0].id), "web's key stays");
     let api_id = state.ids.services.iter().find(|(n, _)| n == "api").unwrap().1;
     assert!(dp.read_table(api_id, 0).unwrap().is_none(), "api's tables are inactive");
-    let id_of = |addr: &str| state.ids.backends.iter().find(|(_, a, _)| a.to_string() == addr).unwrap().2;
+    let id_of = |addr: &str| state.ids.backends.iter().find(|(k, _)| k.address.to_string() == addr).unwrap().1;
     let web2 = dp.backend(id_of("198.18.10.2")).unwrap();
     assert_eq!((web2.flags & backend_flags::REMOVED, web2.drain_deadline_ns), (backend_flags::REMOVED, now + 300_000_000_000), "web's removed backend drains");
     let api1 = dp.backend(id_of("198.18.11.1")).unwrap();
     assert_eq!((api1.flags & backend_flags::REMOVED, api1.drain_deadline_ns), (backend_flags::REMOVED, now), "a removed service's backends do not");
     assert_eq!(applied.backends.len(), 1);
     drop(dp);
-    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }
 
 /// `::ffff:198.19.0.0/112` and `198.19.0.0/16` are one trie key: read back after a restart, the
@@ -106,5 +106,5 @@ fn an_ipv4_mapped_prefix_survives_adoption() {
     let (dp, _, swept, _) = restart(pins.path(), sizes, &cfg, &state);
     assert_eq!(swept, (0, 0, 0, 0));
     drop(dp);
-    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }

@@ -71,7 +71,7 @@ fn race_once(round: usize) -> (usize, Vec<String>) {
                 let barrier = barrier.clone();
                 std::thread::spawn(move || {
                     barrier.wait();
-                    lb_user::pinning::ensure_pin_dir(&dir).map_err(|e| format!("{}: {e:#}", dir.display()))
+                    lb_user::dataplane::pinning::ensure_pin_dir(&dir).map_err(|e| format!("{}: {e:#}", dir.display()))
                 })
             })
             .collect::<Vec<_>>()

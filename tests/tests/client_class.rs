@@ -85,5 +85,5 @@ fn a_restarted_writer_keeps_the_class_flags_exact() {
     dp.remove_class_prefix(SVC, "198.18.0.0/16".parse().unwrap()).unwrap();
     assert_eq!(backend_of(&dp, false), B0, "the adopted bookkeeping knew both prefixes");
     drop(dp);
-    lb_user::pinning::remove_map_pins(dir).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(dir).unwrap();
 }

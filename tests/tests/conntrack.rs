@@ -522,5 +522,5 @@ fn adopted_pinned_tables_keep_their_flows() {
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the adopted entry still holds the flow");
     assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2);
     drop(dp);
-    lb_user::pinning::remove_map_pins(pins.path()).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }

@@ -109,7 +109,7 @@ fn explain_names_the_backend_the_kernel_picks() {
         let want = predicted.backend.unwrap().to_string();
         let want = want.as_str();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(backend.mac.as_deref().unwrap(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(backend.mac.unwrap().to_string(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
         distinct.insert(want.to_owned());
         checked += 1;
     }
@@ -187,7 +187,7 @@ mac = "02:be:00:00:00:32"
         let want = predicted.backend.unwrap().to_string();
         let want = want.as_str();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.as_deref().unwrap(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
+        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
         forwarded += 1;
     }
     assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");

@@ -224,3 +224,30 @@ fn ipv6_with_extension_headers_is_forwarded_and_redirected() {
         assert_eq!(out.data, expected_ip6ip6(GW2_MAC, LB2_MAC, FAR6, &inner, h));
     });
 }
+
+/// Metrics per backend: `BACKEND_STATS` counts each forwarded packet (new flow or hit) for the
+/// backend it went to; the id handed to another backend starts from zero, a state change does
+/// not reset it.
+#[test]
+fn backend_counters_count_per_backend_and_restart_when_the_id_changes_hands() {
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        setup(&mut dp, 0);
+        let (syn, _) = client_tcp4(80, TCP_SYN, 0);
+        let (ack, _) = client_tcp4(80, TCP_ACK, 0);
+        for frame in [&syn, &ack, &ack] {
+            assert_eq!(dp.run_test(Program::Lb, frame, topo.lbv0).unwrap().action, XDP_TX);
+        }
+        let near = dp.backend_stats(B_NEAR).unwrap();
+        assert_eq!((near.packets, near.bytes, near.new_flows), (3, (syn.len() + 2 * ack.len()) as u64, 1));
+        assert_eq!(dp.backend_stats(B_FAR).unwrap(), Default::default());
+        // Health and drain changes keep the counts.
+        dp.set_backend_state(B_NEAR, 0, 0).unwrap();
+        assert_eq!(dp.backend_stats(B_NEAR).unwrap(), near);
+        // The id goes to another backend (next generation): its series starts at zero.
+        let mut other = backend(FAR4.into(), [0; 6], 0);
+        other.generation = 1;
+        dp.set_backend(B_NEAR, other).unwrap();
+        assert_eq!(dp.backend_stats(B_NEAR).unwrap(), Default::default());
+    });
+}

@@ -232,5 +232,5 @@ fn a_restarted_writer_adopts_the_pinned_service_table() {
     rest.retain(|(v, _), _| *v != 2);
     check_all(&dp, &rest);
     drop(dp);
-    lb_user::pinning::remove_map_pins(dir).unwrap();
+    lb_user::dataplane::pinning::remove_map_pins(dir).unwrap();
 }

@@ -22,7 +22,10 @@ const LLVM_PREFIX: &str = "/opt/lb-toolchain/llvm";
 /// The bpf-linker release verified with this nightly.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages and a command each provides, checked before installing.
-const DEBIAN_PACKAGES: &[(&str, &str)] = &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("bird2", "bird")];
+/// (`bird2`: the scale-out tests; `prometheus`: the metrics test scrapes the daemon with the
+/// real server.)
+const DEBIAN_PACKAGES: &[(&str, &str)] =
+    &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("bird2", "bird"), ("prometheus", "prometheus")];
 
 pub fn ensure() -> Result<()> {
     rust_src()?;

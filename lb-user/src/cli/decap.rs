@@ -7,8 +7,8 @@
 //! `lb_decap` is an object of its own (lb-ebpf's `lb-decap`), with only its own maps
 //! (`DECAP_ADDRS`, `STATS`) at their built-in sizes: nothing of the balancer is loaded.
 
+use crate::dataplane::pinning;
 use crate::dataplane::{self, addr_key, addr_words, global_counters, take, Stats};
-use crate::pinning;
 use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use aya::programs::XdpMode;

@@ -4,13 +4,16 @@ use super::maglev::{self, MaglevBackend};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// A table's identity: its size M and its members, each as (address bytes, weight).
+type TableKey = (u32, Vec<(Vec<u8>, u32)>);
+
 /// Maglev tables already built, by (M, members): a table is rebuilt only when its eligible set
 /// (or a weight) changed, and classes with the same set share one build. The controller keeps
 /// one across reconciles, so a health change costs the tables it really changes.
 #[derive(Debug, Default)]
 pub struct TableCache {
-    tables: HashMap<(u32, Vec<(Vec<u8>, u32)>), Arc<Vec<u32>>>,
-    used: HashSet<(u32, Vec<(Vec<u8>, u32)>)>,
+    tables: HashMap<TableKey, Arc<Vec<u32>>>,
+    used: HashSet<TableKey>,
 }
 
 impl TableCache {

@@ -2,6 +2,7 @@
 //! id, so renumbering would silently move established connections.
 
 use crate::config::Config;
+use crate::model::{keyed_triples, BackendKey};
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
@@ -9,7 +10,7 @@ use std::net::IpAddr;
 #[derive(Clone, Debug, Default)]
 pub struct Ids {
     services: BTreeMap<String, u32>,
-    backends: BTreeMap<(String, IpAddr), u32>,
+    backends: BTreeMap<BackendKey, u32>,
     /// Generation of each backend id's current holder (`Backend::generation`): bumped when the
     /// id is handed to another backend, kept after the id is freed.
     generations: BTreeMap<u32, u16>,
@@ -24,7 +25,8 @@ pub struct Ids {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct IdsSnapshot {
     pub services: Vec<(String, u32)>,
-    pub backends: Vec<(String, IpAddr, u32)>,
+    #[serde(with = "keyed_triples")]
+    pub backends: Vec<(BackendKey, u32)>,
     /// Absent in an older daemon's state: every id is then at generation 0, as its backend
     /// records and connection-table entries are.
     #[serde(default)]
@@ -35,7 +37,7 @@ impl Ids {
     pub fn snapshot(&self) -> IdsSnapshot {
         IdsSnapshot {
             services: self.services.iter().map(|(n, i)| (n.clone(), *i)).collect(),
-            backends: self.backends.iter().map(|((s, a), i)| (s.clone(), *a, *i)).collect(),
+            backends: self.backends.iter().map(|(k, i)| (k.clone(), *i)).collect(),
             generations: self.generations.iter().map(|(i, g)| (*i, *g)).collect(),
         }
     }
@@ -43,7 +45,7 @@ impl Ids {
     pub fn from_snapshot(s: &IdsSnapshot) -> Self {
         Self {
             services: s.services.iter().cloned().collect(),
-            backends: s.backends.iter().map(|(svc, a, i)| ((svc.clone(), *a), *i)).collect(),
+            backends: s.backends.iter().cloned().collect(),
             generations: s.generations.iter().copied().collect(),
             ..Self::default()
         }
@@ -62,7 +64,7 @@ impl Ids {
 
     pub(super) fn backend(&mut self, service: &str, addr: IpAddr) -> u32 {
         let next = self.backends.len() as u32;
-        let key = (service.to_owned(), addr);
+        let key = BackendKey::new(service, addr);
         if let Some(id) = self.backends.get(&key) {
             return *id;
         }
@@ -88,14 +90,14 @@ impl Ids {
         self.free_backends = None;
     }
 
-    /// Every backend's (service, address) and id.
-    pub fn backends(&self) -> impl Iterator<Item = (&(String, IpAddr), u32)> {
+    /// Every backend's key and id.
+    pub fn backends(&self) -> impl Iterator<Item = (&BackendKey, u32)> {
         self.backends.iter().map(|(k, id)| (k, *id))
     }
 
-    /// The (service, address) that holds backend id `id`.
-    pub fn owner_of(&self, id: u32) -> Option<(&str, IpAddr)> {
-        self.backends.iter().find(|(_, i)| **i == id).map(|((s, a), _)| (s.as_str(), *a))
+    /// The backend that holds id `id`.
+    pub fn owner_of(&self, id: u32) -> Option<&BackendKey> {
+        self.backends.iter().find(|(_, i)| **i == id).map(|(k, _)| k)
     }
 
     /// The generation of the backend that holds `id` (0 for an id never handed out here).
@@ -104,19 +106,19 @@ impl Ids {
     }
 
     /// Forget ids of services and backends that are no longer configured, except backends for
-    /// which `keep(service, address)` holds (tracked flows may still point at their id).
-    pub fn retain(&mut self, cfg: &Config, keep: &dyn Fn(&str, IpAddr) -> bool) {
+    /// which `keep(key)` holds (tracked flows may still point at their id).
+    pub fn retain(&mut self, cfg: &Config, keep: &dyn Fn(&BackendKey) -> bool) {
         let configured: HashSet<(&str, IpAddr)> =
             cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| (s.name.as_str(), b.address))).collect();
-        self.backends.retain(|(svc, addr), _| keep(svc, *addr) || configured.contains(&(svc.as_str(), *addr)));
-        let named: HashSet<&str> = cfg.services.iter().map(|s| s.name.as_str()).chain(self.backends.keys().map(|(s, _)| s.as_str())).collect();
+        self.backends.retain(|k, _| keep(k) || configured.contains(&(k.service.as_str(), k.address)));
+        let named: HashSet<&str> = cfg.services.iter().map(|s| s.name.as_str()).chain(self.backends.keys().map(|k| k.service.as_str())).collect();
         self.services.retain(|name, _| named.contains(name.as_str()));
         self.free_services = None;
         self.free_backends = None;
     }
 
     pub fn backend_id(&self, service: &str, addr: IpAddr) -> Option<u32> {
-        self.backends.get(&(service.to_owned(), addr)).copied()
+        self.backends.get(&BackendKey::new(service, addr)).copied()
     }
 }
 

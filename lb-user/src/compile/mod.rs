@@ -12,6 +12,7 @@ pub mod ids;
 pub mod maglev;
 
 use crate::config::{Config, Service};
+use crate::dataplane::{Demand, ServiceDemand};
 pub use cache::TableCache;
 pub use ids::{Ids, IdsSnapshot};
 use maglev::MaglevBackend;
@@ -59,6 +60,38 @@ pub struct Compiled {
     /// (backend id, record).
     pub backends: Vec<(u32, Backend)>,
     pub classes_per_service: u32,
+}
+
+/// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
+/// writes them.
+pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl Iterator<Item = (&'a CompiledService, &'a ClassTable)> {
+    new.services.iter().flat_map(move |svc| {
+        let prev = old.and_then(|o| o.services.iter().find(|p| p.name == svc.name));
+        svc.tables.iter().filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t))).map(move |t| (svc, t))
+    })
+}
+
+impl Compiled {
+    /// What this state occupies in the data plane, with the tables written to reach it from
+    /// `old` (what was written before; None: everything is written).
+    pub fn demand<'a>(&'a self, old: Option<&'a Compiled>) -> Demand<'a> {
+        Demand {
+            services: self
+                .services
+                .iter()
+                .map(|s| ServiceDemand {
+                    name: &s.name,
+                    id: s.id,
+                    keys: &s.keys,
+                    info: &s.info,
+                    class_prefixes: &s.class_prefixes,
+                    classes: s.tables.iter().map(|t| t.class).collect(),
+                })
+                .collect(),
+            backends: self.backends.iter().map(|(id, _)| *id).collect(),
+            table_writes: tables_to_write(old, self).map(|(s, t)| (s.id, t.class)).collect(),
+        }
+    }
 }
 
 /// Number of client classes per service the data plane must hold: "none" plus one per zone
@@ -132,7 +165,7 @@ pub fn compile_cached(
                     family,
                     flags: if ep.healthy { backend_flags::HEALTHY } else { 0 },
                     zone_class: ep.zone_class as u16,
-                    mac: b.mac_addr().unwrap_or_default().0,
+                    mac: b.mac.unwrap_or_default().0,
                     generation: ids.backend_generation(bid),
                     ..Default::default()
                 },

@@ -59,6 +59,17 @@ pub struct Config {
     /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
     #[serde(default)]
     pub announce: Option<Announce>,
+    /// `[metrics]`: the Prometheus endpoint; off without the section.
+    #[serde(default)]
+    pub metrics: Option<Metrics>,
+}
+
+/// `[metrics]`: where the daemon serves its Prometheus metrics (`GET /metrics`, HTTP/1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metrics {
+    /// "ADDR:PORT", e.g. "127.0.0.1:9405".
+    pub listen: std::net::SocketAddr,
 }
 
 /// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'
@@ -300,9 +311,9 @@ pub struct Backend {
     pub failover: bool,
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff").
+    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff"), parsed when the file is read.
     #[serde(default)]
-    pub mac: Option<String>,
+    pub mac: Option<MacAddr>,
     // ---- Traffic Manager endpoint fields (spec §2.1); only with a Traffic Manager method.
     /// Endpoint name for messages and status inputs; unique in the service. Default: address.
     #[serde(default)]
@@ -345,11 +356,6 @@ pub struct Backend {
 
 impl Backend {
     /// True for a nested endpoint (its traffic goes to a child service).
-    /// The L2 DSR destination MAC (validated with the configuration).
-    pub fn mac_addr(&self) -> Option<MacAddr> {
-        self.mac.as_deref().and_then(|m| m.parse().ok())
-    }
-
     pub fn is_nested(&self) -> bool {
         self.target_service.is_some()
     }
@@ -405,6 +411,11 @@ impl Config {
     /// Index of the service with this name.
     pub fn service_index(&self, name: &str) -> Option<usize> {
         self.services.iter().position(|s| s.name == name)
+    }
+
+    /// Whether the service `key.service` has a backend at `key.address`.
+    pub fn has_backend(&self, key: &BackendKey) -> bool {
+        self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.address == key.address))
     }
 
     /// Read, parse and validate a configuration file. Every error names the file.

@@ -752,48 +752,6 @@ impl Nesting {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `levels` levels of `width` services, each nesting every service of the next level.
-    fn layered(levels: usize, width: usize) -> Vec<Vec<usize>> {
-        (0..levels * width)
-            .map(|s| {
-                let next = (s / width + 1) * width;
-                if next < levels * width {
-                    (next..next + width).collect()
-                } else {
-                    Vec::new()
-                }
-            })
-            .collect()
-    }
-
-    #[test]
-    fn nesting_depth_is_linear_in_services_and_edges() {
-        // 4^10 paths lead from a top service to the bottom level; each edge is looked at a
-        // bounded number of times.
-        let edges = layered(11, 4);
-        let nesting = Nesting::of(&edges);
-        assert_eq!(nesting.depth[0], 10);
-        assert_eq!(nesting.depth[43], 0);
-        assert!(nesting.on_loop.iter().all(|l| !l));
-        let work = edges.len() + edges.iter().map(Vec::len).sum::<usize>();
-        assert!(nesting.steps <= 3 * work, "{} steps for {work} nodes and edges", nesting.steps);
-    }
-
-    #[test]
-    fn nesting_loops_are_found_on_their_members_only() {
-        // 0 -> 1 -> 2 -> 1, 3 -> 0
-        let edges = vec![vec![1], vec![2], vec![1], vec![0]];
-        let nesting = Nesting::of(&edges);
-        assert_eq!(nesting.on_loop, [false, true, true, false]);
-        assert_eq!(nesting.depth[0], 1);
-        assert_eq!(nesting.depth[3], 2);
-        assert_eq!(nesting.cycle_through(&edges, 2), [2, 1, 2]);
-    }
-}
 
 // ---------------------------------------------------------------- DNS names
 
@@ -844,5 +802,48 @@ pub(super) fn check_dns_names(cfg: &Config, out: &mut Sink) {
                 format!("{name:?} is also the dns_name of service {other:?}: names must be unique"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `levels` levels of `width` services, each nesting every service of the next level.
+    fn layered(levels: usize, width: usize) -> Vec<Vec<usize>> {
+        (0..levels * width)
+            .map(|s| {
+                let next = (s / width + 1) * width;
+                if next < levels * width {
+                    (next..next + width).collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nesting_depth_is_linear_in_services_and_edges() {
+        // 4^10 paths lead from a top service to the bottom level; each edge is looked at a
+        // bounded number of times.
+        let edges = layered(11, 4);
+        let nesting = Nesting::of(&edges);
+        assert_eq!(nesting.depth[0], 10);
+        assert_eq!(nesting.depth[43], 0);
+        assert!(nesting.on_loop.iter().all(|l| !l));
+        let work = edges.len() + edges.iter().map(Vec::len).sum::<usize>();
+        assert!(nesting.steps <= 3 * work, "{} steps for {work} nodes and edges", nesting.steps);
+    }
+
+    #[test]
+    fn nesting_loops_are_found_on_their_members_only() {
+        // 0 -> 1 -> 2 -> 1, 3 -> 0
+        let edges = vec![vec![1], vec![2], vec![1], vec![0]];
+        let nesting = Nesting::of(&edges);
+        assert_eq!(nesting.on_loop, [false, true, true, false]);
+        assert_eq!(nesting.depth[0], 1);
+        assert_eq!(nesting.depth[3], 2);
+        assert_eq!(nesting.cycle_through(&edges, 2), [2, 1, 2]);
     }
 }

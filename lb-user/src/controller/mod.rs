@@ -6,9 +6,10 @@
 //! backend records first, then tables (standby slot + flip, inside the sink), then service keys,
 //! then removals. Pure logic plus the sink: unit-testable without BPF.
 
-use crate::compile::{self, Compiled, CompiledService, Ids};
+use crate::compile::{self, tables_to_write, Compiled, CompiledService, Ids};
+use crate::dataplane::Tables;
 use crate::config::Config;
-use crate::model::MonitorStatus;
+use crate::model::{keyed_triples, BackendKey, MonitorStatus};
 use crate::policy::Pool;
 use crate::policy::tm::ProbeStatuses;
 use ipnet::IpNet;
@@ -23,39 +24,6 @@ pub const POOL_CHANGE_DRAIN_NS: u64 = 600 * 1_000_000_000;
 /// A pool change restored without its time (see `Controller::restore`).
 const CHANGE_TIME_UNKNOWN: u64 = u64::MAX;
 
-/// Where the controller writes. Implemented by the BPF data plane and by test recorders.
-pub trait Tables {
-    fn set_backend(&mut self, id: u32, backend: &Backend) -> anyhow::Result<()>;
-    /// Write a class table into a standby slot and make it active in one update.
-    fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> anyhow::Result<()>;
-    /// Replace the service's client-class prefixes.
-    fn set_class_prefixes(&mut self, service: u32, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()>;
-    /// Removes `remove`, then installs services (each under its keys), as one change: the
-    /// data plane publishes its service table once per call.
-    fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> anyhow::Result<()>;
-    /// Release a removed service's table slots.
-    fn remove_tables(&mut self, service: u32, classes: u32) -> anyhow::Result<()>;
-    /// The data plane's clock (ns, see `Dataplane::now_ns`), for drain deadlines.
-    fn now_ns(&self) -> anyhow::Result<u64>;
-    /// Whether `new` fits where `old` (what the controller last wrote) is: asked before
-    /// anything is written, so that a change beyond what the sink holds (ids, table slots,
-    /// service keys, class prefixes sized at load) is refused whole instead of failing half
-    /// written. A sink without limits takes everything.
-    fn admit(&self, old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
-        let _ = (old, new);
-        Ok(())
-    }
-}
-
-/// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
-/// writes them.
-pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl Iterator<Item = (&'a CompiledService, &'a compile::ClassTable)> {
-    new.services.iter().flat_map(move |svc| {
-        let prev = old.and_then(|o| o.services.iter().find(|p| p.name == svc.name));
-        svc.tables.iter().filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t))).map(move |t| (svc, t))
-    })
-}
-
 /// What the controller keeps across a daemon restart (the pinned maps keep the rest): the ids
 /// that tracked flows refer to, the pool generations, the last health verdicts, and the
 /// operator's overrides and drains (absent in an older daemon's state: none).
@@ -63,11 +31,12 @@ pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl
 pub struct PersistentState {
     pub ids: crate::compile::IdsSnapshot,
     pub pools: Vec<(String, Pool, u32)>,
-    pub checked: Vec<(String, IpAddr, bool)>,
+    #[serde(with = "keyed_triples")]
+    pub checked: Vec<(BackendKey, bool)>,
+    #[serde(default, with = "keyed_triples")]
+    pub overrides: Vec<(BackendKey, bool)>,
     #[serde(default)]
-    pub overrides: Vec<(String, IpAddr, bool)>,
-    #[serde(default)]
-    pub drained: Vec<(String, IpAddr)>,
+    pub drained: Vec<BackendKey>,
     /// Data-plane clock of each service's last active-pool change (the clock survives a
     /// daemon restart; pinned maps do not survive a reboot either).
     #[serde(default)]
@@ -88,12 +57,12 @@ pub struct Controller {
     cfg: Config,
     ids: Ids,
     /// Health checker verdicts; absent = healthy (optimistic start, see `healthy`).
-    checked: BTreeMap<(String, IpAddr), bool>,
+    checked: BTreeMap<BackendKey, bool>,
     /// Operator overrides (`lb backend set --health`).
-    overrides: BTreeMap<(String, IpAddr), bool>,
+    overrides: BTreeMap<BackendKey, bool>,
     /// Backends drained by the operator: out of every eligible set.
-    drained: BTreeSet<(String, IpAddr)>,
-    departed: BTreeMap<(String, IpAddr), Departed>,
+    drained: BTreeSet<BackendKey>,
+    departed: BTreeMap<BackendKey, Departed>,
     /// Active pool and generation per service (for FLUSH_ON_POOL_CHANGE).
     pools: BTreeMap<String, (Pool, u32)>,
     /// Data-plane clock at each service's last active-pool change (for POOL_DRAIN_OVER).
@@ -122,8 +91,8 @@ impl Controller {
         PersistentState {
             ids: self.ids.snapshot(),
             pools: self.pools.iter().map(|(n, (p, g))| (n.clone(), *p, *g)).collect(),
-            checked: self.checked.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
-            overrides: self.overrides.iter().map(|((s, a), h)| (s.clone(), *a, *h)).collect(),
+            checked: self.checked.iter().map(|(k, h)| (k.clone(), *h)).collect(),
+            overrides: self.overrides.iter().map(|(k, h)| (k.clone(), *h)).collect(),
             drained: self.drained.iter().cloned().collect(),
             pool_changed_ns: self.pool_changed_ns.iter().map(|(n, t)| (n.clone(), *t)).collect(),
         }
@@ -133,8 +102,8 @@ impl Controller {
     pub fn restore(&mut self, st: &PersistentState) {
         self.ids = Ids::from_snapshot(&st.ids);
         self.pools = st.pools.iter().map(|(n, p, g)| (n.clone(), (*p, *g))).collect();
-        self.checked = st.checked.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
-        self.overrides = st.overrides.iter().map(|(s, a, h)| ((s.clone(), *a), *h)).collect();
+        self.checked = st.checked.iter().cloned().collect();
+        self.overrides = st.overrides.iter().cloned().collect();
         self.drained = st.drained.iter().cloned().collect();
         self.pool_changed_ns = st.pool_changed_ns.iter().cloned().collect();
         // An older daemon's state has generations but no change times: a changed pool's drain
@@ -159,10 +128,10 @@ impl Controller {
     /// run) until the drain ends, as for a backend a reload removes.
     pub fn depart_unconfigured(&mut self, now: u64) {
         let cfg = &self.cfg;
-        let gone: Vec<((String, IpAddr), u32)> = self
+        let gone: Vec<(BackendKey, u32)> = self
             .ids
             .backends()
-            .filter(|((s, a), _)| !cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a)))
+            .filter(|(k, _)| !cfg.has_backend(k))
             .map(|(k, id)| (k.clone(), id))
             .collect();
         for (key, id) in gone {
@@ -174,11 +143,11 @@ impl Controller {
     /// The draining time a backend id the restored state knew gets when it leaves now: its
     /// service's `draining_timeout_sec` if the configuration still has the service, else none.
     pub fn drain_ns_of(&self, id: u32) -> u64 {
-        let Some((service, _)) = self.ids.owner_of(id) else { return 0 };
+        let Some(BackendKey { service, .. }) = self.ids.owner_of(id) else { return 0 };
         self.cfg
             .services
             .iter()
-            .find(|s| s.name == service)
+            .find(|s| &s.name == service)
             .map_or(0, |s| u64::from(s.connection_draining.draining_timeout_sec) * 1_000_000_000)
     }
 
@@ -190,7 +159,7 @@ impl Controller {
     /// Starting healthy avoids a flap to "all backends" (E-2) on every daemon restart; a dead
     /// backend is caught by its first `unhealthy_threshold` probes.
     pub fn healthy(&self, service: &str, addr: IpAddr) -> bool {
-        let key = (service.to_owned(), addr);
+        let key = BackendKey::new(service, addr);
         self.overrides.get(&key).or_else(|| self.checked.get(&key)).copied().unwrap_or(true)
     }
 
@@ -200,7 +169,7 @@ impl Controller {
     /// CheckingEndpoint. Endpoint Disabled, alwaysServe and nested statuses are derived from
     /// the configuration on top of this (`tm::Statuses`).
     pub fn monitor_status(&self, service: &str, addr: IpAddr) -> MonitorStatus {
-        let key = (service.to_owned(), addr);
+        let key = BackendKey::new(service, addr);
         match self.overrides.get(&key).or_else(|| self.checked.get(&key)) {
             Some(true) => MonitorStatus::Online,
             Some(false) => MonitorStatus::Degraded,
@@ -228,15 +197,15 @@ impl Controller {
     }
 
     pub fn override_of(&self, service: &str, addr: IpAddr) -> Option<bool> {
-        self.overrides.get(&(service.to_owned(), addr)).copied()
+        self.overrides.get(&BackendKey::new(service, addr)).copied()
     }
 
     pub fn checker_verdict(&self, service: &str, addr: IpAddr) -> Option<bool> {
-        self.checked.get(&(service.to_owned(), addr)).copied()
+        self.checked.get(&BackendKey::new(service, addr)).copied()
     }
 
     pub fn is_drained(&self, service: &str, addr: IpAddr) -> bool {
-        self.drained.contains(&(service.to_owned(), addr))
+        self.drained.contains(&BackendKey::new(service, addr))
     }
 
     fn require_backend(&self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
@@ -253,13 +222,13 @@ impl Controller {
     }
 
     pub fn set_checked(&mut self, service: &str, addr: IpAddr, healthy: bool) {
-        self.checked.insert((service.to_owned(), addr), healthy);
+        self.checked.insert(BackendKey::new(service, addr), healthy);
     }
 
     /// `Some(h)` pins the health, `None` returns to the checker's verdict.
     pub fn set_override(&mut self, service: &str, addr: IpAddr, health: Option<bool>) -> anyhow::Result<()> {
         self.require_backend(service, addr)?;
-        let key = (service.to_owned(), addr);
+        let key = BackendKey::new(service, addr);
         match health {
             Some(h) => self.overrides.insert(key, h),
             None => self.overrides.remove(&key),
@@ -269,7 +238,7 @@ impl Controller {
 
     pub fn drain(&mut self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
         self.require_backend(service, addr)?;
-        self.drained.insert((service.to_owned(), addr));
+        self.drained.insert(BackendKey::new(service, addr));
         Ok(())
     }
 
@@ -297,7 +266,7 @@ impl Controller {
     /// tracked flows stay valid).
     pub fn undrain(&mut self, service: &str, addr: IpAddr) -> anyhow::Result<()> {
         self.require_backend(service, addr)?;
-        if !self.drained.remove(&(service.to_owned(), addr)) {
+        if !self.drained.remove(&BackendKey::new(service, addr)) {
             anyhow::bail!("backend {addr} of service {service:?} is not drained");
         }
         Ok(())
@@ -308,12 +277,12 @@ impl Controller {
     /// profile) and is enabled now: it starts over as CheckingEndpoint (spec §2.3, "new/just
     /// enabled endpoints are CheckingEndpoint until the first result").
     pub fn replace_config(&mut self, cfg: Config) {
-        let still = |(s, a): &(String, IpAddr)| cfg.services.iter().any(|x| &x.name == s && x.backends.iter().any(|b| &b.address == a));
-        let disabled = |c: &Config, (s, a): &(String, IpAddr)| {
-            c.services.iter().find(|x| &x.name == s).is_some_and(|x| crate::policy::endpoint_disabled(x, *a))
+        let still = |k: &BackendKey| cfg.has_backend(k);
+        let disabled = |c: &Config, k: &BackendKey| {
+            c.services.iter().find(|x| x.name == k.service).is_some_and(|x| crate::policy::endpoint_disabled(x, k.address))
         };
         let old = &self.cfg;
-        self.checked.retain(|k, _| still(k) && !(disabled(old, k) && !disabled(&cfg, k)));
+        self.checked.retain(|k, _| still(k) && (!disabled(old, k) || disabled(&cfg, k)));
         self.overrides.retain(|k, _| still(k));
         self.drained.retain(|k| still(k));
         self.cfg = cfg;
@@ -324,7 +293,7 @@ impl Controller {
         let mut cfg = self.cfg.clone();
         for svc in &mut cfg.services {
             let name = svc.name.clone();
-            svc.backends.retain(|b| !self.drained.contains(&(name.clone(), b.address)));
+            svc.backends.retain(|b| !self.drained.contains(&BackendKey::new(&name, b.address)));
         }
         cfg
     }
@@ -336,7 +305,7 @@ impl Controller {
         let now = sink.now_ns()?;
         let (mut new, ids) = self.next_state(now)?;
         let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
-        sink.admit(self.applied.as_ref(), &new)?;
+        sink.admit(&new.demand(self.applied.as_ref()))?;
         self.write_next(new, ids, pools, pool_changed_ns, now, sink)
     }
 
@@ -373,9 +342,9 @@ impl Controller {
         let departed = &self.departed;
         // Ids stay reserved while flows may point at them: backends of the last applied state
         // (they become `departed` below) and departed ones until their deadline.
-        ids.retain(&self.cfg, &|s, a| {
-            departed.contains_key(&(s.to_owned(), a))
-                || applied.is_some_and(|c| c.services.iter().any(|x| x.name == s && x.backend_addrs.contains(&a)))
+        ids.retain(&self.cfg, &|k| {
+            departed.contains_key(k)
+                || applied.is_some_and(|c| c.services.iter().any(|x| x.name == k.service && x.backend_addrs.contains(&k.address)))
         });
         let probes = self.probe_statuses(&eff);
         let new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
@@ -517,12 +486,12 @@ impl Controller {
             if new_backends.contains_key(id) {
                 continue;
             }
-            let Some((service, addr)) = old.and_then(|o| find_backend(o, *id)) else { continue };
+            let Some(key) = old.and_then(|o| find_backend(o, *id)) else { continue };
             let timeout_s = self
                 .cfg
                 .services
                 .iter()
-                .find(|s| s.name == service)
+                .find(|s| s.name == key.service)
                 .map(|s| s.connection_draining.draining_timeout_sec)
                 .unwrap_or(0);
             let deadline_ns = now + timeout_s as u64 * 1_000_000_000;
@@ -532,12 +501,16 @@ impl Controller {
             let record = Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, _pad: [0; 4], ..*b };
             sink.set_backend(*id, &record)?;
             report.backends_departed += 1;
-            self.departed.insert((service, addr), Departed { id: *id, record, deadline_ns });
+            self.departed.insert(key, Departed { id: *id, record, deadline_ns });
         }
         // 5. A drained backend is still configured and probed: its health during the drain
         //    reaches its record (a flow that does not persist on an unhealthy backend leaves it).
-        let health: Vec<((String, IpAddr), bool)> =
-            self.departed.keys().filter(|(s, a)| self.is_drained(s, *a)).map(|k| (k.clone(), self.healthy(&k.0, k.1))).collect();
+        let health: Vec<(BackendKey, bool)> = self
+            .departed
+            .keys()
+            .filter(|k| self.drained.contains(k))
+            .map(|k| (k.clone(), self.healthy(&k.service, k.address)))
+            .collect();
         for (key, healthy) in health {
             let d = self.departed.get_mut(&key).expect("listed above");
             let flags = if healthy { d.record.flags | backend_flags::HEALTHY } else { d.record.flags & !backend_flags::HEALTHY };
@@ -610,9 +583,9 @@ fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
     picture
 }
 
-fn find_backend(c: &Compiled, id: u32) -> Option<(String, IpAddr)> {
+fn find_backend(c: &Compiled, id: u32) -> Option<BackendKey> {
     c.services.iter().find_map(|s| {
-        s.backend_ids.iter().position(|b| *b == id).map(|i| (s.name.clone(), s.backend_addrs[i]))
+        s.backend_ids.iter().position(|b| *b == id).map(|i| BackendKey::new(&s.name, s.backend_addrs[i]))
     })
 }
 
@@ -629,6 +602,7 @@ pub struct ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::Demand;
     use lb_common::maps::BACKEND_DROP;
 
     /// Records what the controller writes, like the BPF maps would hold it.
@@ -699,8 +673,8 @@ mod tests {
         fn now_ns(&self) -> anyhow::Result<u64> {
             Ok(self.now)
         }
-        fn admit(&self, _old: Option<&Compiled>, new: &Compiled) -> anyhow::Result<()> {
-            match (self.max_services, new.services.iter().map(|s| s.id).max()) {
+        fn admit(&self, demand: &Demand) -> anyhow::Result<()> {
+            match (self.max_services, demand.services.iter().map(|s| s.id).max()) {
                 (Some(max), Some(id)) if id >= max => anyhow::bail!("service id {id} out of range"),
                 _ => Ok(()),
             }
@@ -919,6 +893,24 @@ mod tests {
         let mut r = Recorder { now: 7_000, ..Default::default() };
         c.reconcile(&mut r).unwrap();
         assert_eq!(c.next_pool_drain_end(), Some(7_000 + POOL_CHANGE_DRAIN_NS));
+    }
+
+    #[test]
+    fn state_files_keep_backend_keys_as_arrays() {
+        // What a daemon before `BackendKey` wrote: every backend key a flat JSON array.
+        let text = r#"{"ids":{"services":[["web",0]],"backends":[["web","198.18.11.1",0],["web","198.18.11.2",1],["web","198.18.12.1",2]],"generations":[[0,1],[1,1],[2,1]]},"pools":[["web","All",0]],"checked":[["web","198.18.11.1",false]],"overrides":[["web","198.18.12.1",true]],"drained":[["web","198.18.11.2"]],"pool_changed_ns":[]}"#;
+        let old: PersistentState = serde_json::from_str(text).unwrap();
+        assert_eq!(old.checked, vec![(BackendKey::new("web", ip("198.18.11.1")), false)]);
+        assert_eq!(old.ids.backends[1], (BackendKey::new("web", ip("198.18.11.2")), 1));
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        c.restore(&old);
+        assert_eq!(c.checker_verdict("web", ip("198.18.11.1")), Some(false));
+        assert_eq!(c.override_of("web", ip("198.18.12.1")), Some(true));
+        assert!(c.is_drained("web", ip("198.18.11.2")));
+        assert_eq!(c.ids.backend_id("web", ip("198.18.12.1")), Some(2));
+        // And a state written now reads the same way (the wire format did not change).
+        let again: serde_json::Value = serde_json::to_value(c.persistent_state()).unwrap();
+        assert_eq!(again, serde_json::from_str::<serde_json::Value>(text).unwrap());
     }
 
     const FAILOVER: &str = r#"

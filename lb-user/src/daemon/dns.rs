@@ -15,6 +15,7 @@
 //! Messages are parsed and built with `hickory-proto`; nothing is hand-parsed.
 
 use crate::config::{canonical_dns_name, Config};
+use crate::daemon::metrics::Metrics;
 use crate::policy::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
@@ -235,13 +236,17 @@ impl Drop for SourceSlot {
 }
 
 /// Binds UDP and TCP on `listen` (errors surface here) and serves until the tasks are aborted
-/// or the view sender is dropped. Returns the bound address (useful with port 0) and tasks.
-pub async fn serve(listen: SocketAddr, view: ViewReceiver, limits: TcpLimits) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
+/// or the view sender is dropped; every answer sent is counted in `metrics`. Returns the bound
+/// address (useful with port 0) and tasks.
+pub async fn serve(
+    listen: SocketAddr, view: ViewReceiver, limits: TcpLimits, metrics: Metrics,
+) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
     let udp = UdpSocket::bind(listen).await?;
     let bound = udp.local_addr()?;
     // TCP on the same port (a query whose answer would not fit UDP is retried over TCP).
     let tcp = TcpListener::bind(bound).await?;
     let udp_view = view.clone();
+    let udp_metrics = metrics.clone();
     let udp_task = tokio::spawn(async move {
         let mut rng = seeded_rng();
         let mut buf = vec![0u8; 4096];
@@ -249,6 +254,7 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver, limits: TcpLimits) ->
             let Ok((n, peer)) = udp.recv_from(&mut buf).await else { continue };
             let current = udp_view.borrow().clone();
             if let Some(out) = answer_udp(&current, &buf[..n], peer.ip(), &mut rng) {
+                udp_metrics.dns_answer(&out);
                 let _ = udp.send_to(&out, peer).await;
             }
         }
@@ -269,7 +275,7 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver, limits: TcpLimits) ->
             // Beyond the caps: closed at once (a resolver retries or falls back to UDP).
             let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
             let Some(slot) = sources.take(peer.ip(), limits.per_source) else { continue };
-            let view = view.clone();
+            let (view, metrics) = (view.clone(), metrics.clone());
             tokio::spawn(async move {
                 let _held = (permit, slot);
                 let mut rng = seeded_rng();
@@ -286,6 +292,7 @@ pub async fn serve(listen: SocketAddr, view: ViewReceiver, limits: TcpLimits) ->
                     let current = view.borrow().clone();
                     let Some(out) = answer(&current, &msg, peer.ip(), &mut rng) else { return };
                     let Ok(out_len) = u16::try_from(out.len()) else { return };
+                    metrics.dns_answer(&out);
                     // A client that does not read its answers is closed as well.
                     let write = async {
                         stream.write_u16(out_len).await?;
@@ -473,7 +480,7 @@ mod tests {
     async fn tcp_connections_are_capped_in_all_and_per_source() {
         let (_tx, rx) = watch::channel(Arc::new(view()));
         let limits = TcpLimits { total: 6, per_source: 4 };
-        let (addr, tasks) = serve("127.0.0.1:0".parse().unwrap(), rx, limits).await.unwrap();
+        let (addr, tasks) = serve("127.0.0.1:0".parse().unwrap(), rx, limits, Metrics::default()).await.unwrap();
         let q = query("prio.tm.example.", RecordType::A, None);
         let ask_tcp = |from: &'static str| {
             let q = q.clone();

@@ -5,7 +5,7 @@ use super::reply::{ChangeKind, EligibleChange, ReloadPlan, ServiceChange};
 use super::{class_views, zone_views};
 use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;
-use crate::controller::tables_to_write;
+use crate::compile::tables_to_write;
 use std::net::IpAddr;
 use std::path::Path;
 

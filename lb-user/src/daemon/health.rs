@@ -189,19 +189,26 @@ pub struct HealthEvent {
     pub probe: u64,
 }
 
-/// Probe one backend forever, sending verdict changes. `slot`/`of` spread the first probe.
+/// Where a probe's first check falls within its interval: slot `slot` of `of`, so that the
+/// probes of a service do not all fire at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spread {
+    pub slot: u32,
+    pub of: u32,
+}
+
+/// Probe one backend forever, sending verdict changes. `spread` places the first probe.
 pub fn spawn_checker(
     service: String,
     addr: SocketAddr,
     spec: ProbeSpec,
     initially_healthy: bool,
-    slot: u32,
-    of: u32,
+    spread: Spread,
     events: mpsc::Sender<HealthEvent>,
     probe: u64,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let offset = spec.interval.mul_f64(slot as f64 / of.max(1) as f64);
+        let offset = spec.interval.mul_f64(spread.slot as f64 / spread.of.max(1) as f64);
         tokio::time::sleep(offset).await;
         let mut verdict = Verdict::new(initially_healthy);
         let mut local = LocalErrors::default();
@@ -435,8 +442,7 @@ impl Probe {
                 SocketAddr::new(*backend, spec.port),
                 spec.clone(),
                 verdict.unwrap_or(true),
-                *slot,
-                *of,
+                Spread { slot: *slot, of: *of },
                 events.clone(),
                 id,
             ),
@@ -588,7 +594,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, mut rx) = mpsc::channel(8);
-        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, 0, 1, tx, 7);
+        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, Spread { slot: 0, of: 1 }, tx, 7);
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("web", addr.ip(), true));
         drop(listener);
@@ -624,7 +630,7 @@ mod tests {
                         assert!(e.contains("local error") && e.contains("Too many open files"), "{e}");
                         let s = spec(HealthProtocol::Tcp, addr.port());
                         let (tx, mut rx) = mpsc::channel(8);
-                        let task = spawn_checker("web".into(), addr, s, true, 0, 1, tx, 1);
+                        let task = spawn_checker("web".into(), addr, s, true, Spread { slot: 0, of: 1 }, tx, 1);
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         assert!(rx.try_recv().is_err(), "no verdict change from local errors");
                         task.abort();

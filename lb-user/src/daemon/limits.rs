@@ -29,7 +29,7 @@ pub fn raise_nofile() -> io::Result<u64> {
             lim.rlim_cur = lim.rlim_max;
         }
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// How many DNS-over-TCP connections may be open at once with `nofile` descriptors and
@@ -53,6 +53,6 @@ mod tests {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: reads this process's limit.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!((soft, lim.rlim_cur), (lim.rlim_max as u64, lim.rlim_max));
+        assert_eq!((soft, lim.rlim_cur), (lim.rlim_max, lim.rlim_max));
     }
 }

@@ -10,6 +10,7 @@ pub mod dry_run;
 pub mod health;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod reply;
 pub mod state;
@@ -21,7 +22,7 @@ use crate::controller::{Controller, PersistentState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use crate::compile::explain::{self, Flow};
 use health::HealthEvent;
-use crate::pinning::{self, PinState};
+use crate::dataplane::pinning::{self, PinState};
 use anyhow::{bail, Context, Result};
 use reply::{BackendChange, BackendStatus, ClassStats, ClassView, Counters, Reply, ServiceStats, ServiceStatus, ZoneView};
 use std::path::{Path, PathBuf};
@@ -91,6 +92,10 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
         bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
     }
+    if cfg.metrics != running.metrics {
+        let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
+        bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
+    }
     // The TUN device and its table are made at start.
     let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
     if where_(cfg) != where_(running) {
@@ -156,6 +161,8 @@ struct Daemon {
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::daemon::dns::ViewSender,
+    /// Event counters of the metrics endpoint (counted also without `[metrics]`).
+    metrics: metrics::Metrics,
     /// Held while running: one daemon per pin directory (`pinning::lock_pin_dir`).
     lock: Option<std::fs::File>,
     /// `[announce]`: the VIP routes the routing daemon exports.
@@ -186,7 +193,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             return Err(e);
         }
     };
-    let (mut d, _dns_tasks, health_rx) = match start(args.clone(), cfg).await {
+    let (mut d, _tasks, health_rx, snapshot_rx) = match start(args.clone(), cfg).await {
         Ok(started) => started,
         Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -211,7 +218,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     d.lock = Some(lock);
-    serve(d, listener, health_rx, (hup, term, int)).await
+    serve(d, listener, health_rx, snapshot_rx, (hup, term, int)).await
 }
 
 /// What a start found in the pin directory: what its clean-up after a failure may remove.
@@ -227,9 +234,14 @@ enum Found {
     Unknown,
 }
 
-/// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front. On
-/// error also says whether it had adopted a pinned data plane (which is then left running).
-async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>), (anyhow::Error, Found)> {
+/// What a start hands to the loop: the daemon, the DNS and metrics tasks, and the receivers of
+/// health events and metrics scrapes.
+type Started = (Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>);
+
+/// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
+/// the metrics endpoint. On error also says whether it had adopted a pinned data plane (which
+/// is then left running).
+async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyhow::Error, Found)> {
     // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
     let nofile = match limits::raise_nofile() {
         Ok(n) => n,
@@ -271,7 +283,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             let now = dp.now_ns().map_err(fail)?;
             ctl.depart_unconfigured(now);
             let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next).context("removing what the previous configuration left").map_err(fail)?;
+            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
             if keys + prefixes + tables > 0 {
                 tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
@@ -280,10 +292,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
         _ => None,
     };
     // Tables first, then attach: the first packet already finds them.
-    ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
+    let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(applied, now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
         if backends > 0 {
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
@@ -297,26 +309,39 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Vec<J
             _ => tracing::info!("attached to {ifname} (native XDP)"),
         }
     }
-    let (events, health_rx) = mpsc::channel(1024);
+    let (health_events, health_rx) = mpsc::channel(1024);
     let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
-    // The listen address is read at start only (a reload that changes `[dns]` is refused).
-    let dns_tasks = match ctl.config().dns.clone() {
+    let counts = metrics::Metrics::default();
+    counts.tables_swapped(initial.tables_written);
+    // The listen addresses are read at start only (a reload that changes `[dns]` or `[metrics]`
+    // is refused).
+    let mut tasks = match ctl.config().dns.clone() {
         Some(front) => {
             let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
             let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx, limits).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
+                crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone()).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
             tracing::info!("DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
             tasks
         }
         None => Vec::new(),
     };
+    // Without `[metrics]` the sender goes: the loop's scrape branch then never fires.
+    let (snapshots, snapshot_rx) = mpsc::channel(4);
+    if let Some(m) = ctl.config().metrics.clone() {
+        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots).await.with_context(|| format!("[metrics] listen = {}", m.listen)).map_err(fail)?;
+        tracing::info!("metrics on http://{addr}/metrics");
+        tasks.push(task);
+    }
     // Attached and tables written: from here on the VIPs may be announced.
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
-    let mut d = Daemon { args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events, dns_view, lock: None, announcer, drain_deadline: None };
+    let mut d = Daemon {
+        args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events: health_events, dns_view, metrics: counts, lock: None,
+        announcer, drain_deadline: None,
+    };
     d.announce();
     d.save_state();
     d.start_checkers();
-    Ok((d, dns_tasks, health_rx))
+    Ok((d, tasks, health_rx, snapshot_rx))
 }
 
 /// The audit line of an operator action: `reload accepted (SIGHUP)`, `drain refused (service
@@ -331,7 +356,10 @@ fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
-async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>, signals: Signals) -> Result<()> {
+async fn serve(
+    mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>,
+    mut snapshot_rx: mpsc::Receiver<metrics::SnapshotRequest>, signals: Signals,
+) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
     // checked this often: within seconds of ten minutes is close enough.
@@ -350,6 +378,9 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx:
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
+            Some(reply) = snapshot_rx.recv() => {
+                let _ = reply.send(metrics::snapshot(&d.ctl, &d.dp).map_err(|e| format!("{e:#}")));
+            }
             _ = tick.tick() => d.on_tick(),
             Some(pending) = request_rx.recv() => {
                 let resp = d.handle(pending.request);
@@ -420,6 +451,9 @@ impl Daemon {
     /// Republishes the DNS view, logs what was written and saves the state.
     fn after_reconcile(&mut self, report: Option<&crate::controller::ReconcileReport>) {
         self.dns_view.send_replace(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&self.ctl)));
+        if let Some(report) = report {
+            self.metrics.tables_swapped(report.tables_written);
+        }
         self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
@@ -493,6 +527,7 @@ impl Daemon {
         }
         let verdict = if ev.healthy { "healthy" } else { "unhealthy" };
         tracing::info!(target: "audit", "health: service {} backend {} is now {verdict} (last probe: {})", ev.service, ev.backend, ev.reason);
+        self.metrics.health_change(&ev.service, ev.backend, ev.healthy);
         self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
         if let Err(e) = self.reconcile() {
             tracing::error!("error applying a health change: {e:#}");
@@ -507,6 +542,12 @@ impl Daemon {
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
     fn reload(&mut self) -> Result<reply::Reloaded> {
+        let result = self.try_reload();
+        self.metrics.reload(result.is_ok());
+        result
+    }
+
+    fn try_reload(&mut self) -> Result<reply::Reloaded> {
         let cfg = Config::load(&self.args.config)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let result = self.ctl.reload(cfg, &mut self.dp);
@@ -523,7 +564,7 @@ impl Daemon {
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let now = self.dp.now_ns()?;
         let next = self.ctl.preview_config(cfg.clone(), now)?;
-        self.dp.admit(self.ctl.applied(), &next)?;
+        self.dp.admit(&next.demand(self.ctl.applied()))?;
         Ok(dry_run::plan(&self.args.config, self.ctl.config(), self.ctl.applied(), &cfg, &next))
     }
 
@@ -647,7 +688,7 @@ impl Daemon {
                                 let c = st.class(s.id, t.class);
                                 // A Traffic Manager service's classes are its routing method's,
                                 // not zones (`lb status` lists their prefixes).
-                                let zone = if t.class == 0 || s.tm.is_some() { None } else { cfg.zones.get(t.class as usize - 1).map(|z| z.name.clone()) };
+                                let zone = metrics::class_zone(cfg, s, t.class);
                                 ClassStats {
                                     client_class: t.class,
                                     client_zone: zone,
@@ -731,6 +772,10 @@ mod tests {
         let err = fits(&sizes, &running, &with_dns).unwrap_err().to_string();
         assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
         assert!(fits(&sizes, &with_dns, &with_dns).is_ok());
+        let with_metrics = Config::parse(&format!("[metrics]\nlisten = \"127.0.0.1:9405\"\n{}", service(1))).unwrap();
+        let err = fits(&sizes, &running, &with_metrics).unwrap_err().to_string();
+        assert!(err.contains("[metrics] listen") && err.contains("restart") && err.contains("127.0.0.1:9405"), "{err}");
+        assert!(fits(&sizes, &with_metrics, &with_metrics).is_ok());
         let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
         assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
     }
@@ -745,7 +790,7 @@ mod tests {
         let cfg = Config::parse(&service(300)).unwrap();
         let s = sizes_for(&cfg);
         assert!(s.max_services * 16 >= 300, "{s:?}");
-        assert!(crate::service_table::slots_for(s.max_services) / 2 >= 300);
+        assert!(crate::dataplane::service_table::slots_for(s.max_services) / 2 >= 300);
         // 2 zones of 130 prefixes each, installed for each of 8 services: 2080 prefixes.
         let zones: String = (0..2)
             .map(|z| {

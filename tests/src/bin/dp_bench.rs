@@ -52,7 +52,7 @@ use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
 use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, V4, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN};
 use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP_TX};
-use lb_user::service_table::ServiceTable;
+use lb_user::dataplane::service_table::ServiceTable;
 use lb_user::compile::maglev::{build_table, MaglevBackend};
 
 /// The bench build of the balancer's object (`lb` plus the bench programs), built by lb-user's

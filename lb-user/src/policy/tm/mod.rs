@@ -9,15 +9,15 @@
 //! - `client`, `rng`: client
 //!   location inputs and a seeded generator for per-query random choices; `regions` and
 //!   `ranges` (the region hierarchy, address ranges) are re-exported from `config`, whose
-//!   validation uses them too.
+//!   validation uses them too, and `rng` from the crate root (the data plane's tests use it).
 
 pub use crate::config::{ranges, regions};
+pub use crate::rng;
 
 pub mod classes;
 pub mod client;
 pub mod methods;
 pub mod monitor;
-pub mod rng;
 pub mod status;
 
 pub use classes::{

@@ -80,6 +80,9 @@ pub fn is_routable(status: MonitorStatus) -> bool {
     )
 }
 
+/// An endpoint status memo key: (service, endpoint, record type, nesting depth).
+type EndpointAt = (usize, usize, Option<Family>, usize);
+
 /// Read-only view of a configuration plus probe results: statuses and availability.
 ///
 /// Statuses are memoized per view: a nested endpoint's status reads every endpoint of its child
@@ -90,7 +93,7 @@ pub fn is_routable(status: MonitorStatus) -> bool {
 pub struct Statuses<'a> {
     pub cfg: &'a Config,
     pub probes: &'a ProbeStatuses,
-    endpoints: RefCell<HashMap<(usize, usize, Option<Family>, usize), MonitorStatus>>,
+    endpoints: RefCell<HashMap<EndpointAt, MonitorStatus>>,
     profiles: RefCell<HashMap<(usize, usize), ProfileMonitorStatus>>,
     work: Cell<u64>,
 }

@@ -1,5 +1,6 @@
 //! A small deterministic generator for the per-query random choices of the DNS view
-//! (WEIGHTED, MULTIVALUE): callers seed it, tests replay it.
+//! (WEIGHTED, MULTIVALUE): callers seed it, tests replay it. Neutral (no layer of its own), so
+//! that the data plane's tests can draw reproducible keys from it too.
 
 /// Source of 64-bit random values.
 pub trait Rng {

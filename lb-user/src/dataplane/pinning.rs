@@ -6,8 +6,9 @@
 //! a table of another size M would be read wrongly), so a mismatch discards the old pins with a
 //! warning and starts fresh.
 
-use crate::dataplane::{DataplaneSizes, MAP_NAMES};
+use super::{DataplaneSizes, MAP_NAMES};
 use anyhow::{bail, Context, Result};
+use aya::programs::links::PinnedLink;
 use std::ffi::CString;
 use std::path::Path;
 
@@ -173,4 +174,15 @@ pub fn remove_legacy_pins(pin_dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Detaches the XDP program whose bpf_link is pinned at `link_pin` (removing the pin closes
+/// the last reference). Returns false if nothing was pinned there.
+pub fn detach_pinned(link_pin: &Path) -> Result<bool> {
+    if !link_pin.exists() {
+        return Ok(false);
+    }
+    let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
+    drop(pinned.unpin().with_context(|| format!("removing {}", link_pin.display()))?);
+    Ok(true)
 }

@@ -16,7 +16,7 @@ use aya::maps::{Array, MapData};
 use lb_common::hash::service_slot_hash;
 use lb_common::maps::{ServiceInfo, ServiceKey, ServiceSlot, ServiceTableRef, SERVICE_PROBES};
 
-use crate::dataplane::{update_batch, ArrayMmap};
+use super::sys::{update_batch, ArrayMmap};
 
 /// Slots per half for a data plane of `max_services` services: the power of two at or above
 /// twice the key capacity (16 keys per service, as the former hash map held).
@@ -232,7 +232,7 @@ mod tests {
     use lb_common::hash::find_service;
 
     // Reproducible random keys: the DNS view's generator.
-    use crate::policy::tm::rng::{Rng as _, SplitMix64 as Rng};
+    use crate::rng::{Rng as _, SplitMix64 as Rng};
 
     /// A random key: IPv4 or IPv6, exact port, all-ports or L3_DEFAULT.
     fn random_key(rng: &mut Rng) -> ServiceKey {

@@ -1,0 +1,132 @@
+//! Map sizes, fixed when the object is loaded.
+
+use anyhow::{bail, Result};
+use lb_common::ct_table;
+use lb_common::maps::{LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
+
+use super::service_table;
+
+/// A map of the balancer's object that is sized at load time.
+struct SizedMap {
+    name: &'static str,
+    /// Pinned (by its name) under the daemon's pin directory.
+    pinned: bool,
+    max_entries: fn(&DataplaneSizes) -> u32,
+}
+
+/// Every map of the object that is sized at load time: the one list that names them, their
+/// sizes and which are pinned. `NEXT_HOPS`, a per-CPU cache of route lookups that refills
+/// itself within a second, is not pinned.
+const SIZED_MAPS: &[SizedMap] = &[
+    // Two halves of S slots, S >= twice the key capacity (16 keys per service).
+    SizedMap { name: "SERVICE_TABLE", pinned: true, max_entries: |s| 2 * s.service_slots() },
+    SizedMap { name: "SERVICE_INDEX", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "VIPS", pinned: true, max_entries: |s| s.max_services.saturating_mul(4) },
+    SizedMap { name: "CONNTRACK", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CONNTRACK4", pinned: true, max_entries: |s| s.conntrack_buckets() },
+    SizedMap { name: "CT_SEED_STORE", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLIENT_CLASS", pinned: true, max_entries: |s| s.class_pairs().saturating_mul(16).max(16) },
+    SizedMap { name: "CLASSED_SERVICES", pinned: true, max_entries: |s| s.max_services },
+    SizedMap { name: "TABLE_INDEX", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "TABLES", pinned: true, max_entries: |s| s.table_slots * s.table_size_m },
+    SizedMap { name: "BACKENDS", pinned: true, max_entries: |s| s.max_backends },
+    // One record of global counters; one record per (service, class).
+    SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
+    SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    // One record per backend id (metrics per backend).
+    SizedMap { name: "BACKEND_STATS", pinned: true, max_entries: |s| s.max_backends },
+    SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
+    // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
+    // object has its own, filled before it is attached or swapped in.
+    SizedMap { name: "LOCAL_MACS", pinned: false, max_entries: |_| LOCAL_MAC_SLOTS },
+];
+
+const fn pinned_count() -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < SIZED_MAPS.len() {
+        n += SIZED_MAPS[i].pinned as usize;
+        i += 1;
+    }
+    n
+}
+
+const fn pinned_names<const N: usize>() -> [&'static str; N] {
+    let (mut names, mut n, mut i) = ([""; N], 0, 0);
+    while i < SIZED_MAPS.len() {
+        if SIZED_MAPS[i].pinned {
+            names[n] = SIZED_MAPS[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    names
+}
+
+/// Every map of the object that is pinned (by these names), from [`SIZED_MAPS`].
+pub const MAP_NAMES: [&str; pinned_count()] = pinned_names();
+
+/// Map sizes, fixed when the object is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataplaneSizes {
+    /// Maglev table size M (prime).
+    pub table_size_m: u32,
+    /// Flows each connection table (one per address family) is sized for, at 75 % load.
+    pub conntrack_entries: u32,
+    /// Service ids are `0..max_services`.
+    pub max_services: u32,
+    /// Client classes per service (class 0 = non-compatible clients).
+    pub classes_per_service: u32,
+    /// Backend ids are `0..max_backends`.
+    pub max_backends: u32,
+    /// Number of tables `TABLES` holds: active tables plus at least one standby slot.
+    pub table_slots: u32,
+}
+
+impl DataplaneSizes {
+    /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
+    pub fn map_max_entries(&self) -> Vec<(&'static str, u32)> {
+        SIZED_MAPS.iter().map(|m| (m.name, (m.max_entries)(self))).collect()
+    }
+
+    /// (service, class) pairs: the rows of `TABLE_INDEX` and `CLASS_STATS`.
+    fn class_pairs(&self) -> u32 {
+        self.max_services * self.classes_per_service
+    }
+
+    /// Buckets per connection table (a power of two; the load-time `CT_BUCKET_MASK` + 1).
+    pub fn conntrack_buckets(&self) -> u32 {
+        ct_table::buckets_for(self.conntrack_entries)
+    }
+
+    /// Slots per half of `SERVICE_TABLE` (a power of two; the load-time `SERVICE_SLOTS`).
+    pub fn service_slots(&self) -> u32 {
+        service_table::slots_for(self.max_services)
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let s = self;
+        if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
+            || s.max_backends == 0 || s.table_slots == 0
+        {
+            bail!("data-plane sizes must be positive (M at least 2): {s:?}");
+        }
+        let cells = s.table_slots as u64 * s.table_size_m as u64;
+        if cells > u32::MAX as u64 / 4 {
+            bail!("TABLES would hold {cells} entries, too many");
+        }
+        // The service table's bound; it also keeps ids below MAX_SERVICE_ID (CtKey4 packs them).
+        const SERVICE_LIMIT: u32 = 1 << 20;
+        const _: () = assert!(SERVICE_LIMIT <= MAX_SERVICE_ID);
+        if s.max_services > SERVICE_LIMIT {
+            bail!("max_services {} is above the limit {SERVICE_LIMIT}", s.max_services);
+        }
+        // Connection-table entries keep the class in 16 bits (`CtEntry::class`).
+        if s.classes_per_service > 1 << 16 {
+            bail!("classes_per_service {} is above the limit {}", s.classes_per_service, 1u32 << 16);
+        }
+        if s.max_services as u64 * s.classes_per_service as u64 > u32::MAX as u64 / 32 {
+            bail!("too many (service, class) pairs");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! Raw system calls aya does not wrap: shared mappings of mmapable array maps, batched array
+//! updates, the kernel tick length, program loading retried on EAGAIN, and an interface's MAC.
+
+use anyhow::{bail, Context, Result};
+use aya::programs::Xdp;
+
+/// A shared mapping of a BPF_F_MMAPABLE array map (`TABLES`, `SERVICE_TABLE`): writes land in
+/// the map directly. The index flip that follows is a syscall, which orders these stores
+/// before it. An array map stores each element in a slot of its size rounded up to 8 bytes, so
+/// element `i` is at byte `stride * i` of the mapping (a u32 in the low-address half of its
+/// 8-byte slot, a 64-byte `ServiceSlot` exactly at `64 * i`).
+pub(super) struct ArrayMmap<T> {
+    ptr: *mut u8,
+    len: usize,
+    _elem: std::marker::PhantomData<T>,
+}
+
+// SAFETY: the mapping is owned by one writer and only written through `&mut self`.
+unsafe impl<T> Send for ArrayMmap<T> {}
+
+impl<T: Copy> ArrayMmap<T> {
+    const STRIDE: usize = std::mem::size_of::<T>().div_ceil(8) * 8;
+
+    fn bytes(len: usize) -> usize {
+        (len * Self::STRIDE).div_ceil(4096) * 4096
+    }
+
+    /// A mapping of the first `entries` elements; None if the map was not created mmapable
+    /// (e.g. pinned by an older daemon).
+    pub(super) fn new(map: &aya::maps::Map, entries: usize) -> Option<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        const { assert!(std::mem::align_of::<T>() <= 8) };
+        let aya::maps::Map::Array(data) = map else { return None };
+        // SAFETY: mapping a map fd we own; the kernel checks the size and the flag.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::bytes(entries),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self { ptr: ptr as *mut u8, len: entries, _elem: std::marker::PhantomData })
+    }
+
+    pub(super) fn write(&mut self, at: usize, values: &[T]) {
+        assert!(at + values.len() <= self.len, "write beyond the mapped array");
+        for (i, v) in values.iter().enumerate() {
+            // SAFETY: in bounds (checked), the mapping lives as long as self; the element is
+            // written at the start of its own slot, which is 8-byte aligned (page-aligned base,
+            // stride a multiple of 8) and at least as large as T.
+            unsafe { (self.ptr.add((at + i) * Self::STRIDE) as *mut T).write(*v) };
+        }
+    }
+
+    pub(super) fn read(&self, at: usize, count: usize) -> Vec<T> {
+        assert!(at + count <= self.len, "read beyond the mapped array");
+        // SAFETY: as in `write`.
+        (at..at + count).map(|i| unsafe { (self.ptr.add(i * Self::STRIDE) as *const T).read() }).collect()
+    }
+}
+
+impl<T> Drop for ArrayMmap<T> {
+    fn drop(&mut self) {
+        let stride = std::mem::size_of::<T>().div_ceil(8) * 8;
+        // SAFETY: unmapping exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, (self.len * stride).div_ceil(4096) * 4096) };
+    }
+}
+
+/// Writes `values[i]` at `keys[i]` of an array map with one `BPF_MAP_UPDATE_BATCH` (Linux 5.6+)
+/// instead of one syscall per entry: a 65537-entry table costs one syscall, not 65537.
+pub(super) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: &[V]) -> Result<()> {
+    use std::os::fd::{AsFd, AsRawFd};
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    /// `union bpf_attr`'s `batch` member.
+    #[repr(C)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    let aya::maps::Map::Array(data) = map else { bail!("batch update: not an array map") };
+    if keys.len() != values.len() {
+        bail!("batch update: {} keys, {} values", keys.len(), values.len());
+    }
+    let mut done = 0usize;
+    // The kernel may stop early (count is written back); continue from there.
+    while done < keys.len() {
+        let mut attr = BatchAttr {
+            in_batch: 0,
+            out_batch: 0,
+            keys: keys[done..].as_ptr() as u64,
+            values: values[done..].as_ptr() as u64,
+            count: (keys.len() - done) as u32,
+            map_fd: data.fd().as_fd().as_raw_fd() as u32,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: attr points at live key/value buffers of `count` elements each.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
+        };
+        if rc != 0 {
+            bail!("BPF_MAP_UPDATE_BATCH: {}", std::io::Error::last_os_error());
+        }
+        if attr.count == 0 {
+            bail!("BPF_MAP_UPDATE_BATCH made no progress");
+        }
+        done += attr.count as usize;
+    }
+    Ok(())
+}
+
+/// The kernel's tick length in ns (`NS_PER_JIFFY` of the XDP object): the resolution of
+/// CLOCK_MONOTONIC_COARSE is exactly one tick (TICK_NSEC: 4,000,000 at HZ = 250).
+pub fn ns_per_jiffy() -> Result<u64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_getres writes into the timespec we own.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        bail!("clock_getres(CLOCK_MONOTONIC_COARSE): {}", std::io::Error::last_os_error());
+    }
+    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    // HZ is between 24 and 10,000 on any Linux build.
+    if !(100_000..=50_000_000).contains(&ns) {
+        bail!("CLOCK_MONOTONIC_COARSE resolution {ns} ns is not a kernel tick length");
+    }
+    Ok(ns)
+}
+
+/// `BPF_PROG_LOAD` for `prog`, retried when it fails with EAGAIN: the verifier gives up with
+/// EAGAIN when a signal arrives while it runs (any signal with a handler, to any thread that
+/// happens to be verifying), which says nothing about the program. libbpf retries the same way.
+pub fn load_program(prog: &mut Xdp) -> Result<(), aya::programs::ProgramError> {
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    loop {
+        match prog.load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// An interface's index and MAC (`SIOCGIFHWADDR`), in the calling thread's network namespace.
+pub(super) fn interface_mac(ifname: &str) -> Result<(u32, [u8; 6])> {
+    let name = std::ffi::CString::new(ifname).context("interface name")?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface {ifname}: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed ifreq with the name copied in (shorter than IFNAMSIZ, checked), on a
+    // socket we own and close; the ioctl writes only into the ifreq.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let bytes = name.as_bytes();
+        if bytes.len() >= req.ifr_name.len() {
+            bail!("interface name {ifname} is too long");
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            bail!("reading the MAC of {ifname}: {err}");
+        }
+        let data = req.ifr_ifru.ifru_hwaddr.sa_data;
+        Ok((ifindex, std::array::from_fn(|i| data[i] as u8)))
+    }
+}

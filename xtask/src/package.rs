@@ -14,7 +14,7 @@ use std::process::Command;
 /// The cargo-deb release this was verified with.
 const CARGO_DEB_VERSION: &str = "3.8.0";
 
-/// What the package must hold (paths as `dpkg-deb -c` lists them).
+/// What the package must hold (paths as `dpkg-deb -c` lists them; cargo-deb gzips man pages).
 const FILES: &[&str] = &[
     "./usr/bin/lb",
     "./usr/lib/systemd/system/lb.service",
@@ -23,7 +23,7 @@ const FILES: &[&str] = &[
     "./usr/share/bash-completion/completions/lb",
     "./usr/share/zsh/vendor-completions/_lb",
     "./usr/share/fish/vendor_completions.d/lb.fish",
-    "./usr/share/man/man8/lb.8",
+    "./usr/share/man/man8/lb.8.gz",
 ];
 
 pub fn package(root: &Path) -> Result<()> {

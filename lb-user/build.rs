@@ -28,7 +28,12 @@ use std::{
 fn nightly(program: &str, ebpf_dir: &Path) -> Command {
     let mut cmd = Command::new(program);
     for (k, _) in env::vars() {
-        if k.starts_with("CARGO") || k.starts_with("RUSTC") || k == "RUSTUP_TOOLCHAIN" || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS" {
+        if k.starts_with("CARGO")
+            || k.starts_with("RUSTC")
+            || k == "RUSTUP_TOOLCHAIN"
+            || k == "RUSTFLAGS"
+            || k == "RUSTDOCFLAGS"
+        {
             cmd.env_remove(k);
         }
     }
@@ -42,7 +47,8 @@ fn check_nightly(ebpf_dir: &Path) {
     let pin_file = ebpf_dir.join("nightly-version");
     let pinned = std::fs::read_to_string(&pin_file).unwrap_or_else(|e| panic!("reading {}: {e}", pin_file.display()));
     let pinned = pinned.trim();
-    let out = nightly("rustc", ebpf_dir).arg("-V").output().unwrap_or_else(|e| panic!("running rustc for lb-ebpf: {e}"));
+    let out =
+        nightly("rustc", ebpf_dir).arg("-V").output().unwrap_or_else(|e| panic!("running rustc for lb-ebpf: {e}"));
     let found = String::from_utf8_lossy(&out.stdout);
     let found = found.trim().trim_start_matches("rustc ");
     if !out.status.success() || found != pinned {
@@ -60,14 +66,23 @@ fn check_nightly(ebpf_dir: &Path) {
 /// Starts `cargo build` of lb-ebpf (the pinned nightly) into `target_dir` with `extra` arguments.
 fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
     let mut cmd = nightly("cargo", ebpf_dir);
-    cmd.args(["build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"]).args(extra).arg("--target-dir").arg(target_dir);
+    cmd.args(["build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args(extra)
+        .arg("--target-dir")
+        .arg(target_dir);
     cmd.spawn().unwrap_or_else(|e| panic!("running cargo (nightly) for lb-ebpf: {e}"))
 }
 
 /// The commit of the source tree (`-dirty` with uncommitted changes), or `unknown` outside git.
 fn git_commit(root: &Path) -> String {
     let git = |args: &[&str]| {
-        Command::new("git").current_dir(root).args(args).output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     };
     // Rebuild when HEAD moves (a commit, a checkout) or the index changes.
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
@@ -92,7 +107,13 @@ fn main() {
     for dir in ["lb-ebpf/src", "lb-common/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
-    for f in ["lb-ebpf/Cargo.toml", "lb-ebpf/Cargo.lock", "lb-ebpf/rust-toolchain.toml", "lb-ebpf/nightly-version", "lb-common/Cargo.toml"] {
+    for f in [
+        "lb-ebpf/Cargo.toml",
+        "lb-ebpf/Cargo.lock",
+        "lb-ebpf/rust-toolchain.toml",
+        "lb-ebpf/nightly-version",
+        "lb-common/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
     check_nightly(&ebpf_dir);

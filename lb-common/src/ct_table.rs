@@ -379,7 +379,8 @@ mod tests {
         }
         // 128 per bucket on average; a fair hash stays well within these bounds.
         assert!(hits.iter().all(|&h| (64..=200).contains(&h)), "{:?}", (hits.iter().min(), hits.iter().max()));
-        let moved = (0..1000).filter(|&i| buckets::<Slot4>(&key4(i), 7, mask) != buckets::<Slot4>(&key4(i), 8, mask)).count();
+        let moved =
+            (0..1000).filter(|&i| buckets::<Slot4>(&key4(i), 7, mask) != buckets::<Slot4>(&key4(i), 8, mask)).count();
         assert!(moved > 990, "{moved}");
         // Every word of an IPv6 key counts.
         let t = FlowTuple { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], sport: 9, dport: 10, proto: 6, _pad: [0; 3] };
@@ -403,7 +404,9 @@ mod tests {
         let mut b1 = Bucket4::default();
         let mut st = Search::default();
         let st: *mut Search = &mut st;
-        let find = |b0: &Bucket4, b1: &Bucket4, k: u32| super::find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s));
+        let find = |b0: &Bucket4, b1: &Bucket4, k: u32| {
+            super::find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s))
+        };
         let victim = |b0: &Bucket4, b1: &Bucket4, k: u32| victim([b0, b1], &key4(k), st).index;
         // The second bucket holds two flows, so the first stays the less loaded one below.
         b1.slots[0] = live(key4(30), 60);
@@ -471,7 +474,8 @@ mod tests {
             let (ba, bb) = (table[a as usize], table[b as usize]);
             let v = victim([&ba, &bb], &key, &mut st);
             evicted += v.evicts as usize;
-            let (which, way) = if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
+            let (which, way) =
+                if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
             table[which as usize].slots[way] = live(key, i as u64);
         }
         evicted

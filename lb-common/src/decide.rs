@@ -5,8 +5,7 @@
 //! what it read from its maps, userspace calls them to predict the kernel.
 
 use crate::maps::{
-    affinity, backend_flags, persistence, service_flags, tracking, Backend, CtEntry, FlowTuple,
-    ServiceInfo, PROTO_TCP,
+    affinity, backend_flags, persistence, service_flags, tracking, Backend, CtEntry, FlowTuple, ServiceInfo, PROTO_TCP,
 };
 
 /// SCTP: persists like TCP under DEFAULT_FOR_PROTOCOL (spec §1.4), hashed like "other" (§1.3).
@@ -58,12 +57,7 @@ pub fn hash_tuple(session_affinity: u8, full: &FlowTuple, l4_ports_valid: bool) 
 
 /// Connection-tracking key fields (spec §1.3 table T).
 #[inline(always)]
-pub fn track_tuple(
-    session_affinity: u8,
-    tracking_mode: u8,
-    full: &FlowTuple,
-    l4_ports_valid: bool,
-) -> FlowTuple {
+pub fn track_tuple(session_affinity: u8, tracking_mode: u8, full: &FlowTuple, l4_ports_valid: bool) -> FlowTuple {
     if tracking_mode != tracking::PER_SESSION {
         return connection_tuple(full, l4_ports_valid);
     }
@@ -119,8 +113,7 @@ pub fn syn_keeps_entry(entry: &CtEntry, backend: Option<&Backend>, service: &Ser
 /// [`ServiceInfo::flags`] persistence bits from the persistence option, tracking mode and
 /// affinity (spec §1.4 table). `None` = invalid configuration (ALWAYS_PERSIST + PER_SESSION).
 pub fn persistence_flags(option: u8, tracking_mode: u8, session_affinity: u8) -> Option<u8> {
-    let five_tuple_affinity =
-        session_affinity == affinity::NONE || session_affinity == affinity::CLIENT_IP_PORT_PROTO;
+    let five_tuple_affinity = session_affinity == affinity::NONE || session_affinity == affinity::CLIENT_IP_PORT_PROTO;
     match (option, tracking_mode) {
         // "TCP (and SCTP): persist, any affinity".
         (persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION) => {
@@ -181,8 +174,7 @@ pub fn ct_verdict(
 ) -> CtVerdict {
     // Saturating: another CPU may have stamped the entry with a tick later than this packet's
     // `now` (read at its start); that entry is fresh, not 2^64 ns old.
-    if service.idle_timeout_ns != 0 && now_ns.saturating_sub(entry.last_seen_ns) > service.idle_timeout_ns
-    {
+    if service.idle_timeout_ns != 0 && now_ns.saturating_sub(entry.last_seen_ns) > service.idle_timeout_ns {
         return CtVerdict::IdleExpired;
     }
     if service.flags & (service_flags::FLUSH_ON_POOL_CHANGE | service_flags::POOL_DRAIN_OVER) != 0
@@ -198,9 +190,7 @@ pub fn ct_verdict(
     if b.flags & backend_flags::REMOVED != 0 && now_ns >= b.drain_deadline_ns {
         return CtVerdict::BackendGone;
     }
-    if b.flags & backend_flags::HEALTHY == 0
-        && !persists_on_unhealthy(service.flags, proto)
-        && !class_has_no_healthy()
+    if b.flags & backend_flags::HEALTHY == 0 && !persists_on_unhealthy(service.flags, proto) && !class_has_no_healthy()
     {
         return CtVerdict::Unhealthy;
     }
@@ -275,7 +265,10 @@ mod tests {
         let aff = affinity::CLIENT_IP_PROTO;
         assert_eq!(hash_tuple(aff, &a, true), t3(&a));
         assert_eq!(hash_tuple(aff, &a, true), hash_tuple(aff, &b, true));
-        let (ka, kb) = (track_tuple(aff, tracking::PER_CONNECTION, &a, true), track_tuple(aff, tracking::PER_CONNECTION, &b, true));
+        let (ka, kb) = (
+            track_tuple(aff, tracking::PER_CONNECTION, &a, true),
+            track_tuple(aff, tracking::PER_CONNECTION, &b, true),
+        );
         assert_eq!((ka, kb), (t5(&a), t5(&b)));
         assert_ne!(ka, kb);
     }
@@ -287,7 +280,10 @@ mod tests {
         let aff = affinity::CLIENT_IP;
         assert_eq!(hash_tuple(aff, &tcp, true), t2(&tcp));
         assert_eq!(hash_tuple(aff, &tcp, true), hash_tuple(aff, &udp, true));
-        assert_eq!(track_tuple(aff, tracking::PER_SESSION, &tcp, true), track_tuple(aff, tracking::PER_SESSION, &udp, true));
+        assert_eq!(
+            track_tuple(aff, tracking::PER_SESSION, &tcp, true),
+            track_tuple(aff, tracking::PER_SESSION, &udp, true)
+        );
         assert_eq!(track_tuple(aff, tracking::PER_SESSION, &tcp, true), t2(&tcp));
     }
 
@@ -298,7 +294,10 @@ mod tests {
         let aff = affinity::CLIENT_IP_NO_DESTINATION;
         assert_eq!(hash_tuple(aff, &v1, true), t1(&v1));
         assert_eq!(hash_tuple(aff, &v1, true), hash_tuple(aff, &v2, true));
-        assert_eq!(track_tuple(aff, tracking::PER_SESSION, &v1, true), track_tuple(aff, tracking::PER_SESSION, &v2, true));
+        assert_eq!(
+            track_tuple(aff, tracking::PER_SESSION, &v1, true),
+            track_tuple(aff, tracking::PER_SESSION, &v2, true)
+        );
     }
 
     #[test]
@@ -341,7 +340,8 @@ mod tests {
         assert!(!syn_keeps_entry(&e, None, &s, NOW), "backend unreadable");
         assert!(!syn_keeps_entry(&e, Some(&Backend { family: 0, ..b }), &s, NOW), "backend gone");
         assert!(!syn_keeps_entry(&e, Some(&Backend { generation: 3, ..b }), &s, NOW), "id reused");
-        let removed = Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..b };
+        let removed =
+            Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..b };
         assert!(!syn_keeps_entry(&e, Some(&removed), &s, NOW), "draining");
         assert!(!syn_keeps_entry(&e, Some(&Backend { flags: 0, ..b }), &s, NOW), "unhealthy");
         assert!(!syn_keeps_entry(&CtEntry { pool_gen: 2, ..e }, Some(&b), &s, NOW), "pool changed");
@@ -360,27 +360,51 @@ mod tests {
 
     #[test]
     fn p1_default_per_connection_client_ip_tcp_stays() {
-        assert_eq!(verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::CLIENT_IP, PROTO_TCP, false), CtVerdict::Valid);
+        assert_eq!(
+            verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::CLIENT_IP, PROTO_TCP, false),
+            CtVerdict::Valid
+        );
     }
     #[test]
     fn p2_default_per_connection_none_udp_rerouted() {
-        assert_eq!(verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), CtVerdict::Unhealthy);
+        assert_eq!(
+            verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false),
+            CtVerdict::Unhealthy
+        );
     }
     #[test]
     fn p3_default_per_session_client_ip_tcp_rerouted() {
-        assert_eq!(verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP, PROTO_TCP, false), CtVerdict::Unhealthy);
+        assert_eq!(
+            verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP, PROTO_TCP, false),
+            CtVerdict::Unhealthy
+        );
     }
     #[test]
     fn p4_default_per_session_client_ip_port_proto_tcp_stays() {
-        assert_eq!(verdict(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP_PORT_PROTO, PROTO_TCP, false), CtVerdict::Valid);
+        assert_eq!(
+            verdict(
+                persistence::DEFAULT_FOR_PROTOCOL,
+                tracking::PER_SESSION,
+                affinity::CLIENT_IP_PORT_PROTO,
+                PROTO_TCP,
+                false
+            ),
+            CtVerdict::Valid
+        );
     }
     #[test]
     fn p5_never_per_connection_none_tcp_rerouted() {
-        assert_eq!(verdict(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, false), CtVerdict::Unhealthy);
+        assert_eq!(
+            verdict(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, false),
+            CtVerdict::Unhealthy
+        );
     }
     #[test]
     fn p6_always_per_connection_none_udp_stays() {
-        assert_eq!(verdict(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), CtVerdict::Valid);
+        assert_eq!(
+            verdict(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false),
+            CtVerdict::Valid
+        );
     }
     #[test]
     fn p7_always_per_session_rejected() {
@@ -390,7 +414,10 @@ mod tests {
     }
     #[test]
     fn p8_never_per_connection_tcp_no_healthy_target_stays() {
-        assert_eq!(verdict(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, true), CtVerdict::Valid);
+        assert_eq!(
+            verdict(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, true),
+            CtVerdict::Valid
+        );
     }
 
     #[test]
@@ -419,11 +446,15 @@ mod tests {
         // Stamped by another CPU a tick after this packet's clock reading: fresh, not expired.
         let ahead = CtEntry { last_seen_ns: NOW + 4_000_000, ..entry() };
         assert_eq!(ct_verdict(&ahead, Some(&healthy), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
-        let draining = Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..healthy };
+        let draining =
+            Backend { flags: backend_flags::HEALTHY | backend_flags::REMOVED, drain_deadline_ns: NOW + 1, ..healthy };
         assert_eq!(ct_verdict(&entry(), Some(&draining), &s, PROTO_TCP, NOW, || false), CtVerdict::Valid);
         let drained = Backend { drain_deadline_ns: NOW, ..draining };
         assert_eq!(ct_verdict(&entry(), Some(&drained), &s, PROTO_TCP, NOW, || false), CtVerdict::BackendGone);
-        assert_eq!(ct_verdict(&entry(), Some(&Backend::default()), &s, PROTO_TCP, NOW, || false), CtVerdict::BackendGone);
+        assert_eq!(
+            ct_verdict(&entry(), Some(&Backend::default()), &s, PROTO_TCP, NOW, || false),
+            CtVerdict::BackendGone
+        );
         let flush = ServiceInfo { flags: service_flags::FLUSH_ON_POOL_CHANGE, pool_gen: 2, ..s };
         assert_eq!(ct_verdict(&entry(), Some(&healthy), &flush, PROTO_TCP, NOW, || false), CtVerdict::PoolFlushed);
         let same_gen = CtEntry { pool_gen: 2, ..entry() };

@@ -136,7 +136,10 @@ pub fn find_service<'a>(
         let s = slot(base + (home.wrapping_add(p) & mask))?;
         let w = s.key.words();
         // Word-wise, branch-free: no memcmp in eBPF.
-        let diff = (w[0] ^ key_words[0]) | (w[1] ^ key_words[1]) | (w[2] ^ key_words[2]) | (w[3] ^ key_words[3])
+        let diff = (w[0] ^ key_words[0])
+            | (w[1] ^ key_words[1])
+            | (w[2] ^ key_words[2])
+            | (w[3] ^ key_words[3])
             | (w[4] ^ key_words[4]);
         if diff == 0 {
             return Some(&s.info);
@@ -291,7 +294,14 @@ mod tests {
         let t = FlowTuple { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], sport: 40000, dport: 80, proto: 6, _pad: [0; 3] };
         assert_eq!(flow_hash(&t), FLOW_REF[0]);
         assert_eq!(flow_hash(&FlowTuple::default()), FLOW_REF[1]);
-        let v4 = FlowTuple { src: [0x0501_12c6, 0, 0, 0], dst: [0x6400_12c6, 0, 0, 0], sport: 0x409c, dport: 0x5000, proto: 6, _pad: [0; 3] };
+        let v4 = FlowTuple {
+            src: [0x0501_12c6, 0, 0, 0],
+            dst: [0x6400_12c6, 0, 0, 0],
+            sport: 0x409c,
+            dport: 0x5000,
+            proto: 6,
+            _pad: [0; 3],
+        };
         assert_eq!(flow_hash(&v4), FLOW_REF[2]);
     }
 
@@ -299,7 +309,14 @@ mod tests {
     fn v4_tuple(client: u32, sport: u16) -> FlowTuple {
         let src = u32::from_ne_bytes([198, 18, (client >> 8) as u8, client as u8]);
         let dst = u32::from_ne_bytes([198, 18, 0, 100]);
-        FlowTuple { src: [src, 0, 0, 0], dst: [dst, 0, 0, 0], sport: sport.to_be(), dport: 80u16.to_be(), proto: 6, _pad: [0; 3] }
+        FlowTuple {
+            src: [src, 0, 0, 0],
+            dst: [dst, 0, 0, 0],
+            sport: sport.to_be(),
+            dport: 80u16.to_be(),
+            proto: 6,
+            _pad: [0; 3],
+        }
     }
 
     #[test]
@@ -308,11 +325,10 @@ mod tests {
         // shapes real traffic has), over M = 16381 slots: a chi-square statistic within what a
         // uniform hash gives (mean M - 1 = 16380, sd ~181; bound at +-5 sd).
         let m = 16381u32;
-        let sets: [&dyn Fn(u32) -> FlowTuple; 3] = [
-            &|i| v4_tuple(7, (1024 + i) as u16),
-            &|i| v4_tuple(i, 40000),
-            &|i| v4_tuple(i % 256, 30000 + (i / 256) as u16),
-        ];
+        let sets: [&dyn Fn(u32) -> FlowTuple; 3] =
+            [&|i| v4_tuple(7, (1024 + i) as u16), &|i| v4_tuple(i, 40000), &|i| {
+                v4_tuple(i % 256, 30000 + (i / 256) as u16)
+            }];
         for (n, make) in sets.iter().enumerate() {
             // Four flows per slot on average (fewer than 2^16: the ports sets stay in range).
             let flows = 4 * m;

@@ -475,8 +475,26 @@ mod pod {
         )*};
     }
     pod!(
-        ServiceKey, ServiceInfo, ServiceSlot, ServiceTableRef, FlowTuple, CtKey, CtKey4, CtEntry, Slot4, Slot6, Bucket4,
-        Bucket6, Search, Backend, ClassKey, TableRef, AddrKey, GlobalStats, ClassCounters, LocalMac,
+        ServiceKey,
+        ServiceInfo,
+        ServiceSlot,
+        ServiceTableRef,
+        FlowTuple,
+        CtKey,
+        CtKey4,
+        CtEntry,
+        Slot4,
+        Slot6,
+        Bucket4,
+        Bucket6,
+        Search,
+        Backend,
+        ClassKey,
+        TableRef,
+        AddrKey,
+        GlobalStats,
+        ClassCounters,
+        LocalMac,
         BackendCounters
     );
 }

@@ -189,12 +189,11 @@ pub fn lookup(
 ) -> Option<(u32, u32, &'static Backend, u32)> {
     let (slot, e, state) = key.get(counters)?;
     let backend = BACKENDS.get(e.backend);
-    let verdict = ct_verdict(&e, backend, service, proto, now, || {
-        match select::table_ref(service.id, e.class as u32) {
+    let verdict =
+        ct_verdict(&e, backend, service, proto, now, || match select::table_ref(service.id, e.class as u32) {
             Some(t) => t.flags & table_flags::NO_HEALTHY != 0,
             None => false,
-        }
-    });
+        });
     let reason = match verdict {
         CtVerdict::Valid => match backend {
             Some(b) => {

@@ -55,7 +55,12 @@ fn ipv4_checksum(w: &[u32; 5]) -> u32 {
 /// and writes the Ethernet header. Returns the frame start, with eth + `outer_len` bytes
 /// bounds-checked for writing.
 #[inline(always)]
-fn push_outer<const OUTER: usize>(ctx: &XdpContext, pkt: &Packet, route: &Route, ethertype: u16) -> Result<*mut u8, u32> {
+fn push_outer<const OUTER: usize>(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    route: &Route,
+    ethertype: u16,
+) -> Result<*mut u8, u32> {
     let delta = (ETH_LEN + OUTER) as i32 - pkt.l3_off as i32;
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -delta) } != 0 {
         return Err(stat::DROP_ENCAP);

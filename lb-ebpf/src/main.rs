@@ -183,7 +183,14 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 Some(b) if b.family != 0 => b,
                 _ => return drop(stat::DROP_NO_BACKEND, counters),
             };
-            let entry = CtEntry { backend: id, pool_gen: svc.pool_gen, last_seen_ns: now, class: class as u16, backend_gen: b.generation, hash };
+            let entry = CtEntry {
+                backend: id,
+                pool_gen: svc.pool_gen,
+                last_seen_ns: now,
+                class: class as u16,
+                backend_gen: b.generation,
+                hash,
+            };
             if !key.insert(&entry, svc.idle_timeout_ns, counters) {
                 counters.inc(stat::CT_INSERT_BUSY);
             }

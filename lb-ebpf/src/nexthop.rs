@@ -133,7 +133,11 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Ro
     let (o, src) = (o, src);
     match resolve(ctx, hop, &o, &src, now) {
         // Read through the pointer `resolve` wrote through, not through `h`.
-        0 => Ok(Route { egress_ifindex: unsafe { (*hop).egress_ifindex }, macs: unsafe { (*hop).macs }, ingress_ifindex: ingress }),
+        0 => Ok(Route {
+            egress_ifindex: unsafe { (*hop).egress_ifindex },
+            macs: unsafe { (*hop).macs },
+            ingress_ifindex: ingress,
+        }),
         reason => Err(reason),
     }
 }
@@ -167,13 +171,20 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         (o.len & 0xffff) << 16,
         ingress,
         0,
-        s[0], s[1], s[2], s[3],
-        d[0], d[1], d[2], d[3],
-        0, 0, 0, 0,
+        s[0],
+        s[1],
+        s[2],
+        s[3],
+        d[0],
+        d[1],
+        d[2],
+        d[3],
+        0,
+        0,
+        0,
+        0,
     ];
-    let rc = unsafe {
-        bpf_fib_lookup(ctx.ctx as *mut _, p as *mut FibParams as *mut bpf_fib_lookup_t, 64, 0)
-    };
+    let rc = unsafe { bpf_fib_lookup(ctx.ctx as *mut _, p as *mut FibParams as *mut bpf_fib_lookup_t, 64, 0) };
     match rc {
         0 => {}
         // L2 DSR back out of the ingress device needs no MAC from the route. (The kernel has

@@ -10,7 +10,8 @@ use lb_common::maps::{
 use lb_ebpf::packet::as_key;
 
 use crate::maps::{
-    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
+    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES,
+    TABLE_INDEX, TABLE_M,
 };
 use crate::parse::{is_vip, Packet};
 
@@ -31,7 +32,13 @@ fn service_table() -> Option<(ServiceTableRef, u32)> {
 /// inlined by the verifier, with its own bounds check, so no helper call and no unbounded
 /// index.
 #[inline(always)]
-fn service(table: (ServiceTableRef, u32), addr: [u32; 4], port: u16, proto: u8, family: u8) -> Option<&'static ServiceInfo> {
+fn service(
+    table: (ServiceTableRef, u32),
+    addr: [u32; 4],
+    port: u16,
+    proto: u8,
+    family: u8,
+) -> Option<&'static ServiceInfo> {
     let (r, mask) = table;
     let key = [addr[0], addr[1], addr[2], addr[3], port as u32 | (proto as u32) << 16 | (family as u32) << 24];
     find_service(|i| SERVICE_TABLE.get(i), &key, r.seed, mask, r.base)

@@ -20,9 +20,7 @@ const PAPER_N1000: Duration = Duration::from_micros(1800);
 
 /// IPv4-like keys 10.0.x.y, as the data-plane writer would pass an address's bytes.
 fn keys(n: usize) -> Vec<[u8; 4]> {
-    (0..n)
-        .map(|i| [10, (i >> 16) as u8, (i >> 8) as u8, i as u8])
-        .collect()
+    (0..n).map(|i| [10, (i >> 16) as u8, (i >> 8) as u8, i as u8]).collect()
 }
 
 fn fmt_duration(d: Duration) -> String {
@@ -41,11 +39,7 @@ fn bench(name: &str, weights: &[u32]) -> Option<Duration> {
         }
     }
     let keys = keys(weights.len());
-    let set: Vec<MaglevBackend> = keys
-        .iter()
-        .zip(weights)
-        .map(|(k, &w)| MaglevBackend { key: k, weight: w })
-        .collect();
+    let set: Vec<MaglevBackend> = keys.iter().zip(weights).map(|(k, &w)| MaglevBackend { key: k, weight: w }).collect();
     let build = || build_table(black_box(&set), black_box(M)).expect("valid benchmark input");
     for _ in 0..WARMUP_RUNS {
         black_box(build());
@@ -60,12 +54,7 @@ fn bench(name: &str, weights: &[u32]) -> Option<Duration> {
     }
     times.sort_unstable();
     let median = times[times.len() / 2];
-    println!(
-        "{name:<40} median {}  min {}  ({} runs)",
-        fmt_duration(median),
-        fmt_duration(times[0]),
-        times.len()
-    );
+    println!("{name:<40} median {}  min {}  ({} runs)", fmt_duration(median), fmt_duration(times[0]), times.len());
     Some(median)
 }
 

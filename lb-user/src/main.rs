@@ -7,7 +7,14 @@ use std::path::PathBuf;
 
 /// `lb --version`: the release, the commit it was built from and the embedded XDP object's
 /// SHA-256 (both from `build.rs`).
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LB_GIT_COMMIT"), ", eBPF object sha256 ", env!("LB_EBPF_SHA256"), ")");
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LB_GIT_COMMIT"),
+    ", eBPF object sha256 ",
+    env!("LB_EBPF_SHA256"),
+    ")"
+);
 
 #[derive(Parser)]
 #[command(name = "lb", version = VERSION, about = "eBPF/XDP L4 pass-through load balancer")]
@@ -175,28 +182,34 @@ fn main() -> std::process::ExitCode {
         Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
-        Command::Backend { action: BackendAction::Set { backend: BackendRef { common, service, address }, health } } => {
-            call(&common, Request::BackendSet { service, address, health }, render::backend)
-        }
+        Command::Backend {
+            action: BackendAction::Set { backend: BackendRef { common, service, address }, health },
+        } => call(&common, Request::BackendSet { service, address, health }, render::backend),
         Command::Backend { action: BackendAction::Drain(DrainArgs { common, host: true, grace_sec, .. }) } => {
             call(&common, Request::HostDrain { grace_sec }, render::host_drain)
         }
-        Command::Backend { action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }) } => {
-            call(&common, Request::BackendDrain { service, address }, render::backend)
+        Command::Backend {
+            action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }),
+        } => call(&common, Request::BackendDrain { service, address }, render::backend),
+        Command::Backend { action: BackendAction::Drain(_) } => {
+            unreachable!("clap requires --service and --address without --host")
         }
-        Command::Backend { action: BackendAction::Drain(_) } => unreachable!("clap requires --service and --address without --host"),
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
             call(&common, Request::BackendUndrain { service, address }, render::backend)
         }
         Command::Reload(ReloadArgs { common, dry_run: false }) => call(&common, Request::Reload, render::reloaded),
-        Command::Reload(ReloadArgs { common, dry_run: true }) => call(&common, Request::ReloadDryRun, render::reload_plan),
+        Command::Reload(ReloadArgs { common, dry_run: true }) => {
+            call(&common, Request::ReloadDryRun, render::reload_plan)
+        }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
             Ok(())
         }
-        Command::Manpage => clap_mangen::Man::new(Cli::command()).section("8").render(&mut std::io::stdout()).map_err(Into::into),
+        Command::Manpage => {
+            clap_mangen::Man::new(Cli::command()).section("8").render(&mut std::io::stdout()).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -208,7 +221,11 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Send a request to the daemon behind `c`; print the reply as JSON or through `human`.
-fn call<T: serde::Serialize + serde::de::DeserializeOwned>(c: &Common, req: Request, human: fn(&T) -> String) -> anyhow::Result<()> {
+fn call<T: serde::Serialize + serde::de::DeserializeOwned>(
+    c: &Common,
+    req: Request,
+    human: fn(&T) -> String,
+) -> anyhow::Result<()> {
     cli::call(&c.socket, c.json, req, human)
 }
 
@@ -253,7 +270,16 @@ mod tests {
 
     #[test]
     fn proto_is_a_value_enum_with_icmp() {
-        let proto = |p: &str| match Cli::try_parse_from(["lb", "explain", "--service", "web", "--client", "198.18.1.1", "--proto", p]) {
+        let proto = |p: &str| match Cli::try_parse_from([
+            "lb",
+            "explain",
+            "--service",
+            "web",
+            "--client",
+            "198.18.1.1",
+            "--proto",
+            p,
+        ]) {
             Ok(Cli { command: Command::Explain(a) }) => Ok(a.proto),
             Ok(_) => unreachable!(),
             Err(e) => Err(e.to_string()),

@@ -101,7 +101,6 @@ api_enum!(
     HealthProtocol { #[default] Tcp = "TCP", Http = "HTTP" }
 );
 
-
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
 // Serialized names are Traffic Manager's own strings, except the routing-method selector, which
 // follows this file's upper-case style because it also names the Google Cloud pipeline (ZONAL).
@@ -164,7 +163,6 @@ impl RoutingMethod {
     }
 }
 
-
 /// A MAC address, written `aa:bb:cc:dd:ee:ff`: exactly six two-digit hex octets. The type of
 /// the configuration's `mac` fields, parsed once when the file is read (a malformed one is a
 /// load error naming the field and the form) and written back in the same form.
@@ -176,8 +174,9 @@ impl TryFrom<String> for MacAddr {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-            .map_err(|()| format!("mac {text:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")"))
+        text.parse().map_err(|()| {
+            format!("mac {text:?} is malformed: must be six hex octets separated by ':' (e.g. \"02:00:c6:12:0b:01\")")
+        })
     }
 }
 
@@ -222,14 +221,9 @@ mod tests {
     fn macs() {
         let is_valid_mac = |text: &str| text.parse::<MacAddr>().is_ok();
         assert!(is_valid_mac("02:00:c6:12:0b:01") && is_valid_mac("AA:BB:CC:DD:EE:FF"));
-        for bad in [
-            "",
-            "02:00:c6:12:0b",
-            "02:00:c6:12:0b:01:02",
-            "02-00-c6-12-0b-01",
-            "2:00:c6:12:0b:01",
-            "0g:00:c6:12:0b:01",
-        ] {
+        for bad in
+            ["", "02:00:c6:12:0b", "02:00:c6:12:0b:01:02", "02-00-c6-12-0b-01", "2:00:c6:12:0b:01", "0g:00:c6:12:0b:01"]
+        {
             assert!(!is_valid_mac(bad), "{bad}");
         }
     }

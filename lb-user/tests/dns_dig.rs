@@ -201,7 +201,14 @@ impl Front {
         let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(RoutingView::new(cfg.clone(), probes.clone())));
         let metrics = Metrics::default();
-        let (addr, tasks) = dns::serve("127.0.0.1:0".parse().unwrap(), rx, dns::TcpLimits { total: 64, per_source: 16 }, metrics.clone()).await.unwrap();
+        let (addr, tasks) = dns::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            rx,
+            dns::TcpLimits { total: 64, per_source: 16 },
+            metrics.clone(),
+        )
+        .await
+        .unwrap();
         Front { addr, cfg, probes, tx, tasks, metrics }
     }
 
@@ -278,7 +285,11 @@ async fn performance_uses_the_client_subnet_latency() {
 async fn geographic_by_client_subnet_and_nodata() {
     let mut f = Front::start().await;
     assert_eq!(one(f.addr, "geo.tm.test", "A", &["+subnet=198.18.1.0/24"]).await.addrs(), ["198.18.13.1"], "IE");
-    assert_eq!(one(f.addr, "geo.tm.test", "A", &["+subnet=198.18.2.0/24"]).await.addrs(), ["198.18.13.2"], "US-CA -> US");
+    assert_eq!(
+        one(f.addr, "geo.tm.test", "A", &["+subnet=198.18.2.0/24"]).await.addrs(),
+        ["198.18.13.2"],
+        "US-CA -> US"
+    );
     for opts in [&["+subnet=198.18.3.0/24"][..], &[][..]] {
         let a = one(f.addr, "geo.tm.test", "A", opts).await;
         assert_eq!((a.status.as_str(), a.records.len()), ("NOERROR", 0), "JP / unknown location: NODATA ({opts:?})");

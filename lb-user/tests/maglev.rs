@@ -33,10 +33,7 @@ fn addr_keys(n: usize, long: bool) -> Vec<Vec<u8>> {
 }
 
 fn set<'a>(keys: &'a [Vec<u8>], weights: &[u32]) -> Vec<MaglevBackend<'a>> {
-    keys.iter()
-        .zip(weights)
-        .map(|(k, &w)| MaglevBackend { key: k, weight: w })
-        .collect()
+    keys.iter().zip(weights).map(|(k, &w)| MaglevBackend { key: k, weight: w }).collect()
 }
 
 fn build(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
@@ -60,9 +57,7 @@ fn slot_counts(table: &[u32], n: usize) -> Vec<u64> {
 /// permutation `(offset + j·skip) % m`, and claims per round from the closed form of the
 /// credit scheme (`round(r·w/W)` claims after `r` rounds, ties rounding up).
 fn reference_table(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
-    let mut order: Vec<usize> = (0..backends.len())
-        .filter(|&i| backends[i].weight > 0)
-        .collect();
+    let mut order: Vec<usize> = (0..backends.len()).filter(|&i| backends[i].weight > 0).collect();
     order.sort_by_key(|&i| backends[i].key);
     let mut table = vec![BACKEND_DROP; m as usize];
     let Some(max_weight) = order.iter().map(|&i| u128::from(backends[i].weight)).max() else {
@@ -110,24 +105,11 @@ fn matches_textbook_reference_on_random_sets() {
         let m = primes[rng.below(primes.len() as u64) as usize];
         let n = 1 + rng.below(u64::from(m.min(60))) as usize;
         let max_weight = [1, 4, 1000, u32::MAX][case % 4];
-        let weights: Vec<u32> = (0..n)
-            .map(|_| {
-                if rng.below(8) == 0 {
-                    0
-                } else {
-                    1 + rng.below(u64::from(max_weight)) as u32
-                }
-            })
-            .collect();
-        let keys: Vec<Vec<u8>> = (0..n)
-            .map(|i| format!("backend-{case}-{i}").into_bytes())
-            .collect();
+        let weights: Vec<u32> =
+            (0..n).map(|_| if rng.below(8) == 0 { 0 } else { 1 + rng.below(u64::from(max_weight)) as u32 }).collect();
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("backend-{case}-{i}").into_bytes()).collect();
         let backends = set(&keys, &weights);
-        assert_eq!(
-            build(&backends, m),
-            reference_table(&backends, m),
-            "case {case}: m={m} weights={weights:?}"
-        );
+        assert_eq!(build(&backends, m), reference_table(&backends, m), "case {case}: m={m} weights={weights:?}");
     }
 }
 
@@ -147,10 +129,7 @@ fn worst_relative_error(weights: &[u32], m: u32) -> f64 {
             let w = f64::from(w);
             let ideal = f64::from(m) * w / total_weight;
             let bound = w / max_weight + 0.5 + n * w / (2.0 * total_weight);
-            assert!(
-                (c as f64 - ideal).abs() <= bound,
-                "m={m} w={w}: {c} slots, ideal {ideal}"
-            );
+            assert!((c as f64 - ideal).abs() <= bound, "m={m} w={w}: {c} slots, ideal {ideal}");
             (c as f64 - ideal).abs() / ideal
         })
         .fold(0.0, f64::max)
@@ -163,15 +142,9 @@ fn balance_equal_weights_is_within_one_slot() {
             let keys = addr_keys(n, false);
             let counts = slot_counts(&build(&set(&keys, &vec![1; n]), m), n);
             let (lo, hi) = (u64::from(m) / n as u64, u64::from(m).div_ceil(n as u64));
-            assert!(
-                counts.iter().all(|&c| c == lo || c == hi),
-                "m={m} n={n}: {counts:?}"
-            );
+            assert!(counts.iter().all(|&c| c == lo || c == hi), "m={m} n={n}: {counts:?}");
             let err = worst_relative_error(&vec![1; n], m);
-            println!(
-                "equal weights  m={m:5} n={n:2}: worst share error {:.4}%",
-                err * 100.0
-            );
+            println!("equal weights  m={m:5} n={n:2}: worst share error {:.4}%", err * 100.0);
             assert!(err <= 0.01);
         }
     }
@@ -183,23 +156,15 @@ fn balance_mixed_weights_is_within_one_percent() {
         for n in [3usize, 10, 50] {
             let weights: Vec<u32> = (0..n as u32).map(|i| i % 4 + 1).collect();
             let err = worst_relative_error(&weights, m);
-            println!(
-                "weights 1..4   m={m:5} n={n:2}: worst share error {:.4}%",
-                err * 100.0
-            );
+            println!("weights 1..4   m={m:5} n={n:2}: worst share error {:.4}%", err * 100.0);
             assert!(err <= 0.01, "m={m} n={n}: {err}");
         }
     }
     // Wide weights (config allows 1..=1000): the lightest backends' ideal share is only ~4.9
     // slots, so only the absolute bound checked by `worst_relative_error` applies.
-    let weights: Vec<u32> = (0..50u32)
-        .map(|i| [1, 10, 100, 1000][i as usize % 4])
-        .collect();
+    let weights: Vec<u32> = (0..50u32).map(|i| [1, 10, 100, 1000][i as usize % 4]).collect();
     let err = worst_relative_error(&weights, 65537);
-    println!(
-        "weights 1..1000 m=65537 n=50: worst share error {:.4}% (of ~4.9 slots)",
-        err * 100.0
-    );
+    println!("weights 1..1000 m=65537 n=50: worst share error {:.4}% (of ~4.9 slots)", err * 100.0);
 }
 
 struct Disruption {
@@ -215,10 +180,7 @@ fn disruption(before: &[&[u8]], after: &[&[u8]], changed: &[u8]) -> Disruption {
     let m = before.len() as f64;
     let moved = before.iter().zip(after).filter(|(b, a)| b != a);
     let total = moved.clone().count() as f64 / m;
-    let collateral = moved
-        .filter(|(b, a)| **b != changed && **a != changed)
-        .count() as f64
-        / m;
+    let collateral = moved.filter(|(b, a)| **b != changed && **a != changed).count() as f64 / m;
     Disruption { collateral, total }
 }
 
@@ -230,9 +192,7 @@ fn collateral_bound(n: usize) -> f64 {
 }
 
 fn disruption_weights(n: usize, mixed: bool) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| if mixed { i % 4 + 1 } else { 1 })
-        .collect()
+    (0..n as u32).map(|i| if mixed { i % 4 + 1 } else { 1 }).collect()
 }
 
 #[test]
@@ -245,10 +205,7 @@ fn disruption_removing_one_backend() {
             let all = set(&keys, &weights);
             let before_table = build(&all, m);
             let before = owners(&before_table, &all);
-            let mut worst = Disruption {
-                collateral: 0.0,
-                total: 0.0,
-            };
+            let mut worst = Disruption { collateral: 0.0, total: 0.0 };
             for removed in [0, n / 3, n / 2, n - 1] {
                 let mut rest = all.clone();
                 let gone = rest.remove(removed);
@@ -257,11 +214,7 @@ fn disruption_removing_one_backend() {
                 // Every slot of the removed backend moves; it owns nothing afterwards.
                 assert!(after.iter().all(|k| *k != gone.key));
                 let d = disruption(&before, &after, gone.key);
-                assert!(
-                    d.collateral <= collateral_bound(n),
-                    "n={n} removed={removed}: {}",
-                    d.collateral
-                );
+                assert!(d.collateral <= collateral_bound(n), "n={n} removed={removed}: {}", d.collateral);
                 worst.collateral = worst.collateral.max(d.collateral);
                 worst.total = worst.total.max(d.total);
             }
@@ -296,11 +249,7 @@ fn disruption_removing_the_unique_heaviest_backend() {
             d.total * 100.0,
             d.collateral * 100.0
         );
-        assert!(
-            d.collateral <= 2.0 * collateral_bound(n),
-            "n={n}: {}",
-            d.collateral
-        );
+        assert!(d.collateral <= 2.0 * collateral_bound(n), "n={n}: {}", d.collateral);
     }
 }
 
@@ -312,10 +261,7 @@ fn disruption_adding_one_backend() {
             let keys = addr_keys(n + 1, true);
             let weights = disruption_weights(n + 1, mixed);
             let all = set(&keys, &weights);
-            let mut worst = Disruption {
-                collateral: 0.0,
-                total: 0.0,
-            };
+            let mut worst = Disruption { collateral: 0.0, total: 0.0 };
             for added in [0, n / 2, n] {
                 let mut fewer = all.clone();
                 let new = fewer.remove(added);
@@ -323,11 +269,7 @@ fn disruption_adding_one_backend() {
                 let after_table = build(&all, m);
                 let (before, after) = (owners(&before_table, &fewer), owners(&after_table, &all));
                 let d = disruption(&before, &after, new.key);
-                assert!(
-                    d.collateral <= collateral_bound(n),
-                    "n={n} added={added}: {}",
-                    d.collateral
-                );
+                assert!(d.collateral <= collateral_bound(n), "n={n} added={added}: {}", d.collateral);
                 worst.collateral = worst.collateral.max(d.collateral);
                 worst.total = worst.total.max(d.total);
             }
@@ -355,10 +297,7 @@ fn same_set_gives_identical_tables_regardless_of_order() {
         shuffle(&mut rng, &mut positions);
         let shuffled: Vec<MaglevBackend> = positions.iter().map(|&p| backends[p]).collect();
         // Entries index the shuffled slice; map them back to the original positions.
-        let mapped: Vec<u32> = build(&shuffled, 16381)
-            .iter()
-            .map(|&e| positions[e as usize] as u32)
-            .collect();
+        let mapped: Vec<u32> = build(&shuffled, 16381).iter().map(|&e| positions[e as usize] as u32).collect();
         assert_eq!(mapped, first);
     }
 }
@@ -374,26 +313,17 @@ fn golden_tables() {
     let equal = set(&keys, &[1, 1, 1]);
     assert_eq!(build(&equal, 13), [2, 2, 1, 1, 1, 1, 2, 0, 0, 0, 0, 0, 2]);
     let weighted = set(&keys, &[1, 2, 3]);
-    assert_eq!(
-        build(&weighted, 13),
-        [2, 2, 2, 1, 1, 1, 2, 1, 1, 0, 0, 2, 2]
-    );
+    assert_eq!(build(&weighted, 13), [2, 2, 2, 1, 1, 1, 2, 1, 1, 0, 0, 2, 2]);
     // Input order does not matter: c, a, b.
     let reordered = [equal[2], equal[0], equal[1]];
-    assert_eq!(
-        build(&reordered, 13),
-        [0, 0, 2, 2, 2, 2, 0, 1, 1, 1, 1, 1, 0]
-    );
+    assert_eq!(build(&reordered, 13), [0, 0, 2, 2, 2, 2, 0, 1, 1, 1, 1, 1, 0]);
 }
 
 #[test]
 fn empty_or_all_zero_weight_set_drops() {
     assert_eq!(build(&[], 13), vec![BACKEND_DROP; 13]);
     let keys = addr_keys(3, false);
-    assert_eq!(
-        build(&set(&keys, &[0, 0, 0]), 16381),
-        vec![BACKEND_DROP; 16381]
-    );
+    assert_eq!(build(&set(&keys, &[0, 0, 0]), 16381), vec![BACKEND_DROP; 16381]);
 }
 
 #[test]
@@ -410,10 +340,7 @@ fn zero_weight_backends_are_excluded() {
     let with_zero = set(&keys, &[1, 0, 2, 0, 1]);
     let kept_keys = [keys[0].clone(), keys[2].clone(), keys[4].clone()];
     let without = set(&kept_keys, &[1, 2, 1]);
-    assert_eq!(
-        owners(&build(&with_zero, 251), &with_zero),
-        owners(&build(&without, 251), &without)
-    );
+    assert_eq!(owners(&build(&with_zero, 251), &with_zero), owners(&build(&without, 251), &without));
 }
 
 #[test]
@@ -430,48 +357,19 @@ fn invalid_inputs_are_errors() {
     for m in [0, 1, 4, 65535, 65536] {
         assert_eq!(build_table(&three, m), Err(MaglevError::NotPrime { m }));
     }
-    assert_eq!(
-        build_table(&three, 2),
-        Err(MaglevError::TooSmall { m: 2, backends: 3 })
-    );
+    assert_eq!(build_table(&three, 2), Err(MaglevError::TooSmall { m: 2, backends: 3 }));
     // Zero-weight members do not count towards the size check.
     assert_eq!(build(&set(&keys, &[1, 0, 1]), 2).len(), 2);
     let dup = [
-        MaglevBackend {
-            key: b"x",
-            weight: 1,
-        },
-        MaglevBackend {
-            key: b"y",
-            weight: 1,
-        },
-        MaglevBackend {
-            key: b"x",
-            weight: 2,
-        },
+        MaglevBackend { key: b"x", weight: 1 },
+        MaglevBackend { key: b"y", weight: 1 },
+        MaglevBackend { key: b"x", weight: 2 },
     ];
-    assert_eq!(
-        build_table(&dup, 13),
-        Err(MaglevError::DuplicateKey {
-            first: 0,
-            second: 2
-        })
-    );
+    assert_eq!(build_table(&dup, 13), Err(MaglevError::DuplicateKey { first: 0, second: 2 }));
     // A duplicate with zero weight is excluded, hence harmless.
-    let dup_zero = [
-        MaglevBackend {
-            key: b"x",
-            weight: 1,
-        },
-        MaglevBackend {
-            key: b"x",
-            weight: 0,
-        },
-    ];
+    let dup_zero = [MaglevBackend { key: b"x", weight: 1 }, MaglevBackend { key: b"x", weight: 0 }];
     assert_eq!(build(&dup_zero, 13), vec![0; 13]);
-    assert!(MaglevError::NotPrime { m: 4 }
-        .to_string()
-        .contains("not prime"));
+    assert!(MaglevError::NotPrime { m: 4 }.to_string().contains("not prime"));
 }
 
 #[test]
@@ -522,10 +420,7 @@ fn predicted_backend_of_random_flows_is_valid() {
     let total_weight: u32 = weights.iter().sum();
     for (count, w) in flows_per_backend.iter().zip(weights) {
         let expected = flows as f64 * f64::from(w) / f64::from(total_weight);
-        assert!(
-            (*count as f64 - expected).abs() < 0.1 * expected,
-            "{flows_per_backend:?}"
-        );
+        assert!((*count as f64 - expected).abs() < 0.1 * expected, "{flows_per_backend:?}");
     }
 }
 
@@ -534,9 +429,7 @@ fn predicted_backend_of_random_flows_is_valid() {
 /// optimised builder must produce byte-identical tables (they are an ABI). Unlike
 /// `reference_table` it is fast enough for N = 1000 at m = 65537.
 fn previous_build_table(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..backends.len() as u32)
-        .filter(|&i| backends[i as usize].weight > 0)
-        .collect();
+    let mut order: Vec<u32> = (0..backends.len() as u32).filter(|&i| backends[i as usize].weight > 0).collect();
     order.sort_unstable_by(|&a, &b| backends[a as usize].key.cmp(backends[b as usize].key));
     let mut table = vec![BACKEND_DROP; m as usize];
     let Some(max_weight) = order.iter().map(|&i| backends[i as usize].weight).max() else {
@@ -544,17 +437,10 @@ fn previous_build_table(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
     };
     let add_mod = |a: u32, b: u32| {
         let sum = u64::from(a) + u64::from(b);
-        (if sum >= u64::from(m) {
-            sum - u64::from(m)
-        } else {
-            sum
-        }) as u32
+        (if sum >= u64::from(m) { sum - u64::from(m) } else { sum }) as u32
     };
     // (next slot to try, skip) per backend in key order.
-    let mut walks: Vec<(u32, u32)> = order
-        .iter()
-        .map(|&i| maglev_permutation(backends[i as usize].key, m))
-        .collect();
+    let mut walks: Vec<(u32, u32)> = order.iter().map(|&i| maglev_permutation(backends[i as usize].key, m)).collect();
     let mut credits = vec![max_weight / 2; order.len()];
     let mut free = m;
     loop {
@@ -622,27 +508,17 @@ fn matches_previous_builder_on_large_and_skewed_sets() {
             .collect();
         let keys = addr_keys(n, n % 2 == 0);
         let backends = set(&keys, &weights);
-        assert!(
-            build(&backends, m) == previous_build_table(&backends, m),
-            "m={m} n={n} {pattern}"
-        );
+        assert!(build(&backends, m) == previous_build_table(&backends, m), "m={m} n={n} {pattern}");
     }
     // Many small random sets, with a random share of zero weights.
     for case in 0..200 {
         let m = [13u32, 251, 1021, 4099][case % 4];
         let n = 1 + rng.below(u64::from(m.min(300))) as usize;
         let max_weight = [1u64, 3, 1000, 1 << 32][rng.below(4) as usize];
-        let weights: Vec<u32> = (0..n)
-            .map(|_| (rng.below(max_weight + 1) as u32).max(u32::from(rng.below(4) == 0)))
-            .collect();
-        let keys: Vec<Vec<u8>> = (0..n)
-            .map(|i| format!("k{case}.{i}").into_bytes())
-            .collect();
+        let weights: Vec<u32> =
+            (0..n).map(|_| (rng.below(max_weight + 1) as u32).max(u32::from(rng.below(4) == 0))).collect();
+        let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("k{case}.{i}").into_bytes()).collect();
         let backends = set(&keys, &weights);
-        assert_eq!(
-            build(&backends, m),
-            previous_build_table(&backends, m),
-            "case {case}: m={m} weights={weights:?}"
-        );
+        assert_eq!(build(&backends, m), previous_build_table(&backends, m), "case {case}: m={m} weights={weights:?}");
     }
 }

@@ -30,18 +30,11 @@ impl Drop for TempConfig {
 }
 
 fn lb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lb"))
-        .args(args)
-        .output()
-        .expect("run lb")
+    Command::new(env!("CARGO_BIN_EXE_lb")).args(args).output().expect("run lb")
 }
 
 fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "lb failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "lb failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).expect("utf-8 output")
 }
 
@@ -77,14 +70,7 @@ zone = "zone-b"
 #[test]
 fn json_for_zonal_config_with_one_unhealthy_backend() {
     let cfg = TempConfig::new(ZONAL);
-    let out = lb(&[
-        "plan",
-        "--config",
-        cfg.path.to_str().unwrap(),
-        "--unhealthy",
-        "198.18.2.10",
-        "--json",
-    ]);
+    let out = lb(&["plan", "--config", cfg.path.to_str().unwrap(), "--unhealthy", "198.18.2.10", "--json"]);
     let got: Value = serde_json::from_str(&stdout(&out)).expect("JSON output");
     let want = json!({"services": [{
         "name": "web",
@@ -114,22 +100,13 @@ fn row<'a>(table: &'a str, label: &'a str) -> Vec<&'a str> {
 #[test]
 fn table_for_zonal_config_with_one_unhealthy_backend() {
     let cfg = TempConfig::new(ZONAL);
-    let table = stdout(&lb(&[
-        "plan",
-        "--config",
-        cfg.path.to_str().unwrap(),
-        "--unhealthy",
-        "198.18.2.10",
-    ]));
+    let table = stdout(&lb(&["plan", "--config", cfg.path.to_str().unwrap(), "--unhealthy", "198.18.2.10"]));
     let header = table.lines().next().expect("a header line");
     assert!(header.starts_with("service web "), "{header}");
     assert!(header.contains("eligible_kind ALL_HEALTHY"), "{header}");
     assert_eq!(row(&table, "zone-a"), ["zone-a", "REFINED", "198.18.1.10"]);
     assert_eq!(row(&table, "zone-b"), ["zone-b", "REPLACED", "198.18.2.10"]);
-    assert_eq!(
-        row(&table, "(non-compatible)"),
-        ["(non-compatible)", "NOT_COMPATIBLE", "198.18.1.10"]
-    );
+    assert_eq!(row(&table, "(non-compatible)"), ["(non-compatible)", "NOT_COMPATIBLE", "198.18.1.10"]);
 }
 
 #[test]
@@ -160,67 +137,36 @@ fn table_shows_drop_and_accepts_repeated_and_comma_separated_unhealthy() {
         "#,
     );
     let path = cfg.path.to_str().unwrap();
-    let args = [
-        "plan",
-        "--config",
-        path,
-        "--unhealthy",
-        "2001:db8:1::10,2001:db8:1::11",
-        "--unhealthy",
-        "2001:db8:1::20",
-    ];
+    let args =
+        ["plan", "--config", path, "--unhealthy", "2001:db8:1::10,2001:db8:1::11", "--unhealthy", "2001:db8:1::20"];
     let table = stdout(&lb(&args));
     assert!(table.contains("eligible_kind DROP"), "{table}");
     assert_eq!(row(&table, "zone-a"), ["zone-a", "UNCHANGED", "DROP"]);
-    assert_eq!(
-        row(&table, "(non-compatible)"),
-        ["(non-compatible)", "NOT_COMPATIBLE", "DROP"]
-    );
+    assert_eq!(row(&table, "(non-compatible)"), ["(non-compatible)", "NOT_COMPATIBLE", "DROP"]);
 
     // Only the failover backend down: E-4, the IPv6 addresses printed as written.
-    let json: Value = serde_json::from_str(&stdout(&lb(&[
-        "plan",
-        "--config",
-        path,
-        "--unhealthy",
-        "2001:db8:1::20",
-        "--json",
-    ])))
-    .expect("JSON output");
+    let json: Value =
+        serde_json::from_str(&stdout(&lb(&["plan", "--config", path, "--unhealthy", "2001:db8:1::20", "--json"])))
+            .expect("JSON output");
     let svc = &json["services"][0];
     assert_eq!(svc["eligible_kind"], "HEALTHY_PRIMARY");
     assert_eq!(svc["rule"], "E-4");
-    assert_eq!(
-        svc["zones"][0]["eligible"],
-        json!(["2001:db8:1::10", "2001:db8:1::11"])
-    );
+    assert_eq!(svc["zones"][0]["eligible"], json!(["2001:db8:1::10", "2001:db8:1::11"]));
 }
 
 #[test]
 fn unknown_unhealthy_address_is_an_error_naming_it() {
     let cfg = TempConfig::new(ZONAL);
-    let out = lb(&[
-        "plan",
-        "--config",
-        cfg.path.to_str().unwrap(),
-        "--unhealthy",
-        "198.18.1.10,198.18.9.99",
-    ]);
+    let out = lb(&["plan", "--config", cfg.path.to_str().unwrap(), "--unhealthy", "198.18.1.10,198.18.9.99"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("198.18.9.99"), "{err}");
-    assert!(
-        !err.contains("198.18.1.10"),
-        "only the unknown address is named: {err}"
-    );
+    assert!(!err.contains("198.18.1.10"), "only the unknown address is named: {err}");
 }
 
 #[test]
 fn missing_config_file_is_an_error() {
-    let missing = std::env::temp_dir().join(format!(
-        "lb-plan-cli-{}-missing/lb.toml",
-        std::process::id()
-    ));
+    let missing = std::env::temp_dir().join(format!("lb-plan-cli-{}-missing/lb.toml", std::process::id()));
     let out = lb(&["plan", "--config", missing.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -4,18 +4,15 @@
 use lb_user::config::Config;
 use lb_user::model::Spillover::{self, Disabled, SpillCrossZone as Spill, StayWithinZone as Stay};
 use lb_user::policy::{
-    plan_config, plan_service, BackendState, EligibleKind, FailoverParams, Pool, Rule, ServicePlan,
-    ServicePolicy, ZonalOutcome,
+    plan_config, plan_service, BackendState, EligibleKind, FailoverParams, Pool, Rule, ServicePlan, ServicePolicy,
+    ZonalOutcome,
 };
 
 /// Every vector runs with the same client zones; "D" never has backends.
 const ZONES: [&str; 6] = ["A", "B", "C", "D", "1", "2"];
 
 fn zone_index(name: &str) -> usize {
-    ZONES
-        .iter()
-        .position(|z| *z == name)
-        .unwrap_or_else(|| panic!("unknown test zone {name}"))
+    ZONES.iter().position(|z| *z == name).unwrap_or_else(|| panic!("unknown test zone {name}"))
 }
 
 /// Parse "a1:A:H b1:B:U:F" into names and states.
@@ -24,11 +21,7 @@ fn parse_backends(spec: &str) -> (Vec<String>, Vec<BackendState>) {
         .map(|tok| {
             let f: Vec<&str> = tok.split(':').collect();
             assert!(f.len() == 3 || f.len() == 4, "bad backend {tok}");
-            let zone = if f[1] == "-" {
-                None
-            } else {
-                Some(zone_index(f[1]))
-            };
+            let zone = if f[1] == "-" { None } else { Some(zone_index(f[1])) };
             let healthy = match f[2] {
                 "H" => true,
                 "U" => false,
@@ -39,14 +32,7 @@ fn parse_backends(spec: &str) -> (Vec<String>, Vec<BackendState>) {
                 Some(&"F") => true,
                 Some(x) => panic!("bad role {x} in {tok}"),
             };
-            (
-                f[0].to_string(),
-                BackendState {
-                    zone,
-                    failover,
-                    healthy,
-                },
-            )
+            (f[0].to_string(), BackendState { zone, failover, healthy })
         })
         .unzip()
 }
@@ -55,23 +41,13 @@ fn no_fp() -> Option<FailoverParams> {
     None
 }
 fn fp(failover_ratio: f64) -> Option<FailoverParams> {
-    Some(FailoverParams {
-        failover_ratio,
-        drop_traffic_if_unhealthy: false,
-    })
+    Some(FailoverParams { failover_ratio, drop_traffic_if_unhealthy: false })
 }
 fn fp_drop(failover_ratio: f64) -> Option<FailoverParams> {
-    Some(FailoverParams {
-        failover_ratio,
-        drop_traffic_if_unhealthy: true,
-    })
+    Some(FailoverParams { failover_ratio, drop_traffic_if_unhealthy: true })
 }
 
-fn plan(
-    failover: Option<FailoverParams>,
-    spill: (Spillover, f64),
-    spec: &str,
-) -> (Vec<String>, ServicePlan) {
+fn plan(failover: Option<FailoverParams>, spill: (Spillover, f64), spec: &str) -> (Vec<String>, ServicePlan) {
     let (names, backends) = parse_backends(spec);
     let policy = ServicePolicy::zonal(failover, spill.0, spill.1);
     (names, plan_service(&policy, &backends, ZONES.len()))
@@ -101,11 +77,7 @@ fn check(
     want_zones.push(None);
     assert_eq!(class_zones, want_zones, "class order");
 
-    let class = plan
-        .classes
-        .iter()
-        .find(|c| c.client_zone == client.map(zone_index))
-        .expect("client class present");
+    let class = plan.classes.iter().find(|c| c.client_zone == client.map(zone_index)).expect("client class present");
     let expected: Vec<String> = expected.split_whitespace().map(String::from).collect();
     assert_eq!(names_of(&names, &class.eligible), expected, "eligible set");
     assert_eq!(class.outcome, outcome, "zonal outcome");
@@ -113,10 +85,7 @@ fn check(
     // With zonal affinity disabled every class sees the original set unchanged.
     if spill.0 == Disabled {
         for c in &plan.classes {
-            assert_eq!(
-                (c.outcome, &c.eligible),
-                (ZonalOutcome::Disabled, &class.eligible)
-            );
+            assert_eq!((c.outcome, &c.eligible), (ZonalOutcome::Disabled, &class.eligible));
         }
     }
 }
@@ -283,15 +252,8 @@ fn plan_config_maps_zones_failover_and_health() {
     let plans = plan_config(&cfg, &|s, b| !(s == 0 && b == 0));
     assert_eq!(plans.len(), 2);
     let web = &plans[0];
-    assert_eq!(
-        (web.kind, web.rule, web.active_pool),
-        (EligibleKind::HealthyPrimary, Rule::E6, Pool::Primary)
-    );
-    let classes: Vec<_> = web
-        .classes
-        .iter()
-        .map(|c| (c.client_zone, c.outcome, c.eligible.clone()))
-        .collect();
+    assert_eq!((web.kind, web.rule, web.active_pool), (EligibleKind::HealthyPrimary, Rule::E6, Pool::Primary));
+    let classes: Vec<_> = web.classes.iter().map(|c| (c.client_zone, c.outcome, c.eligible.clone())).collect();
     assert_eq!(
         classes,
         vec![
@@ -301,12 +263,6 @@ fn plan_config_maps_zones_failover_and_health() {
         ]
     );
     let dns = &plans[1];
-    assert_eq!(
-        (dns.kind, dns.active_pool),
-        (EligibleKind::AllHealthy, Pool::All)
-    );
-    assert!(dns
-        .classes
-        .iter()
-        .all(|c| c.outcome == ZonalOutcome::Disabled && c.eligible == vec![0]));
+    assert_eq!((dns.kind, dns.active_pool), (EligibleKind::AllHealthy, Pool::All));
+    assert!(dns.classes.iter().all(|c| c.outcome == ZonalOutcome::Disabled && c.eligible == vec![0]));
 }

@@ -14,17 +14,11 @@ use common::ep;
 use common::service as svc;
 
 fn two(method: &str, e1: &str, e2: &str) -> String {
-    svc(
-        "tm",
-        method,
-        "",
-        &[ep("e1", "192.0.2.1", e1), ep("e2", "192.0.2.2", e2)],
-    )
+    svc("tm", method, "", &[ep("e1", "192.0.2.1", e1), ep("e2", "192.0.2.2", e2)])
 }
 
 fn config_error(err: &anyhow::Error) -> &ConfigError {
-    err.downcast_ref::<ConfigError>()
-        .expect("errors are ConfigError")
+    err.downcast_ref::<ConfigError>().expect("errors are ConfigError")
 }
 
 fn accept(text: &str) -> Config {
@@ -54,22 +48,13 @@ fn a5_priorities_default_to_file_order() {
         "tm",
         "PRIORITY",
         "",
-        &[
-            ep("x", "192.0.2.1", ""),
-            ep("y", "192.0.2.2", ""),
-            ep("z", "192.0.2.3", ""),
-        ],
+        &[ep("x", "192.0.2.1", ""), ep("y", "192.0.2.2", ""), ep("z", "192.0.2.3", "")],
     ));
     assert_eq!(effective_priorities(&cfg.services[0]), [1, 2, 3]);
     let cfg = accept(&two("PRIORITY", "priority = 7", "priority = 3"));
     assert_eq!(effective_priorities(&cfg.services[0]), [7, 3]);
     // Set on all endpoints or none.
-    reject(
-        &two("PRIORITY", "priority = 1", ""),
-        TM,
-        "backend[1].priority",
-        &["every endpoint or on none"],
-    );
+    reject(&two("PRIORITY", "priority = 1", ""), TM, "backend[1].priority", &["every endpoint or on none"]);
 }
 
 #[test]
@@ -80,34 +65,14 @@ fn a6_priority_duplicate_or_out_of_range() {
         "backend[1].priority",
         &["duplicate priority 5", "backend[0]"],
     );
-    reject(
-        &two("PRIORITY", "priority = 0", "priority = 2"),
-        TM,
-        "backend[0].priority",
-        &["1..=1000"],
-    );
-    reject(
-        &two("PRIORITY", "priority = 1001", "priority = 2"),
-        TM,
-        "backend[0].priority",
-        &["1..=1000"],
-    );
+    reject(&two("PRIORITY", "priority = 0", "priority = 2"), TM, "backend[0].priority", &["1..=1000"]);
+    reject(&two("PRIORITY", "priority = 1001", "priority = 2"), TM, "backend[0].priority", &["1..=1000"]);
 }
 
 #[test]
 fn w4_weight_out_of_range() {
-    reject(
-        &two("WEIGHTED", "weight = 0", ""),
-        TM,
-        "backend[0].weight",
-        &["1..=1000"],
-    );
-    reject(
-        &two("WEIGHTED", "weight = 1001", ""),
-        TM,
-        "backend[0].weight",
-        &["1..=1000"],
-    );
+    reject(&two("WEIGHTED", "weight = 0", ""), TM, "backend[0].weight", &["1..=1000"]);
+    reject(&two("WEIGHTED", "weight = 1001", ""), TM, "backend[0].weight", &["1..=1000"]);
     accept(&two("WEIGHTED", "weight = 1000", "weight = 1"));
 }
 
@@ -121,11 +86,7 @@ fn f4_performance_requires_location() {
         "backend[1].location",
         &["required with routing_method = PERFORMANCE"],
     );
-    accept(&two(
-        "PERFORMANCE",
-        "location = \"westeurope\"",
-        "location = \"eastus\"",
-    ));
+    accept(&two("PERFORMANCE", "location = \"westeurope\"", "location = \"eastus\""));
     // With latency data, a location that no [[latency]] entry lists is a typo to report.
     let latency = "[[latency]]\nclient_prefixes = [\"198.18.0.0/16\"]\nregions = [\"westeurope\", \"eastus\"]\n";
     accept(&format!("{latency}{}", two("PERFORMANCE", "location = \"westeurope\"", "location = \"eastus\"")));
@@ -142,17 +103,10 @@ fn f4_performance_requires_location() {
 #[test]
 fn q7_geo_code_mapped_twice_or_endpoint_unmapped() {
     reject(
-        &two(
-            "GEOGRAPHIC",
-            "geo_mapping = [\"FR\"]",
-            "geo_mapping = [\"FR\"]",
-        ),
+        &two("GEOGRAPHIC", "geo_mapping = [\"FR\"]", "geo_mapping = [\"FR\"]"),
         TM,
         "backend[1].geo_mapping[0]",
-        &[
-            "FR is already mapped by backend[0]",
-            "one endpoint per service",
-        ],
+        &["FR is already mapped by backend[0]", "one endpoint per service"],
     );
     // Switching to GEOGRAPHIC with an unmapped endpoint.
     reject(
@@ -162,21 +116,13 @@ fn q7_geo_code_mapped_twice_or_endpoint_unmapped() {
         &["required with routing_method = GEOGRAPHIC"],
     );
     // Nested codes (country and its state) may go to different endpoints (vector Q6).
-    accept(&two(
-        "GEOGRAPHIC",
-        "geo_mapping = [\"US-CA\"]",
-        "geo_mapping = [\"US\", \"GEO-EU\"]",
-    ));
+    accept(&two("GEOGRAPHIC", "geo_mapping = [\"US-CA\"]", "geo_mapping = [\"US\", \"GEO-EU\"]"));
 }
 
 #[test]
 fn geo_codes_must_be_known() {
     reject(
-        &two(
-            "GEOGRAPHIC",
-            "geo_mapping = [\"FR-IDF\"]",
-            "geo_mapping = [\"WORLD\"]",
-        ),
+        &two("GEOGRAPHIC", "geo_mapping = [\"FR-IDF\"]", "geo_mapping = [\"WORLD\"]"),
         TM,
         "backend[0].geo_mapping[0]",
         &["not a known region code", "AU, CA, GB and US"],
@@ -190,81 +136,34 @@ fn m4_multivalue_targets_and_max_return() {
     // A nested (name-addressed) endpoint under MULTIVALUE.
     let text = format!(
         "{}{}",
-        svc(
-            "tm",
-            "MULTIVALUE",
-            "",
-            &[
-                ep("a", "192.0.2.1", ""),
-                ep("n", "", "target_service = \"child\"")
-            ]
-        ),
+        svc("tm", "MULTIVALUE", "", &[ep("a", "192.0.2.1", ""), ep("n", "", "target_service = \"child\"")]),
         svc("child", "PRIORITY", "", &[ep("c", "192.0.2.9", "")])
     );
-    reject(
-        &text,
-        TM,
-        "backend[1].target_service",
-        &["MULTIVALUE", "cannot be a parent"],
-    );
+    reject(&text, TM, "backend[1].target_service", &["MULTIVALUE", "cannot be a parent"]);
     // A DNS name is not an address at all.
-    let err = Config::parse(&svc(
-        "tm",
-        "MULTIVALUE",
-        "",
-        &[ep("a", "www.example.com", "")],
-    ))
-    .expect_err("rejected");
-    assert!(
-        matches!(config_error(&err).kind, ConfigErrorKind::Syntax(_)),
-        "{err}"
-    );
+    let err = Config::parse(&svc("tm", "MULTIVALUE", "", &[ep("a", "www.example.com", "")])).expect_err("rejected");
+    assert!(matches!(config_error(&err).kind, ConfigErrorKind::Syntax(_)), "{err}");
     for bad in [0, 11] {
         reject(
-            &svc(
-                "tm",
-                "MULTIVALUE",
-                &format!("max_return = {bad}"),
-                &[ep("a", "192.0.2.1", "")],
-            ),
+            &svc("tm", "MULTIVALUE", &format!("max_return = {bad}"), &[ep("a", "192.0.2.1", "")]),
             TM,
             "max_return",
             &["1..=10"],
         );
     }
-    let cfg = accept(&svc(
-        "tm",
-        "MULTIVALUE",
-        "max_return = 10",
-        &[ep("a", "192.0.2.1", "")],
-    ));
+    let cfg = accept(&svc("tm", "MULTIVALUE", "max_return = 10", &[ep("a", "192.0.2.1", "")]));
     assert_eq!(cfg.services[0].max_return(), 10);
-    let cfg = accept(&svc(
-        "tm",
-        "MULTIVALUE",
-        "",
-        &[ep("a", "192.0.2.1", ""), ep("b", "2001:db8::1", "")],
-    ));
+    let cfg = accept(&svc("tm", "MULTIVALUE", "", &[ep("a", "192.0.2.1", ""), ep("b", "2001:db8::1", "")]));
     assert_eq!(cfg.services[0].max_return(), 2, "default");
     reject(
-        &svc(
-            "tm",
-            "PRIORITY",
-            "max_return = 2",
-            &[ep("a", "192.0.2.1", "")],
-        ),
+        &svc("tm", "PRIORITY", "max_return = 2", &[ep("a", "192.0.2.1", "")]),
         TM,
         "max_return",
         &["only allowed with routing_method = MULTIVALUE"],
     );
     // Mixed families are MULTIVALUE-only.
     reject(
-        &svc(
-            "tm",
-            "WEIGHTED",
-            "",
-            &[ep("a", "192.0.2.1", ""), ep("b", "2001:db8::1", "")],
-        ),
+        &svc("tm", "WEIGHTED", "", &[ep("a", "192.0.2.1", ""), ep("b", "2001:db8::1", "")]),
         TM,
         "backend[1].address",
         &["address family"],
@@ -288,25 +187,13 @@ fn n5_subnet_malformed_or_overlapping() {
         &["first must not be above last"],
     );
     reject(
-        &two(
-            "SUBNET",
-            "subnets = [\"10.0.0.0/8\"]",
-            "subnets = [\"10.1.0.0/16\"]",
-        ),
+        &two("SUBNET", "subnets = [\"10.0.0.0/8\"]", "subnets = [\"10.1.0.0/16\"]"),
         TM,
         "backend[1].subnets[0]",
-        &[
-            "overlaps \"10.0.0.0/8\"",
-            "backend[0].subnets[0]",
-            "must not overlap",
-        ],
+        &["overlaps \"10.0.0.0/8\"", "backend[0].subnets[0]", "must not overlap"],
     );
     // Both notations, several ranges, single addresses.
-    accept(&two(
-        "SUBNET",
-        "subnets = [\"10.0.0.0/8\", \"192.168.1.10-192.168.1.20\", \"172.16.0.1\"]",
-        "",
-    ));
+    accept(&two("SUBNET", "subnets = [\"10.0.0.0/8\", \"192.168.1.10-192.168.1.20\", \"172.16.0.1\"]", ""));
 }
 
 #[test]
@@ -315,18 +202,9 @@ fn subnet_at_most_one_fallback() {
         "tm",
         "SUBNET",
         "",
-        &[
-            ep("e1", "192.0.2.1", "subnets = [\"10.0.0.0/8\"]"),
-            ep("f1", "192.0.2.2", ""),
-            ep("f2", "192.0.2.3", ""),
-        ],
+        &[ep("e1", "192.0.2.1", "subnets = [\"10.0.0.0/8\"]"), ep("f1", "192.0.2.2", ""), ep("f2", "192.0.2.3", "")],
     );
-    reject(
-        &text,
-        TM,
-        "backend[2].subnets",
-        &["backend[1] is already the fallback"],
-    );
+    reject(&text, TM, "backend[2].subnets", &["backend[1] is already the fallback"]);
 }
 
 // ---------------------------------------------------------------- nesting
@@ -350,45 +228,21 @@ fn chain(n: usize) -> String {
 #[test]
 fn h5_nesting_depth_loops_and_multivalue_parent() {
     accept(&chain(11)); // 10 levels
-    reject(
-        &chain(12),
-        "service \"s00\"",
-        "backend.target_service",
-        &["11 levels", "at most 10"],
-    );
+    reject(&chain(12), "service \"s00\"", "backend.target_service", &["11 levels", "at most 10"]);
 
     let looped = format!(
         "{}{}",
-        svc(
-            "a",
-            "PRIORITY",
-            "",
-            &[ep("n", "", "target_service = \"b\"")]
-        ),
-        svc(
-            "b",
-            "PRIORITY",
-            "",
-            &[ep("n", "", "target_service = \"a\"")]
-        )
+        svc("a", "PRIORITY", "", &[ep("n", "", "target_service = \"b\"")]),
+        svc("b", "PRIORITY", "", &[ep("n", "", "target_service = \"a\"")])
     );
     let err = Config::parse(&looped).expect_err("loop rejected");
     let v = config_error(&err).violations();
     assert_eq!(v.len(), 2, "{err}");
-    assert!(
-        v.iter()
-            .all(|v| v.field == "backend.target_service" && v.problem.contains("nesting loop")),
-        "{err}"
-    );
+    assert!(v.iter().all(|v| v.field == "backend.target_service" && v.problem.contains("nesting loop")), "{err}");
     assert!(err.to_string().contains("a -> b -> a"), "{err}");
 
     reject(
-        &svc(
-            "tm",
-            "PRIORITY",
-            "",
-            &[ep("n", "", "target_service = \"tm\"")],
-        ),
+        &svc("tm", "PRIORITY", "", &[ep("n", "", "target_service = \"tm\"")]),
         TM,
         "backend[0].target_service",
         &["cannot nest itself"],
@@ -396,49 +250,23 @@ fn h5_nesting_depth_loops_and_multivalue_parent() {
 
     let mv_parent = format!(
         "{}{}",
-        svc(
-            "tm",
-            "MULTIVALUE",
-            "",
-            &[
-                ep("a", "192.0.2.1", ""),
-                ep("n", "", "target_service = \"c\"")
-            ]
-        ),
+        svc("tm", "MULTIVALUE", "", &[ep("a", "192.0.2.1", ""), ep("n", "", "target_service = \"c\"")]),
         svc("c", "WEIGHTED", "", &[ep("x", "192.0.2.9", "")])
     );
-    reject(
-        &mv_parent,
-        TM,
-        "backend[1].target_service",
-        &["cannot be a parent"],
-    );
+    reject(&mv_parent, TM, "backend[1].target_service", &["cannot be a parent"]);
 }
 
 #[test]
 fn nested_endpoint_rules() {
     let child = svc("c", "WEIGHTED", "", &[ep("x", "192.0.2.9", "")]);
     reject(
-        &format!(
-            "{}{child}",
-            svc(
-                "tm",
-                "PRIORITY",
-                "",
-                &[ep("n", "192.0.2.1", "target_service = \"c\"")]
-            )
-        ),
+        &format!("{}{child}", svc("tm", "PRIORITY", "", &[ep("n", "192.0.2.1", "target_service = \"c\"")])),
         TM,
         "backend[0].address",
         &["not allowed on a nested endpoint"],
     );
     reject(
-        &svc(
-            "tm",
-            "PRIORITY",
-            "",
-            &[ep("n", "", "target_service = \"nope\"")],
-        ),
+        &svc("tm", "PRIORITY", "", &[ep("n", "", "target_service = \"nope\"")]),
         TM,
         "backend[0].target_service",
         &["\"nope\" names no [[service]]"],
@@ -446,16 +274,7 @@ fn nested_endpoint_rules() {
     reject(
         &format!(
             "{}{child}",
-            svc(
-                "tm",
-                "PRIORITY",
-                "",
-                &[ep(
-                    "n",
-                    "",
-                    "target_service = \"c\"\nmin_child_endpoints = 0"
-                )]
-            )
+            svc("tm", "PRIORITY", "", &[ep("n", "", "target_service = \"c\"\nmin_child_endpoints = 0")])
         ),
         TM,
         "backend[0].min_child_endpoints",
@@ -467,37 +286,16 @@ fn nested_endpoint_rules() {
         "backend[0].min_child_endpoints",
         &["only allowed on a nested endpoint"],
     );
-    reject(
-        &svc("tm", "PRIORITY", "", &[ep("e", "", "")]),
-        TM,
-        "backend[0].address",
-        &["required"],
-    );
+    reject(&svc("tm", "PRIORITY", "", &[ep("e", "", "")]), TM, "backend[0].address", &["required"]);
     let zonal_child = "\n[[service]]\nname = \"z\"\nvip = \"198.51.100.200\"\nprotocol = \"TCP\"\nports = [80]\n\n[[service.backend]]\naddress = \"192.0.2.50\"\n";
     reject(
-        &format!(
-            "{}{zonal_child}",
-            svc(
-                "tm",
-                "PRIORITY",
-                "",
-                &[ep("n", "", "target_service = \"z\"")]
-            )
-        ),
+        &format!("{}{zonal_child}", svc("tm", "PRIORITY", "", &[ep("n", "", "target_service = \"z\"")])),
         TM,
         "backend[0].target_service",
         &["ZONAL", "Traffic Manager method"],
     );
     reject(
-        &format!(
-            "{}{child}",
-            svc(
-                "tm",
-                "PRIORITY",
-                "",
-                &[ep("n", "", "target_service = \"c\"\nalways_serve = true")]
-            )
-        ),
+        &format!("{}{child}", svc("tm", "PRIORITY", "", &[ep("n", "", "target_service = \"c\"\nalways_serve = true")])),
         TM,
         "backend[0].always_serve",
         &["nested"],
@@ -507,24 +305,16 @@ fn nested_endpoint_rules() {
 // ---------------------------------------------------------------- monitoring
 
 fn monitored(monitor: &str) -> String {
-    format!(
-        "{}\n[service.monitor]\n{monitor}\n{}",
-        svc("tm", "PRIORITY", "", &[]),
-        ep("e1", "192.0.2.1", "")
-    )
+    format!("{}\n[service.monitor]\n{monitor}\n{}", svc("tm", "PRIORITY", "", &[]), ep("e1", "192.0.2.1", ""))
 }
 
 #[test]
 fn o1_timeout_defaults_follow_interval() {
     for (interval, timeout) in [(30, 10), (10, 9)] {
-        let cfg = accept(&monitored(&format!(
-            "protocol = \"HTTP\"\nport = 80\npath = \"/\"\ninterval_sec = {interval}"
-        )));
+        let cfg =
+            accept(&monitored(&format!("protocol = \"HTTP\"\nport = 80\npath = \"/\"\ninterval_sec = {interval}")));
         let m = MonitorSettings::from_config(cfg.services[0].monitor.as_ref().unwrap()).unwrap();
-        assert_eq!(
-            (m.interval_sec, m.timeout_sec, m.tolerated_failures),
-            (interval, timeout, 3)
-        );
+        assert_eq!((m.interval_sec, m.timeout_sec, m.tolerated_failures), (interval, timeout, 3));
         assert_eq!(m.expected_status, [(200, 200)]);
     }
     let cfg = accept(&monitored("protocol = \"TCP\"\nport = 443"));
@@ -535,24 +325,9 @@ fn o1_timeout_defaults_follow_interval() {
 #[test]
 fn o2_monitor_settings_out_of_range() {
     let http = "protocol = \"HTTP\"\nport = 80\npath = \"/\"\n";
-    reject(
-        &monitored(&format!("{http}interval_sec = 10\ntimeout_sec = 10")),
-        TM,
-        "monitor.timeout_sec",
-        &["5..=9"],
-    );
-    reject(
-        &monitored(&format!("{http}interval_sec = 20")),
-        TM,
-        "monitor.interval_sec",
-        &["30 (normal) or 10 (fast)"],
-    );
-    reject(
-        &monitored(&format!("{http}tolerated_failures = 10")),
-        TM,
-        "monitor.tolerated_failures",
-        &["0..=9"],
-    );
+    reject(&monitored(&format!("{http}interval_sec = 10\ntimeout_sec = 10")), TM, "monitor.timeout_sec", &["5..=9"]);
+    reject(&monitored(&format!("{http}interval_sec = 20")), TM, "monitor.interval_sec", &["30 (normal) or 10 (fast)"]);
+    reject(&monitored(&format!("{http}tolerated_failures = 10")), TM, "monitor.tolerated_failures", &["0..=9"]);
     reject(
         &monitored("protocol = \"TCP\"\nport = 80\npath = \"/\""),
         TM,
@@ -560,24 +335,9 @@ fn o2_monitor_settings_out_of_range() {
         &["not allowed with protocol = TCP"],
     );
     // And the other rules of the settings table.
-    reject(
-        &monitored(&format!("{http}timeout_sec = 4")),
-        TM,
-        "monitor.timeout_sec",
-        &["5..=10"],
-    );
-    reject(
-        &monitored("protocol = \"HTTPS\"\nport = 443"),
-        TM,
-        "monitor.path",
-        &["required with protocol = HTTPS"],
-    );
-    reject(
-        &monitored("protocol = \"HTTP\"\npath = \"/\""),
-        TM,
-        "monitor.port",
-        &["required"],
-    );
+    reject(&monitored(&format!("{http}timeout_sec = 4")), TM, "monitor.timeout_sec", &["5..=10"]);
+    reject(&monitored("protocol = \"HTTPS\"\nport = 443"), TM, "monitor.path", &["required with protocol = HTTPS"]);
+    reject(&monitored("protocol = \"HTTP\"\npath = \"/\""), TM, "monitor.port", &["required"]);
     reject(
         &monitored(&format!("{http}expected_status_ranges = [\"300-200\"]")),
         TM,
@@ -586,21 +346,15 @@ fn o2_monitor_settings_out_of_range() {
     );
     let nine: Vec<String> = (0..9).map(|i| format!("\"{}\"", 200 + i)).collect();
     reject(
-        &monitored(&format!(
-            "{http}expected_status_ranges = [{}]",
-            nine.join(",")
-        )),
+        &monitored(&format!("{http}expected_status_ranges = [{}]", nine.join(","))),
         TM,
         "monitor.expected_status_ranges",
         &["at most 8"],
     );
-    reject(
-        &monitored(&format!("{http}custom_headers = [\"novalue\"]")),
-        TM,
-        "monitor.custom_headers",
-        &["name:value"],
-    );
-    accept(&monitored(&format!("{http}custom_headers = [\"Host:example.com\"]\nexpected_status_ranges = [\"200-299\", \"301\"]")));
+    reject(&monitored(&format!("{http}custom_headers = [\"novalue\"]")), TM, "monitor.custom_headers", &["name:value"]);
+    accept(&monitored(&format!(
+        "{http}custom_headers = [\"Host:example.com\"]\nexpected_status_ranges = [\"200-299\", \"301\"]"
+    )));
 }
 
 /// Spec §2.3: custom headers at the profile and/or the endpoint level, the endpoint's winning.
@@ -613,7 +367,8 @@ fn endpoint_custom_headers_need_an_http_monitor_and_win() {
             ep("e1", "192.0.2.1", &format!("custom_headers = [{headers}]"))
         )
     };
-    let http = "protocol = \"HTTP\"\nport = 80\npath = \"/\"\ncustom_headers = [\"Host:profile.example\", \"X-Env:prod\"]";
+    let http =
+        "protocol = \"HTTP\"\nport = 80\npath = \"/\"\ncustom_headers = [\"Host:profile.example\", \"X-Env:prod\"]";
     let cfg = accept(&with(http, "\"host:endpoint.example\""));
     let probes = lb_user::daemon::health::probes_for(&cfg);
     match &probes[..] {
@@ -636,20 +391,10 @@ fn endpoint_custom_headers_need_an_http_monitor_and_win() {
 fn zonal_services_reject_traffic_manager_fields() {
     let zonal = "\n[[service]]\nname = \"web\"\nvip = \"198.51.100.1\"\nprotocol = \"TCP\"\nports = [80]\n\n\
                  [[service.backend]]\naddress = \"192.0.2.1\"\npriority = 1\n";
-    reject(
-        zonal,
-        "service \"web\"",
-        "backend[0].priority",
-        &["Traffic Manager routing_method", "ZONAL"],
-    );
+    reject(zonal, "service \"web\"", "backend[0].priority", &["Traffic Manager routing_method", "ZONAL"]);
     let no_address = "\n[[service]]\nname = \"web\"\nvip = \"198.51.100.1\"\nprotocol = \"TCP\"\n\
                       ports = [80]\n\n[[service.backend]]\nweight = 2\n";
-    reject(
-        no_address,
-        "service \"web\"",
-        "backend[0].address",
-        &["required"],
-    );
+    reject(no_address, "service \"web\"", "backend[0].address", &["required"]);
 }
 
 #[test]
@@ -663,12 +408,7 @@ fn traffic_manager_services_reject_gcp_fields() {
         ep("e1", "192.0.2.1", "")
     );
     reject(&hc, TM, "health_check", &["[service.monitor]"]);
-    let dup = svc(
-        "tm",
-        "PRIORITY",
-        "",
-        &[ep("e", "192.0.2.1", ""), ep("e", "192.0.2.2", "")],
-    );
+    let dup = svc("tm", "PRIORITY", "", &[ep("e", "192.0.2.1", ""), ep("e", "192.0.2.2", "")]);
     reject(&dup, TM, "backend[1].name", &["duplicate endpoint name"]);
 }
 
@@ -715,9 +455,6 @@ fn latency_and_geo_inputs() {
 fn example_traffic_manager_toml_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traffic_manager.toml");
     let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    assert!(cfg
-        .services
-        .iter()
-        .any(|s| s.routing_method.is_traffic_manager()));
+    assert!(cfg.services.iter().any(|s| s.routing_method.is_traffic_manager()));
     assert!(!cfg.latency.is_empty() && !cfg.geo.is_empty());
 }

@@ -36,14 +36,7 @@ fn label(cfg: &Config, r: &Record) -> String {
 }
 
 /// The DNS answer as labels; "NODATA" / "NXDOMAIN" otherwise.
-fn dns(
-    cfg: &Config,
-    p: &ProbeStatuses,
-    svc: &str,
-    client: &Client,
-    q: QueryType,
-    seed: u64,
-) -> Vec<String> {
+fn dns(cfg: &Config, p: &ProbeStatuses, svc: &str, client: &Client, q: QueryType, seed: u64) -> Vec<String> {
     let st = Statuses::new(cfg, p);
     let s = cfg.service_index(svc).expect("service");
     match resolve_dns(&st, s, client, q, &mut SplitMix64(seed)) {
@@ -64,12 +57,7 @@ fn packet(cfg: &Config, p: &ProbeStatuses, svc: &str, client: &Client) -> Vec<(S
     let mut v: Vec<(String, u32)> = eligible(&st, s, client)
         .backends
         .iter()
-        .map(|b| {
-            (
-                cfg.services[b.service].backends[b.backend].label(),
-                b.weight,
-            )
-        })
+        .map(|b| (cfg.services[b.service].backends[b.backend].label(), b.weight))
         .collect();
     v.sort();
     v
@@ -82,13 +70,7 @@ fn set(items: &[(&str, u32)]) -> Vec<(String, u32)> {
 }
 
 /// Shares of each answer over `n` A queries with different seeds.
-fn shares(
-    cfg: &Config,
-    p: &ProbeStatuses,
-    svc: &str,
-    client: &Client,
-    n: u64,
-) -> HashMap<String, f64> {
+fn shares(cfg: &Config, p: &ProbeStatuses, svc: &str, client: &Client, n: u64) -> HashMap<String, f64> {
     let st = Statuses::new(cfg, p);
     let s = cfg.service_index(svc).expect("service");
     let mut rng = SplitMix64(42);
@@ -98,10 +80,7 @@ fn shares(
             *counts.entry(label(cfg, &r[0])).or_default() += 1;
         }
     }
-    counts
-        .into_iter()
-        .map(|(k, c)| (k, c as f64 / n as f64))
-        .collect()
+    counts.into_iter().map(|(k, c)| (k, c as f64 / n as f64)).collect()
 }
 
 fn assert_share(shares: &HashMap<String, f64>, name: &str, expected: f64, tolerance: f64) {
@@ -119,15 +98,8 @@ fn anyone() -> Client {
 // ---------------------------------------------------------------- PRIORITY
 
 fn priority_profile(n: usize) -> Config {
-    let eps: Vec<String> = (1..=n)
-        .map(|i| {
-            ep(
-                &format!("e{i}"),
-                &format!("192.0.2.{i}"),
-                &format!("priority = {i}"),
-            )
-        })
-        .collect();
+    let eps: Vec<String> =
+        (1..=n).map(|i| ep(&format!("e{i}"), &format!("192.0.2.{i}"), &format!("priority = {i}"))).collect();
     config(&service("prio", "PRIORITY", "", &eps))
 }
 
@@ -154,20 +126,13 @@ fn a3_priority_checking_endpoint_is_available() {
         "PRIORITY",
         "",
         &[
-            ep(
-                "e1",
-                "192.0.2.1",
-                "priority = 1\nendpoint_status = \"Disabled\"",
-            ),
+            ep("e1", "192.0.2.1", "priority = 1\nendpoint_status = \"Disabled\""),
             ep("e2", "192.0.2.2", "priority = 2"),
             ep("e3", "192.0.2.3", "priority = 3"),
         ],
     );
     let cfg = config(&text);
-    let p = probes(
-        &cfg,
-        &[("prio", "e2", Degraded), ("prio", "e3", CheckingEndpoint)],
-    );
+    let p = probes(&cfg, &[("prio", "e2", Degraded), ("prio", "e3", CheckingEndpoint)]);
     assert_eq!(dns_a(&cfg, &p, "prio", &anyone()), "e3");
     assert_eq!(packet(&cfg, &p, "prio", &anyone()), set(&[("e3", 1)]));
     let st = Statuses::new(&cfg, &p);
@@ -194,10 +159,7 @@ fn w1_weighted_one_to_three() {
         "w",
         "WEIGHTED",
         "",
-        &[
-            ep("A", "192.0.2.1", "weight = 1"),
-            ep("B", "192.0.2.2", "weight = 3"),
-        ],
+        &[ep("A", "192.0.2.1", "weight = 1"), ep("B", "192.0.2.2", "weight = 3")],
     ));
     let p = probes(&cfg, &[]);
     let s = shares(&cfg, &p, "w", &anyone(), SAMPLES);
@@ -212,11 +174,7 @@ fn w2_weighted_degraded_gets_nothing() {
         "w",
         "WEIGHTED",
         "",
-        &[
-            ep("A", "192.0.2.1", "weight = 1"),
-            ep("B", "192.0.2.2", "weight = 3"),
-            ep("C", "192.0.2.3", "weight = 1"),
-        ],
+        &[ep("A", "192.0.2.1", "weight = 1"), ep("B", "192.0.2.2", "weight = 3"), ep("C", "192.0.2.3", "weight = 1")],
     ));
     let p = probes(&cfg, &[("w", "A", Degraded)]);
     let s = shares(&cfg, &p, "w", &anyone(), SAMPLES);
@@ -228,19 +186,14 @@ fn w2_weighted_degraded_gets_nothing() {
 
 #[test]
 fn w3_weighted_default_weights_split_evenly() {
-    let eps: Vec<String> = (1..=4)
-        .map(|i| ep(&format!("e{i}"), &format!("192.0.2.{i}"), ""))
-        .collect();
+    let eps: Vec<String> = (1..=4).map(|i| ep(&format!("e{i}"), &format!("192.0.2.{i}"), "")).collect();
     let cfg = config(&service("w", "WEIGHTED", "", &eps));
     let p = probes(&cfg, &[]);
     let s = shares(&cfg, &p, "w", &anyone(), SAMPLES);
     for e in ["e1", "e2", "e3", "e4"] {
         assert_share(&s, e, 0.25, TOLERANCE);
     }
-    assert_eq!(
-        packet(&cfg, &p, "w", &anyone()),
-        set(&[("e1", 1), ("e2", 1), ("e3", 1), ("e4", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "w", &anyone()), set(&[("e1", 1), ("e2", 1), ("e3", 1), ("e4", 1)]));
 }
 
 // ---------------------------------------------------------------- PERFORMANCE
@@ -259,11 +212,7 @@ fn perf_profile() -> Config {
 }
 
 fn european(addr: &str) -> Client {
-    Client {
-        addr: Some(addr.parse().unwrap()),
-        latency: vec!["westeurope".into(), "eastus".into()],
-        geo: None,
-    }
+    Client { addr: Some(addr.parse().unwrap()), latency: vec!["westeurope".into(), "eastus".into()], geo: None }
 }
 
 #[test]
@@ -272,24 +221,15 @@ fn f1_performance_nearest_region() {
     // F1 has a single endpoint in westeurope: disable we2.
     let p = probes(&cfg, &[("perf", "we2", MonitorStatus::Stopped)]);
     assert_eq!(dns_a(&cfg, &p, "perf", &european("203.0.113.7")), "we1");
-    assert_eq!(
-        packet(&cfg, &p, "perf", &european("203.0.113.7")),
-        set(&[("we1", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "perf", &european("203.0.113.7")), set(&[("we1", 1)]));
 }
 
 #[test]
 fn f2_performance_degraded_region_goes_to_next() {
     let cfg = perf_profile();
-    let p = probes(
-        &cfg,
-        &[("perf", "we1", Degraded), ("perf", "we2", Degraded)],
-    );
+    let p = probes(&cfg, &[("perf", "we1", Degraded), ("perf", "we2", Degraded)]);
     assert_eq!(dns_a(&cfg, &p, "perf", &european("203.0.113.7")), "us1");
-    assert_eq!(
-        packet(&cfg, &p, "perf", &european("203.0.113.7")),
-        set(&[("us1", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "perf", &european("203.0.113.7")), set(&[("us1", 1)]));
 }
 
 #[test]
@@ -302,10 +242,7 @@ fn f3_performance_spreads_evenly_inside_region() {
     for i in 0..n {
         // One client per /24: the spread hashes the client subnet.
         let addr = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + (i << 8)));
-        let client = Client {
-            addr: Some(addr),
-            ..european("0.0.0.0")
-        };
+        let client = Client { addr: Some(addr), ..european("0.0.0.0") };
         match resolve_dns(&st, 0, &client, QueryType::A, &mut SplitMix64(u64::from(i))) {
             DnsAnswer::Records(r) if label(&cfg, &r[0]) == "we1" => we1 += 1,
             DnsAnswer::Records(r) => assert_eq!(label(&cfg, &r[0]), "we2"),
@@ -321,46 +258,26 @@ fn f3_performance_spreads_evenly_inside_region() {
     let share = f64::from(we1) / f64::from(n);
     // 2 * 10^4 clients: sigma = 0.0035; 0.02 is > 5 sigma.
     assert!((share - 0.5).abs() < 0.02, "we1 share {share}");
-    assert_eq!(
-        packet(&cfg, &p, "perf", &european("203.0.113.7")),
-        set(&[("we1", 1), ("we2", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "perf", &european("203.0.113.7")), set(&[("we1", 1), ("we2", 1)]));
 }
 
 #[test]
 fn f5_performance_all_degraded_treated_online() {
     let cfg = perf_profile();
-    let p = probes(
-        &cfg,
-        &[
-            ("perf", "we1", Degraded),
-            ("perf", "we2", Stopped),
-            ("perf", "us1", Degraded),
-        ],
-    );
+    let p = probes(&cfg, &[("perf", "we1", Degraded), ("perf", "we2", Stopped), ("perf", "us1", Degraded)]);
     assert_eq!(dns_a(&cfg, &p, "perf", &european("203.0.113.7")), "we1");
-    assert_eq!(
-        packet(&cfg, &p, "perf", &european("203.0.113.7")),
-        set(&[("we1", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "perf", &european("203.0.113.7")), set(&[("we1", 1)]));
 }
 
 // ---------------------------------------------------------------- GEOGRAPHIC
 
 fn from(code: &str) -> Client {
-    Client {
-        geo: Some(code.into()),
-        ..Client::default()
-    }
+    Client { geo: Some(code.into()), ..Client::default() }
 }
 
 fn geo_profile(extra: &[String], e1_extra: &str) -> Config {
     let mut eps = vec![
-        ep(
-            "E1",
-            "192.0.2.1",
-            &format!("geo_mapping = [\"IE\"]\n{e1_extra}"),
-        ),
+        ep("E1", "192.0.2.1", &format!("geo_mapping = [\"IE\"]\n{e1_extra}")),
         ep("E2", "192.0.2.2", "geo_mapping = [\"GEO-EU\"]"),
     ];
     eps.extend(extra.iter().cloned());
@@ -371,11 +288,9 @@ fn geo_profile(extra: &[String], e1_extra: &str) -> Config {
 fn q1_geographic_most_specific_mapping() {
     let cfg = geo_profile(&[], "");
     let p = probes(&cfg, &[]);
-    for (code, want, set_want) in [
-        ("IE", "E1", set(&[("E1", 1)])),
-        ("FR", "E2", set(&[("E2", 1)])),
-        ("US-CA", "NODATA", vec![]),
-    ] {
+    for (code, want, set_want) in
+        [("IE", "E1", set(&[("E1", 1)])), ("FR", "E2", set(&[("E2", 1)])), ("US-CA", "NODATA", vec![])]
+    {
         assert_eq!(dns_a(&cfg, &p, "geo", &from(code)), want, "{code}");
         assert_eq!(packet(&cfg, &p, "geo", &from(code)), set_want, "{code}");
     }
@@ -419,10 +334,7 @@ fn q6_geographic_state_before_country() {
         "geo",
         "GEOGRAPHIC",
         "",
-        &[
-            ep("E4", "192.0.2.4", "geo_mapping = [\"US-CA\"]"),
-            ep("E5", "192.0.2.5", "geo_mapping = [\"US\"]"),
-        ],
+        &[ep("E4", "192.0.2.4", "geo_mapping = [\"US-CA\"]"), ep("E5", "192.0.2.5", "geo_mapping = [\"US\"]")],
     ));
     let p = probes(&cfg, &[]);
     assert_eq!(dns_a(&cfg, &p, "geo", &from("US-CA")), "E4");
@@ -434,25 +346,12 @@ fn q6_geographic_state_before_country() {
 
 fn multivalue(max_return: u32, addrs: &[(&str, &str)]) -> Config {
     let eps: Vec<String> = addrs.iter().map(|(n, a)| ep(n, a, "")).collect();
-    config(&service(
-        "mv",
-        "MULTIVALUE",
-        &format!("max_return = {max_return}"),
-        &eps,
-    ))
+    config(&service("mv", "MULTIVALUE", &format!("max_return = {max_return}"), &eps))
 }
 
 #[test]
 fn m1_multivalue_max_return_distinct() {
-    let cfg = multivalue(
-        2,
-        &[
-            ("a", "192.0.2.1"),
-            ("b", "192.0.2.2"),
-            ("c", "192.0.2.3"),
-            ("d", "192.0.2.4"),
-        ],
-    );
+    let cfg = multivalue(2, &[("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3"), ("d", "192.0.2.4")]);
     let p = probes(&cfg, &[]);
     let mut seen = std::collections::BTreeSet::new();
     for seed in 0..200 {
@@ -461,75 +360,41 @@ fn m1_multivalue_max_return_distinct() {
         assert_ne!(answer[0], answer[1]);
         seen.extend(answer);
     }
-    assert_eq!(
-        seen.len(),
-        4,
-        "every endpoint appears in some answer: {seen:?}"
-    );
-    assert_eq!(
-        packet(&cfg, &p, "mv", &anyone()),
-        set(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)])
-    );
+    assert_eq!(seen.len(), 4, "every endpoint appears in some answer: {seen:?}");
+    assert_eq!(packet(&cfg, &p, "mv", &anyone()), set(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]));
 }
 
 #[test]
 fn m2_multivalue_only_healthy() {
-    let cfg = multivalue(
-        5,
-        &[("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")],
-    );
+    let cfg = multivalue(5, &[("a", "192.0.2.1"), ("b", "192.0.2.2"), ("c", "192.0.2.3")]);
     let p = probes(&cfg, &[("mv", "b", Degraded)]);
     for seed in 0..20 {
         let mut answer = dns(&cfg, &p, "mv", &anyone(), QueryType::A, seed);
         answer.sort();
         assert_eq!(answer, ["a", "c"]);
     }
-    assert_eq!(
-        packet(&cfg, &p, "mv", &anyone()),
-        set(&[("a", 1), ("c", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "mv", &anyone()), set(&[("a", 1), ("c", 1)]));
 }
 
 #[test]
 fn m3_multivalue_record_types() {
-    let cfg = multivalue(
-        5,
-        &[
-            ("a1", "192.0.2.1"),
-            ("a2", "192.0.2.2"),
-            ("q", "2001:db8::1"),
-        ],
-    );
+    let cfg = multivalue(5, &[("a1", "192.0.2.1"), ("a2", "192.0.2.2"), ("q", "2001:db8::1")]);
     let p = probes(&cfg, &[]);
     let mut a = dns(&cfg, &p, "mv", &anyone(), QueryType::A, 3);
     a.sort();
     assert_eq!(a, ["a1", "a2"]);
     assert_eq!(dns(&cfg, &p, "mv", &anyone(), QueryType::Aaaa, 3), ["q"]);
-    assert_eq!(
-        dns(&cfg, &p, "mv", &anyone(), QueryType::Cname, 3),
-        ["NODATA"]
-    );
+    assert_eq!(dns(&cfg, &p, "mv", &anyone(), QueryType::Cname, 3), ["NODATA"]);
     // The IPv4 VIP carries only the A endpoints.
-    assert_eq!(
-        packet(&cfg, &p, "mv", &anyone()),
-        set(&[("a1", 1), ("a2", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "mv", &anyone()), set(&[("a1", 1), ("a2", 1)]));
 }
 
 // ---------------------------------------------------------------- SUBNET
 
 fn subnet_profile(with_fallback: bool, e1_extra: &str) -> Config {
     let mut eps = vec![
-        ep(
-            "E1",
-            "192.0.2.1",
-            &format!("subnets = [\"10.0.0.0/8\"]\n{e1_extra}"),
-        ),
-        ep(
-            "E2",
-            "192.0.2.2",
-            "subnets = [\"192.168.1.10-192.168.1.20\"]",
-        ),
+        ep("E1", "192.0.2.1", &format!("subnets = [\"10.0.0.0/8\"]\n{e1_extra}")),
+        ep("E2", "192.0.2.2", "subnets = [\"192.168.1.10-192.168.1.20\"]"),
     ];
     if with_fallback {
         eps.push(ep("F", "192.0.2.3", ""));
@@ -538,21 +403,14 @@ fn subnet_profile(with_fallback: bool, e1_extra: &str) -> Config {
 }
 
 fn src(addr: &str) -> Client {
-    Client {
-        addr: Some(addr.parse().unwrap()),
-        ..Client::default()
-    }
+    Client { addr: Some(addr.parse().unwrap()), ..Client::default() }
 }
 
 /// The packet view through the compiled classes: the class of `addr` and its eligible set.
 fn via_classes(cfg: &Config, p: &ProbeStatuses, svc: &str, addr: &str) -> Vec<String> {
     let plan = compile_service(cfg, cfg.service_index(svc).unwrap(), p);
     let class = &plan.classes[plan.class_of(addr.parse().unwrap())];
-    class
-        .eligible
-        .iter()
-        .map(|b| cfg.services[b.service].backends[b.backend].label())
-        .collect()
+    class.eligible.iter().map(|b| cfg.services[b.service].backends[b.backend].label()).collect()
 }
 
 #[test]
@@ -561,11 +419,7 @@ fn n1_subnet_mapping_and_fallback() {
     let p = probes(&cfg, &[]);
     for (addr, want) in [("10.1.2.3", "E1"), ("192.168.1.15", "E2"), ("8.8.8.8", "F")] {
         assert_eq!(dns_a(&cfg, &p, "sn", &src(addr)), want, "{addr}");
-        assert_eq!(
-            packet(&cfg, &p, "sn", &src(addr)),
-            set(&[(want, 1)]),
-            "{addr}"
-        );
+        assert_eq!(packet(&cfg, &p, "sn", &src(addr)), set(&[(want, 1)]), "{addr}");
         assert_eq!(via_classes(&cfg, &p, "sn", addr), [want], "{addr}");
     }
     // Range edges.
@@ -609,35 +463,10 @@ fn n3_subnet_disabled_endpoint_ranges_vanish() {
 fn n4_subnet_uses_edns_client_subnet() {
     let cfg = subnet_profile(true, "");
     let p = probes(&cfg, &[]);
-    let addr = location_address(
-        "8.8.8.8".parse().unwrap(),
-        Some("10.9.0.0/16".parse().unwrap()),
-    );
-    assert_eq!(
-        dns_a(
-            &cfg,
-            &p,
-            "sn",
-            &Client {
-                addr: Some(addr),
-                ..Client::default()
-            }
-        ),
-        "E1"
-    );
+    let addr = location_address("8.8.8.8".parse().unwrap(), Some("10.9.0.0/16".parse().unwrap()));
+    assert_eq!(dns_a(&cfg, &p, "sn", &Client { addr: Some(addr), ..Client::default() }), "E1");
     let no_ecs = location_address("8.8.8.8".parse().unwrap(), None);
-    assert_eq!(
-        dns_a(
-            &cfg,
-            &p,
-            "sn",
-            &Client {
-                addr: Some(no_ecs),
-                ..Client::default()
-            }
-        ),
-        "F"
-    );
+    assert_eq!(dns_a(&cfg, &p, "sn", &Client { addr: Some(no_ecs), ..Client::default() }), "F");
 }
 
 #[test]
@@ -657,21 +486,9 @@ fn nested(min: u32, child_keys: &str) -> Config {
         "parent",
         "PRIORITY",
         "",
-        &[
-            ep(
-                "N",
-                "",
-                &format!("target_service = \"child\"\nmin_child_endpoints = {min}"),
-            ),
-            ep("L", "192.0.2.9", ""),
-        ],
+        &[ep("N", "", &format!("target_service = \"child\"\nmin_child_endpoints = {min}")), ep("L", "192.0.2.9", "")],
     );
-    let child = service(
-        "child",
-        "WEIGHTED",
-        child_keys,
-        &[ep("c1", "192.0.2.1", ""), ep("c2", "192.0.2.2", "")],
-    );
+    let child = service("child", "WEIGHTED", child_keys, &[ep("c1", "192.0.2.1", ""), ep("c2", "192.0.2.2", "")]);
     config(&format!("{parent}{child}"))
 }
 
@@ -684,17 +501,11 @@ fn h1_nested_online() {
     let cfg = nested(1, "");
     let p = probes(&cfg, &[]);
     assert_eq!(nested_status(&cfg, &p), Online);
-    assert_eq!(
-        nested_endpoint_status(ProfileMonitorStatus::Online, 2, 0, 1),
-        Online
-    );
+    assert_eq!(nested_endpoint_status(ProfileMonitorStatus::Online, 2, 0, 1), Online);
     // Routed to the child: its answer (one of c1, c2) and its set in the packet view.
     let answer = dns_a(&cfg, &p, "parent", &anyone());
     assert!(answer == "c1" || answer == "c2", "{answer}");
-    assert_eq!(
-        packet(&cfg, &p, "parent", &anyone()),
-        set(&[("c1", 1), ("c2", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "parent", &anyone()), set(&[("c1", 1), ("c2", 1)]));
 }
 
 #[test]
@@ -702,10 +513,7 @@ fn h2_nested_below_min_is_degraded() {
     let cfg = nested(2, "");
     let p = probes(&cfg, &[("child", "c2", Degraded)]);
     assert_eq!(nested_status(&cfg, &p), Degraded);
-    assert_eq!(
-        nested_endpoint_status(ProfileMonitorStatus::Degraded, 1, 0, 2),
-        Degraded
-    );
+    assert_eq!(nested_endpoint_status(ProfileMonitorStatus::Degraded, 1, 0, 2), Degraded);
     // Not routable: the parent moves on to L.
     assert_eq!(dns_a(&cfg, &p, "parent", &anyone()), "L");
     assert_eq!(packet(&cfg, &p, "parent", &anyone()), set(&[("L", 1)]));
@@ -716,14 +524,8 @@ fn h3_nested_checking_is_routable() {
     let cfg = nested(2, "");
     let p = probes(&cfg, &[("child", "c2", CheckingEndpoint)]);
     assert_eq!(nested_status(&cfg, &p), CheckingEndpoint);
-    assert_eq!(
-        nested_endpoint_status(ProfileMonitorStatus::Online, 1, 1, 2),
-        CheckingEndpoint
-    );
-    assert_eq!(
-        packet(&cfg, &p, "parent", &anyone()),
-        set(&[("c1", 1), ("c2", 1)])
-    );
+    assert_eq!(nested_endpoint_status(ProfileMonitorStatus::Online, 1, 1, 2), CheckingEndpoint);
+    assert_eq!(packet(&cfg, &p, "parent", &anyone()), set(&[("c1", 1), ("c2", 1)]));
 }
 
 #[test]
@@ -735,15 +537,7 @@ fn h4_nested_disabled_child_is_stopped() {
 
     let text = format!(
         "{}{}",
-        service(
-            "parent",
-            "PRIORITY",
-            "",
-            &[
-                ep("N", "", "target_service = \"child\""),
-                ep("L", "192.0.2.9", "")
-            ]
-        ),
+        service("parent", "PRIORITY", "", &[ep("N", "", "target_service = \"child\""), ep("L", "192.0.2.9", "")]),
         service(
             "child",
             "WEIGHTED",
@@ -756,10 +550,7 @@ fn h4_nested_disabled_child_is_stopped() {
     );
     let cfg = config(&text);
     let p = probes(&cfg, &[]);
-    assert_eq!(
-        Statuses::new(&cfg, &p).profile_status(1),
-        ProfileMonitorStatus::Inactive
-    );
+    assert_eq!(Statuses::new(&cfg, &p).profile_status(1), ProfileMonitorStatus::Inactive);
     assert_eq!(nested_status(&cfg, &p), Stopped);
     assert_eq!(packet(&cfg, &p, "parent", &anyone()), set(&[("L", 1)]));
 }
@@ -773,14 +564,7 @@ fn nested_per_family_threshold() {
             "parent",
             "PRIORITY",
             "",
-            &[
-                ep(
-                    "N",
-                    "",
-                    "target_service = \"child\"\nmin_child_endpoints_ipv4 = 2"
-                ),
-                ep("L", "192.0.2.9", ""),
-            ]
+            &[ep("N", "", "target_service = \"child\"\nmin_child_endpoints_ipv4 = 2"), ep("L", "192.0.2.9", ""),]
         ),
         service("child", "WEIGHTED", "", &[ep("c1", "192.0.2.1", "")])
     );
@@ -788,10 +572,7 @@ fn nested_per_family_threshold() {
     let p = probes(&cfg, &[]);
     let st = Statuses::new(&cfg, &p);
     assert_eq!(st.endpoint_status_for(0, 0, None, 0), Online);
-    assert_eq!(
-        st.endpoint_status_for(0, 0, Some(ranges::Family::V4), 0),
-        Degraded
-    );
+    assert_eq!(st.endpoint_status_for(0, 0, Some(ranges::Family::V4), 0), Degraded);
     assert_eq!(dns_a(&cfg, &p, "parent", &anyone()), "L");
 }
 
@@ -801,28 +582,12 @@ fn nested_weighted_parent_mixes_child_weights() {
     // P gets 1/2, c1 and c2 1/4 each, i.e. weights 2, 1, 1.
     let text = format!(
         "{}{}",
-        service(
-            "parent",
-            "WEIGHTED",
-            "",
-            &[
-                ep("P", "192.0.2.9", ""),
-                ep("N", "", "target_service = \"child\"")
-            ]
-        ),
-        service(
-            "child",
-            "WEIGHTED",
-            "",
-            &[ep("c1", "192.0.2.1", ""), ep("c2", "192.0.2.2", "")]
-        )
+        service("parent", "WEIGHTED", "", &[ep("P", "192.0.2.9", ""), ep("N", "", "target_service = \"child\"")]),
+        service("child", "WEIGHTED", "", &[ep("c1", "192.0.2.1", ""), ep("c2", "192.0.2.2", "")])
     );
     let cfg = config(&text);
     let p = probes(&cfg, &[]);
-    assert_eq!(
-        packet(&cfg, &p, "parent", &anyone()),
-        set(&[("P", 2), ("c1", 1), ("c2", 1)])
-    );
+    assert_eq!(packet(&cfg, &p, "parent", &anyone()), set(&[("P", 2), ("c1", 1), ("c2", 1)]));
     let s = shares(&cfg, &p, "parent", &anyone(), SAMPLES);
     assert_share(&s, "P", 0.5, TOLERANCE);
     assert_share(&s, "c1", 0.25, TOLERANCE);
@@ -833,11 +598,7 @@ fn nested_weighted_parent_mixes_child_weights() {
 
 fn run(tolerated: u32, probes: &str) -> MonitorStatus {
     let mut m = EndpointMonitor::new(tolerated);
-    assert_eq!(
-        m.status(),
-        CheckingEndpoint,
-        "CheckingEndpoint until the first result"
-    );
+    assert_eq!(m.status(), CheckingEndpoint, "CheckingEndpoint until the first result");
     let mut last = m.status();
     for c in probes.chars() {
         last = m.record(c == 'S');
@@ -904,31 +665,13 @@ fn o6_disabled_profile_is_nxdomain_and_inactive() {
 fn profile_status_precedence() {
     use ProfileMonitorStatus as P;
     let on = AdminStatus::Enabled;
-    assert_eq!(
-        profile_monitor_status(on, [Online, Degraded, CheckingEndpoint]),
-        P::Degraded
-    );
-    assert_eq!(
-        profile_monitor_status(on, [Online, CheckingEndpoint]),
-        P::Online
-    );
-    assert_eq!(
-        profile_monitor_status(on, [MonitorStatus::Unmonitored]),
-        P::Online
-    );
-    assert_eq!(
-        profile_monitor_status(on, [CheckingEndpoint, Stopped]),
-        P::CheckingEndpoints
-    );
-    assert_eq!(
-        profile_monitor_status(on, [MonitorStatus::Disabled, Stopped]),
-        P::Inactive
-    );
+    assert_eq!(profile_monitor_status(on, [Online, Degraded, CheckingEndpoint]), P::Degraded);
+    assert_eq!(profile_monitor_status(on, [Online, CheckingEndpoint]), P::Online);
+    assert_eq!(profile_monitor_status(on, [MonitorStatus::Unmonitored]), P::Online);
+    assert_eq!(profile_monitor_status(on, [CheckingEndpoint, Stopped]), P::CheckingEndpoints);
+    assert_eq!(profile_monitor_status(on, [MonitorStatus::Disabled, Stopped]), P::Inactive);
     assert_eq!(profile_monitor_status(on, []), P::Inactive);
-    assert_eq!(
-        profile_monitor_status(AdminStatus::Disabled, [Online]),
-        P::Disabled
-    );
+    assert_eq!(profile_monitor_status(AdminStatus::Disabled, [Online]), P::Disabled);
 }
 
 #[test]
@@ -937,10 +680,7 @@ fn always_serve_is_unmonitored_and_routable() {
     let mut cfg2 = cfg.clone();
     cfg2.services[0].backends[0].always_serve = true;
     let p = probes(&cfg2, &[("prio", "e1", Degraded)]);
-    assert_eq!(
-        Statuses::new(&cfg2, &p).endpoint_status(0, 0),
-        MonitorStatus::Unmonitored
-    );
+    assert_eq!(Statuses::new(&cfg2, &p).endpoint_status(0, 0), MonitorStatus::Unmonitored);
     assert_eq!(dns_a(&cfg2, &p, "prio", &anyone()), "e1");
 }
 
@@ -984,10 +724,7 @@ fn classes_from_nested_latency_prefixes() {
             "perf",
             "PERFORMANCE",
             "",
-            &[
-                ep("we1", "192.0.2.1", "location = \"westeurope\""),
-                ep("us1", "192.0.2.3", "location = \"eastus\""),
-            ]
+            &[ep("we1", "192.0.2.1", "location = \"westeurope\""), ep("us1", "192.0.2.3", "location = \"eastus\""),]
         )
     ));
     let p = probes(&cfg, &[]);
@@ -1006,11 +743,7 @@ fn classes_from_nested_latency_prefixes() {
     // No latency data: every available endpoint (our choice).
     assert_eq!(set_of("8.8.8.8"), ["we1", "us1"]);
     // The 10/8 entry minus the 10.1/16 hole: 8 blocks + the hole; + 1 IPv6 prefix.
-    let v4 = plan
-        .prefixes
-        .iter()
-        .filter(|(n, _)| matches!(n, ipnet::IpNet::V4(_)))
-        .count();
+    let v4 = plan.prefixes.iter().filter(|(n, _)| matches!(n, ipnet::IpNet::V4(_))).count();
     assert_eq!(v4, 9, "{:?}", plan.prefixes);
     assert_eq!(plan.prefixes.len(), 10);
     // The prefix map does not depend on health; only the sets do.
@@ -1019,10 +752,7 @@ fn classes_from_nested_latency_prefixes() {
     assert_eq!(plan.prefixes, plan2.prefixes);
     let c = plan2.class_of("10.1.99.1".parse().unwrap());
     assert_eq!(plan2.classes[c].eligible.len(), 1);
-    assert_eq!(
-        plan2.classes[c].eligible[0].backend, 0,
-        "us1 degraded: next region"
-    );
+    assert_eq!(plan2.classes[c].eligible[0].backend, 0, "us1 degraded: next region");
 }
 
 #[test]
@@ -1034,28 +764,19 @@ fn classes_follow_nested_children_inputs() {
             "parent",
             "PRIORITY",
             "",
-            &[
-                ep("G", "", "target_service = \"geo\""),
-                ep("S", "", "target_service = \"sub\""),
-            ]
+            &[ep("G", "", "target_service = \"geo\""), ep("S", "", "target_service = \"sub\""),]
         ),
         service(
             "geo",
             "GEOGRAPHIC",
             "",
-            &[
-                ep("ie", "192.0.2.1", "geo_mapping = [\"IE\"]"),
-                ep("us", "192.0.2.2", "geo_mapping = [\"US\"]"),
-            ]
+            &[ep("ie", "192.0.2.1", "geo_mapping = [\"IE\"]"), ep("us", "192.0.2.2", "geo_mapping = [\"US\"]"),]
         ),
         service(
             "sub",
             "SUBNET",
             "",
-            &[
-                ep("s1", "192.0.2.5", "subnets = [\"10.1.2.128-10.1.2.255\"]"),
-                ep("sf", "192.0.2.6", ""),
-            ]
+            &[ep("s1", "192.0.2.5", "subnets = [\"10.1.2.128-10.1.2.255\"]"), ep("sf", "192.0.2.6", ""),]
         ),
     );
     let cfg = config(&text);
@@ -1082,17 +803,12 @@ fn classes_follow_nested_children_inputs() {
     assert_eq!(set_of(&plan, "10.1.2.200"), ["s1"]);
     assert_eq!(set_of(&plan, "10.1.2.100"), ["sf"]);
     assert_eq!(set_of(&plan, "8.8.8.8"), ["sf"]);
-    assert!(plan.classes[plan.class_of("10.1.2.200".parse().unwrap())]
-        .reason
-        .contains("S ->"));
+    assert!(plan.classes[plan.class_of("10.1.2.200".parse().unwrap())].reason.contains("S ->"));
 }
 
 #[test]
 fn clients_are_located_by_longest_prefix() {
-    let cfg = config(&format!(
-        "{INPUTS}{}",
-        service("p", "PRIORITY", "", &[ep("e", "192.0.2.1", "")])
-    ));
+    let cfg = config(&format!("{INPUTS}{}", service("p", "PRIORITY", "", &[ep("e", "192.0.2.1", "")])));
     let c = Client::locate(&cfg, "10.1.2.3".parse().unwrap());
     assert_eq!(c.latency, ["eastus", "westeurope"]);
     assert_eq!(c.geo.as_deref(), Some("US-CA"));

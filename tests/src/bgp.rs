@@ -107,7 +107,11 @@ pub fn l4_ecmp_hash(router: &Netns) -> Result<()> {
 
 /// A program from /usr/sbin, which a non-login root shell's PATH may lack.
 fn sbin(name: &str) -> PathBuf {
-    ["/usr/sbin", "/sbin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.is_file()).unwrap_or_else(|| PathBuf::from(name))
+    ["/usr/sbin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// A BIRD running in a namespace, with its own control socket; killed on drop.
@@ -226,13 +230,26 @@ impl ScaleOut {
         }
         // The router: eth0 on the inner segment, eth1 on the clients' one.
         let (router, _) = plug(&switch, "brin", &format!("{p}-rt"), &format!("{p}r0"), &[format!("{ROUTER_IN}/24")])?;
-        router.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", &format!("{p}r1"), "netns", switch.name()])?;
+        router.ip(&[
+            "link",
+            "add",
+            "eth1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("{p}r1"),
+            "netns",
+            switch.name(),
+        ])?;
         switch.ip(&["link", "set", &format!("{p}r1"), "master", "brout", "up"])?;
         for z in 1..=spec.clients.len() {
             router.ip(&["addr", "add", &format!("{}/24", gateway(z)), "dev", "eth1"])?;
         }
         router.ip(&["link", "set", "eth1", "up"])?;
-        for s in ["net.ipv4.conf.all.forwarding=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"] {
+        for s in
+            ["net.ipv4.conf.all.forwarding=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]
+        {
             router.exec(&["sysctl", "-qw", s])?;
         }
         l4_ecmp_hash(&router)?;
@@ -240,7 +257,13 @@ impl ScaleOut {
         for i in 0..spec.backends {
             let (v4, v6) = backend_addrs(i);
             let name = format!("b{}", i + 1);
-            let (ns, mac) = plug(&switch, "brin", &format!("{p}-{name}"), &format!("{p}b{}", i + 1), &[format!("{v4}/24"), format!("{v6}/64")])?;
+            let (ns, mac) = plug(
+                &switch,
+                "brin",
+                &format!("{p}-{name}"),
+                &format!("{p}b{}", i + 1),
+                &[format!("{v4}/24"), format!("{v6}/64")],
+            )?;
             hold_vips(&ns)?;
             ns.ip(&["route", "add", "default", "via", &ROUTER_IN.to_string()])?;
             backends.push(Host { ns, name, zone: 1 + i % spec.clients.len().max(1), v4, v6, mac });
@@ -252,7 +275,8 @@ impl ScaleOut {
             for i in 0..*n {
                 let (v4, v6) = client_addrs(z, i);
                 let name = format!("c{z}-{}", i + 1);
-                let (ns, mac) = plug(&switch, "brout", &format!("{p}-{name}"), &format!("{p}c{z}{i}"), &[format!("{v4}/24")])?;
+                let (ns, mac) =
+                    plug(&switch, "brout", &format!("{p}-{name}"), &format!("{p}c{z}{i}"), &[format!("{v4}/24")])?;
                 // Frames the balancers forward keep the checksum state the client gave them.
                 ns.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
                 ns.ip(&["route", "add", "default", "via", &gateway(z).to_string()])?;
@@ -275,13 +299,31 @@ impl ScaleOut {
             let bird = Bird::start(&host.ns, &dir.0, &name, &balancer_bird_conf(v4))?;
             balancers.push(Balancer { host, daemon: None, bird, id: format!("{p}-{name}") });
         }
-        Ok(Self { balancers, router_bird, servers, clients, backends, router, switch, zones: spec.clients.len(), _peer_pins: peer_pins, _dir: dir })
+        Ok(Self {
+            balancers,
+            router_bird,
+            servers,
+            clients,
+            backends,
+            router,
+            switch,
+            zones: spec.clients.len(),
+            _peer_pins: peer_pins,
+            _dir: dir,
+        })
     }
 
     /// The balancers' `lb` configuration: the zones, `[announce]` (3 s host-drain grace) and
     /// one L2 DSR service on VIP:80 over every backend, health-checked every second.
     pub fn lb_config(&self) -> String {
-        let service = service_block("web", false, "forwarding = \"L2_DSR\"\n", "", PORT, &backends_toml_of(self.backends.iter(), false));
+        let service = service_block(
+            "web",
+            false,
+            "forwarding = \"L2_DSR\"\n",
+            "",
+            PORT,
+            &backends_toml_of(self.backends.iter(), false),
+        );
         format!("{}[announce]\ntable = {VIP_TABLE}\ndrain_grace_sec = 3\n\n{service}", zones_toml(self.zones))
     }
 
@@ -291,8 +333,12 @@ impl ScaleOut {
             b.start(config)?;
         }
         let n = self.balancers.len();
-        self.wait_paths(&format!("the router to route the VIP over all {n} balancers"), Duration::from_secs(60), |hops| hops.len() == n)
-            .map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.diagnostics()))?;
+        self.wait_paths(
+            &format!("the router to route the VIP over all {n} balancers"),
+            Duration::from_secs(60),
+            |hops| hops.len() == n,
+        )
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.diagnostics()))?;
         Ok(())
     }
 
@@ -319,7 +365,19 @@ impl ScaleOut {
     /// The balancer (index) the router's ECMP hash sends a TCP flow from `client:sport` to.
     pub fn ecmp_choice(&self, client: Ipv4Addr, sport: u16) -> Result<usize> {
         let out = self.router.ip(&[
-            "route", "get", &VIP4.to_string(), "from", &client.to_string(), "iif", "eth1", "ipproto", "tcp", "sport", &sport.to_string(), "dport", &PORT.to_string(),
+            "route",
+            "get",
+            &VIP4.to_string(),
+            "from",
+            &client.to_string(),
+            "iif",
+            "eth1",
+            "ipproto",
+            "tcp",
+            "sport",
+            &sport.to_string(),
+            "dport",
+            &PORT.to_string(),
         ])?;
         let via = vias(&out).first().copied().ok_or_else(|| anyhow::anyhow!("no next hop in {out:?}"))?;
         self.balancers.iter().position(|b| b.host.v4 == via).ok_or_else(|| anyhow::anyhow!("{via} is no balancer"))
@@ -329,12 +387,29 @@ impl ScaleOut {
     /// `lb stats`, summed over the client classes.
     pub fn counter(&self, i: usize, name: &str) -> Result<u64> {
         let v: serde_json::Value = serde_json::from_str(&self.balancers[i].lb().cli(&["stats", "--json"])?)?;
-        Ok(v["services"].as_array().into_iter().flatten().flat_map(|s| s["classes"].as_array().into_iter().flatten()).filter_map(|c| c[name].as_u64()).sum())
+        Ok(v["services"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["classes"].as_array().into_iter().flatten())
+            .filter_map(|c| c[name].as_u64())
+            .sum())
     }
 
     /// The backend (address) `lb explain` on balancer `i` gives a TCP flow from `client:sport`.
     pub fn explain(&self, i: usize, client: Ipv4Addr, sport: u16) -> Result<String> {
-        let out = self.balancers[i].lb().cli(&["explain", "--service", "web", "--client", &client.to_string(), "--sport", &sport.to_string(), "--dport", &PORT.to_string(), "--json"])?;
+        let out = self.balancers[i].lb().cli(&[
+            "explain",
+            "--service",
+            "web",
+            "--client",
+            &client.to_string(),
+            "--sport",
+            &sport.to_string(),
+            "--dport",
+            &PORT.to_string(),
+            "--json",
+        ])?;
         let v: serde_json::Value = serde_json::from_str(&out)?;
         v["backend"].as_str().map(str::to_owned).ok_or_else(|| anyhow::anyhow!("no backend in {v}"))
     }

@@ -19,7 +19,11 @@ pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
     let path = dir.join(name);
-    assert!(path.exists(), "{} not built (run the tests through `cargo xtask test` or `cargo test --workspace`)", path.display());
+    assert!(
+        path.exists(),
+        "{} not built (run the tests through `cargo xtask test` or `cargo test --workspace`)",
+        path.display()
+    );
     path
 }
 
@@ -151,7 +155,13 @@ impl Daemon {
             let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
             // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
             unsafe {
-                cmd.pre_exec(move || if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
             }
         }
         self.keep = keep;
@@ -259,8 +269,16 @@ impl Daemon {
     /// One backend's entry of `lb status --json` (address as configured).
     pub fn backend_status(&self, service: &str, address: &str) -> Result<BackendStatus> {
         let st = self.status()?;
-        let svc = st.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service {service} in status: {st:?}"))?;
-        svc.backends.iter().find(|b| b.address.to_string() == address).cloned().ok_or_else(|| anyhow::anyhow!("no backend {address} in {svc:?}"))
+        let svc = st
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .ok_or_else(|| anyhow::anyhow!("no service {service} in status: {st:?}"))?;
+        svc.backends
+            .iter()
+            .find(|b| b.address.to_string() == address)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no backend {address} in {svc:?}"))
     }
 
     /// Whether `lb status` reports the backend healthy.
@@ -305,7 +323,8 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
 /// Open a TCP connection from `client` to `target` and return the greeting (backend name).
 pub fn tcp_hello(client: &Host, target: SocketAddr) -> Result<String> {
     client.ns.run(move || -> Result<String> {
-        let s = TcpStream::connect_timeout(&target, Duration::from_secs(5)).with_context(|| format!("connecting to {target}"))?;
+        let s = TcpStream::connect_timeout(&target, Duration::from_secs(5))
+            .with_context(|| format!("connecting to {target}"))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         let mut line = String::new();
         BufReader::new(s).read_line(&mut line)?;
@@ -370,7 +389,8 @@ impl Session {
         let mut answer = String::new();
         self.reader.read_line(&mut answer).context("reading the answer on an established connection")?;
         let answer = answer.trim();
-        let (name, echoed) = answer.split_once(' ').ok_or_else(|| anyhow::anyhow!("connection closed or bad answer {answer:?}"))?;
+        let (name, echoed) =
+            answer.split_once(' ').ok_or_else(|| anyhow::anyhow!("connection closed or bad answer {answer:?}"))?;
         if echoed != line {
             bail!("answer {answer:?} does not echo {line:?}");
         }
@@ -393,7 +413,12 @@ pub fn zones_toml(n: usize) -> String {
 pub fn backends_toml(topo: &Topology, v6: bool, failover: &dyn Fn(&Host) -> bool) -> String {
     let mut s = String::new();
     for b in &topo.backends {
-        s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n", b.addr(v6), b.zone, b.mac);
+        s += &format!(
+            "[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n",
+            b.addr(v6),
+            b.zone,
+            b.mac
+        );
         if failover(b) {
             s += "failover = true\n";
         }
@@ -406,7 +431,15 @@ pub fn backends_toml(topo: &Topology, v6: bool, failover: &dyn Fn(&Host) -> bool
 /// then `tables` (sub-tables such as `[service.zonal_affinity]`), a fast TCP health check on
 /// `hc_port` (1 s interval, healthy after 1 success, unhealthy after 2 failures) and every
 /// backend of the topology (`failover` marks failover backends).
-pub fn service_toml(topo: &Topology, name: &str, v6: bool, keys: &str, tables: &str, hc_port: u16, failover: &dyn Fn(&Host) -> bool) -> String {
+pub fn service_toml(
+    topo: &Topology,
+    name: &str,
+    v6: bool,
+    keys: &str,
+    tables: &str,
+    hc_port: u16,
+    failover: &dyn Fn(&Host) -> bool,
+) -> String {
     service_block(name, v6, keys, tables, hc_port, &backends_toml(topo, v6, failover))
 }
 
@@ -428,7 +461,12 @@ pub fn backends_toml_where(topo: &Topology, v6: bool, include: &dyn Fn(&Host) ->
 pub fn backends_toml_of<'a>(hosts: impl Iterator<Item = &'a Host>, v6: bool) -> String {
     let mut s = String::new();
     for b in hosts {
-        s += &format!("[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n\n", b.addr(v6), b.zone, b.mac);
+        s += &format!(
+            "[[service.backend]]\naddress = \"{}\"\nzone = \"zone-{}\"\nmac = \"{}\"\n\n",
+            b.addr(v6),
+            b.zone,
+            b.mac
+        );
     }
     s
 }

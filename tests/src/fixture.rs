@@ -55,7 +55,16 @@ pub fn l3_default_key(vip: IpAddr) -> ServiceKey {
 
 pub fn backend(addr: IpAddr, mac: [u8; 6], zone_class: u16) -> Backend {
     let (a, family) = addr_words(addr);
-    Backend { addr: a, family, flags: backend_flags::HEALTHY, zone_class, mac, generation: 0, _pad: [0; 4], drain_deadline_ns: 0 }
+    Backend {
+        addr: a,
+        family,
+        flags: backend_flags::HEALTHY,
+        zone_class,
+        mac,
+        generation: 0,
+        _pad: [0; 4],
+        drain_deadline_ns: 0,
+    }
 }
 
 /// A table that sends every flow to `id`.
@@ -71,8 +80,9 @@ pub fn backend_mac(id: u32) -> [u8; 6] {
 /// A service with the given policy bits; persistence flags from the spec's table
 /// (DEFAULT_FOR_PROTOCOL unless the caller changes `flags`).
 pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_common::maps::ServiceInfo {
-    let flags = lb_common::decide::persistence_flags(lb_common::maps::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
-        .expect("valid persistence configuration");
+    let flags =
+        lb_common::decide::persistence_flags(lb_common::maps::persistence::DEFAULT_FOR_PROTOCOL, tracking, affinity)
+            .expect("valid persistence configuration");
     lb_common::maps::ServiceInfo {
         id,
         affinity,
@@ -87,7 +97,15 @@ pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_c
 }
 
 /// The kernel's flow hash for a packet, predicted with lb-common's functions.
-pub fn predicted_hash(affinity: u8, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, ports_valid: bool) -> u32 {
+pub fn predicted_hash(
+    affinity: u8,
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    ports_valid: bool,
+) -> u32 {
     let full = lb_common::maps::FlowTuple {
         src: addr_words(src).0,
         dst: addr_words(dst).0,
@@ -107,7 +125,8 @@ impl PinDir {
     pub fn new(name: &str) -> Self {
         let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/lb-test-{name}-{}", std::process::id()));
         // Mounts bpffs at /sys/fs/bpf first if nothing is mounted there, as `lb` does.
-        lb_user::dataplane::pinning::ensure_pin_dir(&dir).expect("a pin directory on bpffs at /sys/fs/bpf (tests must run as root)");
+        lb_user::dataplane::pinning::ensure_pin_dir(&dir)
+            .expect("a pin directory on bpffs at /sys/fs/bpf (tests must run as root)");
         PinDir(dir)
     }
 

@@ -43,7 +43,10 @@ fn ifindex(name: &str) -> u32 {
     let out = Command::new("ip").args(["-o", "link", "show", "dev", name]).output().expect("ip link show");
     assert!(out.status.success(), "no interface {name} ({path})");
     let text = String::from_utf8_lossy(&out.stdout);
-    text.split(':').next().and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("parsing ifindex of {name}: {text}"))
+    text.split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("parsing ifindex of {name}: {text}"))
 }
 
 fn mac(m: [u8; 6]) -> String {
@@ -55,8 +58,32 @@ fn build_topology() -> Topology {
     run(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
     run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
     for (a, b, amac, bmac, v4, v6, gw4, gw6, gwmac, net4, net6) in [
-        ("lbv0", "lbv1", LB_MAC, GW_MAC, "198.18.0.1/24", "2001:db8::1/64", "198.18.0.2", "2001:db8::2", GW_MAC, "198.19.10.0/24", "2001:db8:10::/64"),
-        ("lbv2", "lbv3", LB2_MAC, GW2_MAC, "198.18.2.1/24", "2001:db8:2::1/64", "198.18.2.2", "2001:db8:2::2", GW2_MAC, "198.19.20.0/24", "2001:db8:20::/64"),
+        (
+            "lbv0",
+            "lbv1",
+            LB_MAC,
+            GW_MAC,
+            "198.18.0.1/24",
+            "2001:db8::1/64",
+            "198.18.0.2",
+            "2001:db8::2",
+            GW_MAC,
+            "198.19.10.0/24",
+            "2001:db8:10::/64",
+        ),
+        (
+            "lbv2",
+            "lbv3",
+            LB2_MAC,
+            GW2_MAC,
+            "198.18.2.1/24",
+            "2001:db8:2::1/64",
+            "198.18.2.2",
+            "2001:db8:2::2",
+            GW2_MAC,
+            "198.19.20.0/24",
+            "2001:db8:20::/64",
+        ),
     ] {
         run(&["ip", "link", "add", a, "address", &mac(amac), "type", "veth", "peer", "name", b, "address", &mac(bmac)]);
         run(&["sysctl", "-qw", &format!("net.ipv6.conf.{a}.forwarding=1")]);

@@ -3,8 +3,8 @@
 //! the end-to-end topology.
 
 pub mod bgp;
-pub mod fixture;
 pub mod e2e;
+pub mod fixture;
 pub mod fixture_net;
 pub mod netns;
 pub mod packet;

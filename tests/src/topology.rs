@@ -12,9 +12,9 @@
 //! in NAPI mode. Every namespace is deleted when the `Topology` drops.
 
 use crate::netns::{sh, Netns};
-use std::path::PathBuf;
 use anyhow::Result;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 
 pub const VIP4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
@@ -82,11 +82,17 @@ pub fn zone_prefixes(z: usize) -> (String, String) {
 pub fn client_addrs(zone: usize, i: usize) -> (Ipv4Addr, Ipv6Addr) {
     // Zone 0 ("outside") clients live in 198.18.9.0/24, which no zone claims.
     let third = if zone == 0 { 9 } else { zone as u8 };
-    (Ipv4Addr::new(198, 18, third, 10 + i as u8), Ipv6Addr::new(0x2001, 0xdb8, 0, third as u16, 0, 0, 0, 0x10 + i as u16))
+    (
+        Ipv4Addr::new(198, 18, third, 10 + i as u8),
+        Ipv6Addr::new(0x2001, 0xdb8, 0, third as u16, 0, 0, 0, 0x10 + i as u16),
+    )
 }
 
 pub fn backend_addrs(zone: usize, i: usize) -> (Ipv4Addr, Ipv6Addr) {
-    (Ipv4Addr::new(198, 18, 10 + zone as u8, 1 + i as u8), Ipv6Addr::new(0x2001, 0xdb8, 0, 0x10 + zone as u16, 0, 0, 0, 1 + i as u16))
+    (
+        Ipv4Addr::new(198, 18, 10 + zone as u8, 1 + i as u8),
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0x10 + zone as u16, 0, 0, 0, 1 + i as u16),
+    )
 }
 
 /// A new namespace `ns_name` whose `eth0` is plugged into `bridge` of `switch` (switch side
@@ -125,7 +131,12 @@ pub fn napi_peer(switch: &Netns, peer: &str, pins: &std::path::Path) -> Result<(
 pub fn hold_vips(ns: &Netns) -> Result<()> {
     ns.ip(&["addr", "add", &format!("{VIP4}/32"), "dev", "lo"])?;
     ns.ip(&["addr", "add", &format!("{VIP6}/128"), "dev", "lo", "nodad"])?;
-    for s in ["net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.eth0.rp_filter=0"] {
+    for s in [
+        "net.ipv4.conf.all.arp_ignore=1",
+        "net.ipv4.conf.all.arp_announce=2",
+        "net.ipv4.conf.all.rp_filter=0",
+        "net.ipv4.conf.eth0.rp_filter=0",
+    ] {
         ns.exec(&["sysctl", "-qw", s])?;
     }
     Ok(())
@@ -152,7 +163,13 @@ impl Topology {
         let mut port = 0usize;
         let mut host = |name: String, zone: usize, v4: Ipv4Addr, v6: Ipv6Addr| -> Result<Host> {
             port += 1;
-            let (ns, mac) = plug(&switch, "br0", &format!("{p}-{name}"), &format!("{p}p{port}"), &[format!("{v4}/16"), format!("{v6}/48")])?;
+            let (ns, mac) = plug(
+                &switch,
+                "br0",
+                &format!("{p}-{name}"),
+                &format!("{p}p{port}"),
+                &[format!("{v4}/16"), format!("{v6}/48")],
+            )?;
             Ok(Host { ns, name, zone, v4, v6, mac })
         };
         let lb = host("lb".into(), 0, LB4, LB6)?;

@@ -29,7 +29,12 @@ fn config(services: &[&str], backends: usize, prefixes: usize, set: u8) -> Strin
 }
 
 /// What `lb run` does on adopted pins: restore, depart what left, sweep, reconcile.
-fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &PersistentState) -> (Dataplane, Controller, (usize, usize, usize, usize), u64) {
+fn restart(
+    pins: &std::path::Path,
+    sizes: DataplaneSizes,
+    cfg: &str,
+    state: &PersistentState,
+) -> (Dataplane, Controller, (usize, usize, usize, usize), u64) {
     let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes, Some(pins)).unwrap());
     let mut ctl = Controller::new(Config::parse(cfg).unwrap());
     ctl.restore(state);
@@ -38,7 +43,8 @@ fn restart(pins: &std::path::Path, sizes: DataplaneSizes, cfg: &str, state: &Per
     let next = ctl.preview(now).unwrap();
     let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).unwrap();
     ctl.reconcile(&mut dp).expect("the configuration fits the data plane it is written to");
-    let backends = dp.depart_unused_backends(&ctl.applied().unwrap().demand(None), now, &|id| ctl.drain_ns_of(id)).unwrap();
+    let backends =
+        dp.depart_unused_backends(&ctl.applied().unwrap().demand(None), now, &|id| ctl.drain_ns_of(id)).unwrap();
     (dp, ctl, (keys, prefixes, tables, backends), now)
 }
 
@@ -81,9 +87,17 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
     assert!(dp.read_table(api_id, 0).unwrap().is_none(), "api's tables are inactive");
     let id_of = |addr: &str| state.ids.backends.iter().find(|(k, _)| k.address.to_string() == addr).unwrap().1;
     let web2 = dp.backend(id_of("198.18.10.2")).unwrap();
-    assert_eq!((web2.flags & backend_flags::REMOVED, web2.drain_deadline_ns), (backend_flags::REMOVED, now + 300_000_000_000), "web's removed backend drains");
+    assert_eq!(
+        (web2.flags & backend_flags::REMOVED, web2.drain_deadline_ns),
+        (backend_flags::REMOVED, now + 300_000_000_000),
+        "web's removed backend drains"
+    );
     let api1 = dp.backend(id_of("198.18.11.1")).unwrap();
-    assert_eq!((api1.flags & backend_flags::REMOVED, api1.drain_deadline_ns), (backend_flags::REMOVED, now), "a removed service's backends do not");
+    assert_eq!(
+        (api1.flags & backend_flags::REMOVED, api1.drain_deadline_ns),
+        (backend_flags::REMOVED, now),
+        "a removed service's backends do not"
+    );
     assert_eq!(applied.backends.len(), 1);
     drop(dp);
     lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
@@ -95,7 +109,8 @@ fn an_adopting_daemon_keeps_what_it_configures_and_removes_the_rest() {
 fn an_ipv4_mapped_prefix_survives_adoption() {
     lb_tests::fixture_net::enter_lo_routed_netns();
     let pins = lb_tests::fixture::PinDir::new("adopt-mapped");
-    let cfg = config(&["web"], 1, 0, 0).replace("client_prefixes = []", "client_prefixes = [\"::ffff:198.19.0.0/112\"]");
+    let cfg =
+        config(&["web"], 1, 0, 0).replace("client_prefixes = []", "client_prefixes = [\"::ffff:198.19.0.0/112\"]");
     let sizes = sizes_for(&Config::parse(&cfg).unwrap());
     let state = {
         let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(sizes, Some(pins.path())).unwrap());

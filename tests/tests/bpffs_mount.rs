@@ -49,7 +49,13 @@ fn race_once(round: usize) -> (usize, Vec<String>) {
             sys(libc::unshare(libc::CLONE_NEWNS), "unshare(CLONE_NEWNS)");
             let root = c"/";
             sys(
-                libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()),
+                libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ),
                 "making / private",
             );
             let target = c"/sys/fs/bpf";

@@ -37,9 +37,19 @@ fn backend_of(dp: &Dataplane, v6: bool) -> u32 {
     static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(40000);
     let sport = NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let frame = if v6 {
-        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, sport, 80, TCP_SYN, b"")))
+        ethernet(
+            LB_MAC,
+            CLIENT_MAC,
+            ETH_P_IPV6,
+            &ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, sport, 80, TCP_SYN, b"")),
+        )
     } else {
-        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, sport, 80, TCP_SYN, b"")))
+        ethernet(
+            LB_MAC,
+            CLIENT_MAC,
+            ETH_P_IP,
+            &V4::new(CLIENT, VIP, PROTO_TCP).build(&tcp4(CLIENT, VIP, sport, 80, TCP_SYN, b"")),
+        )
     };
     let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
     assert_eq!(out.action, XDP_TX);

@@ -175,7 +175,12 @@ fn syn_re_selects_when_the_tracked_backend_takes_no_new_connections() {
         ("idle timeout passed", |dp, info| {
             let key = ct_key(&info, PROTO_TCP, 40000, 80);
             let e = dp.conntrack_get(FAMILY_V4, &key).unwrap();
-            dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e }).unwrap()
+            dp.conntrack_set(
+                FAMILY_V4,
+                &key,
+                lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e },
+            )
+            .unwrap()
         }),
     ];
     for (case, apply) in cases {
@@ -194,7 +199,8 @@ fn persistence_case(option: u8, mode: u8, aff: u8, proto: u8, b2_unhealthy: bool
     let mut info = dsr(aff, mode);
     info.flags = persistence_flags(option, mode, aff).expect("valid configuration");
     let mut dp = setup(info);
-    let (first, next) = if proto == PROTO_TCP { (tcp(40000, TCP_SYN), tcp(40000, TCP_ACK)) } else { (udp(5000), udp(5000)) };
+    let (first, next) =
+        if proto == PROTO_TCP { (tcp(40000, TCP_SYN), tcp(40000, TCP_ACK)) } else { (udp(5000), udp(5000)) };
     assert_eq!(backend_of(&dp, &first), B1);
     dp.set_backend_state(B1, 0, 0).unwrap();
     if b2_unhealthy {
@@ -212,44 +218,89 @@ fn persistence_case(option: u8, mode: u8, aff: u8, proto: u8, b2_unhealthy: bool
 
 #[test]
 fn p1_default_per_connection_client_ip_tcp_stays() {
-    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::CLIENT_IP, PROTO_TCP, false), B1);
+    assert_eq!(
+        persistence_case(
+            persistence::DEFAULT_FOR_PROTOCOL,
+            tracking::PER_CONNECTION,
+            affinity::CLIENT_IP,
+            PROTO_TCP,
+            false
+        ),
+        B1
+    );
 }
 
 #[test]
 fn p2_default_per_connection_none_udp_rerouted() {
-    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), B2);
+    assert_eq!(
+        persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false),
+        B2
+    );
 }
 
 #[test]
 fn p3_default_per_session_client_ip_tcp_rerouted() {
-    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP, PROTO_TCP, false), B2);
+    assert_eq!(
+        persistence_case(
+            persistence::DEFAULT_FOR_PROTOCOL,
+            tracking::PER_SESSION,
+            affinity::CLIENT_IP,
+            PROTO_TCP,
+            false
+        ),
+        B2
+    );
 }
 
 #[test]
 fn p4_default_per_session_client_ip_port_proto_tcp_stays() {
-    assert_eq!(persistence_case(persistence::DEFAULT_FOR_PROTOCOL, tracking::PER_SESSION, affinity::CLIENT_IP_PORT_PROTO, PROTO_TCP, false), B1);
+    assert_eq!(
+        persistence_case(
+            persistence::DEFAULT_FOR_PROTOCOL,
+            tracking::PER_SESSION,
+            affinity::CLIENT_IP_PORT_PROTO,
+            PROTO_TCP,
+            false
+        ),
+        B1
+    );
 }
 
 #[test]
 fn p5_never_per_connection_none_tcp_rerouted() {
-    assert_eq!(persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, false), B2);
+    assert_eq!(
+        persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, false),
+        B2
+    );
 }
 
 #[test]
 fn p6_always_per_connection_none_udp_stays() {
-    assert_eq!(persistence_case(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false), B1);
+    assert_eq!(
+        persistence_case(persistence::ALWAYS_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_UDP, false),
+        B1
+    );
 }
 
 #[test]
 fn p7_always_per_session_is_rejected() {
-    for aff in [affinity::NONE, affinity::CLIENT_IP_PORT_PROTO, affinity::CLIENT_IP_PROTO, affinity::CLIENT_IP, affinity::CLIENT_IP_NO_DESTINATION] {
+    for aff in [
+        affinity::NONE,
+        affinity::CLIENT_IP_PORT_PROTO,
+        affinity::CLIENT_IP_PROTO,
+        affinity::CLIENT_IP,
+        affinity::CLIENT_IP_NO_DESTINATION,
+    ] {
         assert_eq!(persistence_flags(persistence::ALWAYS_PERSIST, tracking::PER_SESSION, aff), None);
     }
 }
 
 #[test]
 fn p8_never_per_connection_tcp_no_healthy_target_stays() {
-    assert_eq!(persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, true), B1);
+    assert_eq!(
+        persistence_case(persistence::NEVER_PERSIST, tracking::PER_CONNECTION, affinity::NONE, PROTO_TCP, true),
+        B1
+    );
 }
 
 #[test]
@@ -263,12 +314,22 @@ fn idle_entry_expires_and_flow_is_rehashed() {
     assert_eq!(e.backend, B1);
     // Aged by a minute less than the timeout (a margin no stall of this machine reaches):
     // still valid, and refreshed by the packet.
-    dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 60_000_000_000), ..e }).unwrap();
+    dp.conntrack_set(
+        FAMILY_V4,
+        &key,
+        lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - (IDLE_NS - 60_000_000_000), ..e },
+    )
+    .unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B1);
     let refreshed = dp.conntrack_get(FAMILY_V4, &key).unwrap();
     assert!(refreshed.last_seen_ns >= e.last_seen_ns, "a hit refreshes last_seen");
     // Aged past the timeout: expired, re-hashed to b2.
-    dp.conntrack_set(FAMILY_V4, &key, lb_common::maps::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed }).unwrap();
+    dp.conntrack_set(
+        FAMILY_V4,
+        &key,
+        lb_common::maps::CtEntry { last_seen_ns: refreshed.last_seen_ns - IDLE_NS - 1, ..refreshed },
+    )
+    .unwrap();
     assert_eq!(backend_of(&dp, &udp(5000)), B2);
     assert_eq!(dp.stats().unwrap().get(stat::CT_EXPIRED), 1);
     assert_eq!(dp.conntrack_get(FAMILY_V4, &key).unwrap().backend, B2);
@@ -501,7 +562,10 @@ fn the_configured_number_of_flows_fits_without_eviction() {
     let tracked: std::collections::HashSet<CtKey> = dp.conntrack_entries().into_iter().map(|(_, k, _)| k).collect();
     assert_eq!(tracked.len(), flows as usize);
     for i in 0..flows {
-        assert!(tracked.contains(&key_of(&info, client(i).into(), VIP.into(), PROTO_UDP, 5000, 53)), "flow {i} was evicted");
+        assert!(
+            tracked.contains(&key_of(&info, client(i).into(), VIP.into(), PROTO_UDP, 5000, 53)),
+            "flow {i} was evicted"
+        );
     }
 }
 
@@ -516,7 +580,8 @@ fn adopted_pinned_tables_keep_their_flows() {
         let dp = install(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap(), info);
         assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     }
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap());
+    let mut dp =
+        lb_tests::fixture::register_interfaces(Dataplane::load_with(fixture::sizes(), Some(pins.path())).unwrap());
     assert_eq!(dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).map(|e| e.backend), Some(B1));
     move_table_to_b2(&mut dp);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the adopted entry still holds the flow");

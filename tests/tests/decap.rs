@@ -7,8 +7,8 @@ use lb_common::maps::{affinity, forwarding, stat, tracking, PROTO_TCP, PROTO_UDP
 use lb_tests::fixture::{self, backend, service_info, service_key, uniform};
 use lb_tests::fixture_net::{in_netns, GW_MAC, LB_MAC};
 use lb_tests::packet::*;
-use lb_user::dataplane::{addr_words, Program, XDP_DROP, XDP_PASS, XDP_TX};
 use lb_user::cli::decap::Decapsulator;
+use lb_user::dataplane::{addr_words, Program, XDP_DROP, XDP_PASS, XDP_TX};
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
 const BACKEND4: Ipv4Addr = Ipv4Addr::new(198, 19, 10, 3);
@@ -41,7 +41,8 @@ fn balancer_output_decapsulates_to_the_original_inner_packet() {
         let c6 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
         let inner6 = ipv6(c6, vip6, PROTO_UDP, 64, 0, &udp6(c6, vip6, 5353, 53, b"round trip 6"));
         for (inner, ethertype) in [(inner4, ETH_P_IP), (inner6, ETH_P_IPV6)] {
-            let encapsulated = lb.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ethertype, &inner), topo.lbv0).unwrap();
+            let encapsulated =
+                lb.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ethertype, &inner), topo.lbv0).unwrap();
             assert_eq!(encapsulated.action, XDP_TX);
             let out = host.run_test(&encapsulated.data, 0).unwrap();
             assert_eq!(out.action, XDP_PASS);
@@ -56,9 +57,20 @@ fn decap_leaves_other_traffic_alone_and_drops_malformed_tunnels() {
     let mut host = Decapsulator::load().expect("loading lb_decap (tests must run as root)");
     host.add_decap_address(BACKEND4.into()).unwrap();
     let c4 = Ipv4Addr::new(198, 18, 1, 5);
-    let inner = V4::new(c4, Ipv4Addr::new(198, 18, 0, 100), PROTO_UDP).build(&udp4(c4, Ipv4Addr::new(198, 18, 0, 100), 1, 2, b"x"));
+    let inner = V4::new(c4, Ipv4Addr::new(198, 18, 0, 100), PROTO_UDP).build(&udp4(
+        c4,
+        Ipv4Addr::new(198, 18, 0, 100),
+        1,
+        2,
+        b"x",
+    ));
     // Tunnel to another address: untouched.
-    let other = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 10, 4), 4).build(&inner));
+    let other = ethernet(
+        LB_MAC,
+        GW_MAC,
+        ETH_P_IP,
+        &V4::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 10, 4), 4).build(&inner),
+    );
     let out = host.run_test(&other, 0).unwrap();
     assert_eq!((out.action, out.data), (XDP_PASS, other));
     // Plain traffic to this host: untouched.
@@ -66,7 +78,8 @@ fn decap_leaves_other_traffic_alone_and_drops_malformed_tunnels() {
     let out = host.run_test(&plain, 0).unwrap();
     assert_eq!((out.action, out.data), (XDP_PASS, plain));
     // IPIP to this host whose inner header is not IPv4: dropped and counted.
-    let bogus = ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4).build(&[0x60; 24]));
+    let bogus =
+        ethernet(LB_MAC, GW_MAC, ETH_P_IP, &V4::new(Ipv4Addr::new(198, 18, 0, 1), BACKEND4, 4).build(&[0x60; 24]));
     assert_eq!(host.run_test(&bogus, 0).unwrap().action, XDP_DROP);
     assert_eq!(host.stats().unwrap().get(stat::DECAP_DROP_MALFORMED), 1);
     // A piece of a fragmented tunnel datagram (first or later) holds no whole inner packet:

@@ -57,7 +57,8 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             (1, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), &ip4, ETH_P_IP, "ipv4"),
             (2, IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9)), &ip6, ETH_P_IPV6, "ipv6"),
         ];
-        let send = |dp: &mut lb_user::dataplane::Dataplane, frame: &[u8]| dp.run_test(Program::Lb, frame, topo.lbv0).unwrap();
+        let send =
+            |dp: &mut lb_user::dataplane::Dataplane, frame: &[u8]| dp.run_test(Program::Lb, frame, topo.lbv0).unwrap();
         let count = |dp: &lb_user::dataplane::Dataplane, s| dp.stats().unwrap().get(s);
         for (id, on_ingress, ip, ethertype, family) in cases {
             let untagged = ethernet(LB_MAC, CLIENT_MAC, ethertype, ip);
@@ -66,7 +67,11 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             dp.set_backend(id, backend(on_ingress, BACKEND_MAC, 0)).unwrap();
             add_neighbour(on_ingress, NEIGHBOUR_MAC, "lbv0");
             let out = send(&mut dp, &untagged);
-            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ethertype, ip)), "{on_ingress}: ingress segment");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ethertype, ip)),
+                "{on_ingress}: ingress segment"
+            );
 
             // On lbv2's segment: no neighbour entry yet, so no source MAC for lbv2: dropped,
             // counted, not cached.
@@ -80,11 +85,19 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             add_neighbour(other, NEIGHBOUR_MAC, "lbv2");
             let redirects = count(&dp, stat::REDIRECT);
             let out = send(&mut dp, &untagged);
-            assert_eq!((out.action, out.data), (XDP_REDIRECT, ethernet(BACKEND_MAC, LB2_MAC, ethertype, ip)), "{other}: behind lbv2");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_REDIRECT, ethernet(BACKEND_MAC, LB2_MAC, ethertype, ip)),
+                "{other}: behind lbv2"
+            );
             assert_eq!(count(&dp, stat::REDIRECT), redirects + 1);
             // Tagged: back out of the ingress on its VLAN, whatever the route.
             let out = send(&mut dp, &tagged);
-            assert_eq!((out.action, out.data), (XDP_TX, ethernet_vlan(BACKEND_MAC, LB_MAC, 7, ethertype, ip)), "{other}: tagged");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet_vlan(BACKEND_MAC, LB_MAC, 7, ethertype, ip)),
+                "{other}: tagged"
+            );
 
             // Forwarding off on the ingress: the kernel looks no route up; back out of the
             // ingress. (Another address behind lbv2, so the route cached for `other` within
@@ -94,7 +107,11 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
             add_neighbour(other2, NEIGHBOUR_MAC, "lbv2");
             dp.set_backend(id, backend(other2, backend_mac(id), 0)).unwrap();
             let out = send(&mut dp, &untagged);
-            assert_eq!((out.action, out.data), (XDP_TX, ethernet(backend_mac(id), LB_MAC, ethertype, ip)), "{other2}: forwarding off");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(backend_mac(id), LB_MAC, ethertype, ip)),
+                "{other2}: forwarding off"
+            );
             sysctl(&format!("net.{family}.conf.lbv0.forwarding=1"));
 
             // No route to the backend: dropped, counted.
@@ -121,7 +138,8 @@ fn only_frames_to_the_ingress_device_mac_are_balanced() {
         // The IPv4 service by L2 DSR, the IPv6 one by IP6IP6.
         let (ip4, ip6) = two_services(&mut dp, forwarding::IPIP, b"mac");
         dp.set_backend(1, backend(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), BACKEND_MAC, 0)).unwrap();
-        dp.set_backend(2, backend(IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 9)), BACKEND_MAC, 0)).unwrap();
+        dp.set_backend(2, backend(IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 9)), BACKEND_MAC, 0))
+            .unwrap();
         let other_host = [0x02, 0x77, 0, 0, 0, 0x77];
         let not_ours: [([u8; 6], &str); 5] = [
             ([0xff; 6], "broadcast"),
@@ -133,7 +151,9 @@ fn only_frames_to_the_ingress_device_mac_are_balanced() {
         let mut passed = 0;
         for (ethertype, ip) in [(ETH_P_IP, &ip4), (ETH_P_IPV6, &ip6)] {
             for (dst, what) in not_ours {
-                for frame in [ethernet(dst, CLIENT_MAC, ethertype, ip), ethernet_vlan(dst, CLIENT_MAC, 7, ethertype, ip)] {
+                for frame in
+                    [ethernet(dst, CLIENT_MAC, ethertype, ip), ethernet_vlan(dst, CLIENT_MAC, 7, ethertype, ip)]
+                {
                     let out = dp.run_test(Program::Lb, &frame, topo.lbv0).unwrap();
                     assert_eq!((out.action, &out.data), (XDP_PASS, &frame), "{what}: passed untouched");
                     passed += 1;
@@ -195,7 +215,11 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
         let encap_src = Ipv4Addr::new(198, 18, 0, 1);
         // Behind the gateway on lbv0 (198.19.10.0/24 via 198.18.0.2, a permanent neighbour).
         let b = Ipv4Addr::new(198, 19, 10, 10);
-        dp.set_service(&[service_key(vip.into(), 80, PROTO_TCP)], service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR)).unwrap();
+        dp.set_service(
+            &[service_key(vip.into(), 80, PROTO_TCP)],
+            service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR),
+        )
+        .unwrap();
         let mut ipip = service_info(2, affinity::NONE, tracking::PER_CONNECTION, forwarding::IPIP);
         ipip.encap_src = addr_words(IpAddr::V4(encap_src)).0;
         dp.set_service(&[service_key(vip.into(), 81, PROTO_TCP)], ipip).unwrap();
@@ -208,9 +232,17 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
         let encapsulated = lb_tests::packet::expected_ipip(GW_MAC, LB_MAC, encap_src, b, &to_ipip);
         for round in 0..3 {
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_l2), topo.lbv0).unwrap();
-            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &to_l2)), "round {round}: L2 DSR");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &to_l2)),
+                "round {round}: L2 DSR"
+            );
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
-            assert_eq!((out.action, out.data), (XDP_TX, encapsulated.clone()), "round {round}: IPIP to the gateway's MAC");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, encapsulated.clone()),
+                "round {round}: IPIP to the gateway's MAC"
+            );
         }
 
         // The case the cache's L2 mark exists for: an IPIP service without an outer source
@@ -225,7 +257,11 @@ fn l2_dsr_and_ipip_sharing_a_backend_each_get_their_own_next_hop() {
         let long_l2 = V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, 40001, 80, TCP_SYN, &[7; 200]));
         for round in 0..2 {
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &long_l2), topo.lbv0).unwrap();
-            assert_eq!((out.action, out.data), (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &long_l2)), "round {round}: L2 DSR, no neighbour");
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ETH_P_IP, &long_l2)),
+                "round {round}: L2 DSR, no neighbour"
+            );
             let drops = dp.stats().unwrap().get(lb_common::maps::stat::DROP_FIB);
             let out = dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &to_ipip), topo.lbv0).unwrap();
             assert_eq!(out.action, lb_user::dataplane::XDP_DROP, "round {round}: IPIP without a neighbour entry");

@@ -22,9 +22,12 @@ fn raw(socket: &std::path::Path, bytes: &[u8]) -> serde_json::Value {
 
 #[test]
 fn stalled_oversized_and_non_utf8_clients() {
-    let topo = Topology::build(&TopologySpec { prefix: "ctl".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "ctl".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let mut servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let mut d = Daemon::start(&topo, "ctl", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false))).unwrap();
+    let mut d =
+        Daemon::start(&topo, "ctl", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false)))
+            .unwrap();
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
 
     // Connected, silent: the others are served at once.
@@ -71,7 +74,10 @@ fn stalled_oversized_and_non_utf8_clients() {
     // probe's error.
     let b1 = topo.backends[0].v4.to_string();
     let audited = |d: &Daemon, what: &str| {
-        wait_for(what, Duration::from_secs(15), || d.log().lines().any(|l| l.contains("audit") && l.contains(what)).then_some(())).unwrap_or_else(|e| fail(e, d))
+        wait_for(what, Duration::from_secs(15), || {
+            d.log().lines().any(|l| l.contains("audit") && l.contains(what)).then_some(())
+        })
+        .unwrap_or_else(|e| fail(e, d))
     };
     d.cli(&["backend", "drain", "--service", "web", "--address", &b1]).unwrap_or_else(|e| fail(e, &d));
     audited(&d, &format!("drain accepted (service web backend {b1})"));

@@ -72,10 +72,13 @@ fn ask_tcp(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
 
 #[test]
 fn tcp_flood_leaves_health_and_the_dns_front_alone() {
-    let topo = Topology::build(&TopologySpec { prefix: "dfl".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "dfl".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     // Health checks every second, unhealthy after 2 failures (`service_toml`).
-    let cfg = format!("[dns]\nlisten = \"{DNS}\"\n") + &zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false);
+    let cfg = format!("[dns]\nlisten = \"{DNS}\"\n")
+        + &zones_toml(1)
+        + &service_toml(&topo, "web", false, "", "", 80, &|_| false);
     let d = Daemon::start_with_nofile(&topo, "dfl", &cfg, 1024).unwrap();
     let fail = |e: anyhow::Error| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
     let addr: SocketAddr = DNS.parse().unwrap();
@@ -105,9 +108,17 @@ fn tcp_flood_leaves_health_and_the_dns_front_alone() {
     assert!(udp_ok, "the DNS front answers over UDP under the flood\n{}", d.diagnostics());
     assert!(tcp_ok, "the DNS front answers another source over TCP under the flood\n{}", d.diagnostics());
     for b in &topo.backends {
-        assert!(d.is_healthy("web", &b.v4.to_string()).unwrap_or_else(|e| fail(e)), "{} stays healthy\n{}", b.name, d.diagnostics());
+        assert!(
+            d.is_healthy("web", &b.v4.to_string()).unwrap_or_else(|e| fail(e)),
+            "{} stays healthy\n{}",
+            b.name,
+            d.diagnostics()
+        );
     }
     let log = d.log();
-    assert!(!log.contains("Too many open files") && !log.contains("is now unhealthy"), "no probe failed for want of descriptors:\n{log}");
+    assert!(
+        !log.contains("Too many open files") && !log.contains("is now unhealthy"),
+        "no probe failed for want of descriptors:\n{log}"
+    );
     assert_eq!(log.matches("tables updated").count(), updates_before, "no table rewrites:\n{log}");
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 #[test]
 fn drained_backend_gets_no_new_flows_and_keeps_old_ones_until_the_timeout() {
-    let topo = Topology::build(&TopologySpec { prefix: "dr1".into(), zones: vec![(1, 3)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "dr1".into(), zones: vec![(1, 3)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-dr1-decap")).unwrap();
     let cfg = format!(
@@ -37,5 +38,8 @@ fn drained_backend_gets_no_new_flows_and_keeps_old_ones_until_the_timeout() {
     assert!(tcp_spread(client, vip(false, 80), 10).unwrap().iter().all(|n| n != &drained));
     // Undrained: new flows reach it again (30 connections over 3 backends).
     d.cli(&["backend", "undrain", "--service", "web", "--address", &addr]).unwrap();
-    assert!(tcp_spread(client, vip(false, 80), 30).unwrap().contains(&drained), "the undrained {drained} takes new flows");
+    assert!(
+        tcp_spread(client, vip(false, 80), 30).unwrap().contains(&drained),
+        "the undrained {drained} takes new flows"
+    );
 }

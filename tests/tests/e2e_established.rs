@@ -23,13 +23,25 @@ struct Mode {
 fn run(prefix: &str, mode: Mode) {
     let keys = if mode.dsr { "forwarding = \"L2_DSR\"\n" } else { "" };
     let config = |topo: &Topology, include: &dyn Fn(&str) -> bool| -> String {
-        zones_toml(1) + &service_block("web", mode.v6, keys, "", HC_PORT, &backends_toml_where(topo, mode.v6, &|b| include(&b.name)))
+        zones_toml(1)
+            + &service_block(
+                "web",
+                mode.v6,
+                keys,
+                "",
+                HC_PORT,
+                &backends_toml_where(topo, mode.v6, &|b| include(&b.name)),
+            )
     };
-    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 4)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 4)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let mut checks: BTreeMap<String, ChildGuard> = topo.backends.iter().map(|b| (b.name.clone(), start_server(b, HC_PORT).unwrap())).collect();
+    let mut checks: BTreeMap<String, ChildGuard> =
+        topo.backends.iter().map(|b| (b.name.clone(), start_server(b, HC_PORT).unwrap())).collect();
     // L2 DSR needs no decapsulation on the backends.
-    let _decap = (!mode.dsr).then(|| DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap());
+    let _decap = (!mode.dsr).then(|| {
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap()
+    });
     // b1-4 joins only with the first reload.
     let mut d = Daemon::start_keeping(&topo, prefix, &config(&topo, &|n| n != "b1-4")).unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
@@ -45,8 +57,10 @@ fn run(prefix: &str, mode: Mode) {
     // 1. Its backend fails the health check for real: the connection persists (TCP,
     //    DEFAULT_FOR_PROTOCOL); new connections avoid the backend.
     checks.get_mut(&home).unwrap().stop();
-    wait_for("the session's backend to turn unhealthy", Duration::from_secs(30), || (d.is_healthy("web", &addr(&home)).ok() == Some(false)).then_some(()))
-        .unwrap_or_else(|e| fail(e, &d));
+    wait_for("the session's backend to turn unhealthy", Duration::from_secs(30), || {
+        (d.is_healthy("web", &addr(&home)).ok() == Some(false)).then_some(())
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(s.ask("while unhealthy").unwrap_or_else(|e| fail(e, &d)), home, "persists on its unhealthy backend");
     let fresh = tcp_spread(client, target, 16).unwrap_or_else(|e| fail(e, &d));
     assert!(!fresh.contains(&home), "new connections avoid the unhealthy {home}: {:?}", tally(&fresh));
@@ -59,8 +73,10 @@ fn run(prefix: &str, mode: Mode) {
 
     // The backend recovers; the connection is still where it was.
     checks.insert(home.clone(), start_server(topo.backend(&home).unwrap(), HC_PORT).unwrap());
-    wait_for("the session's backend to recover", Duration::from_secs(30), || d.is_healthy("web", &addr(&home)).ok().filter(|h| *h))
-        .unwrap_or_else(|e| fail(e, &d));
+    wait_for("the session's backend to recover", Duration::from_secs(30), || {
+        d.is_healthy("web", &addr(&home)).ok().filter(|h| *h)
+    })
+    .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(s.ask("recovered").unwrap(), home);
 
     // 3. `lb reload` with a new backend: the Maglev tables change, the connection does not.
@@ -68,7 +84,11 @@ fn run(prefix: &str, mode: Mode) {
     d.cli(&["reload"]).unwrap_or_else(|e| fail(e, &d));
     assert_eq!(s.ask("after lb reload").unwrap(), home);
     let fresh = tcp_spread(client, target, 32).unwrap_or_else(|e| fail(e, &d));
-    assert!(fresh.iter().any(|n| n == "b1-4"), "the reload took effect (b1-4 gets new connections): {:?}", tally(&fresh));
+    assert!(
+        fresh.iter().any(|n| n == "b1-4"),
+        "the reload took effect (b1-4 gets new connections): {:?}",
+        tally(&fresh)
+    );
 
     // 4. SIGHUP with another backend (not the session's) removed.
     let removed = ["b1-1", "b1-2", "b1-3"].into_iter().find(|n| *n != home).unwrap();
@@ -88,7 +108,11 @@ fn run(prefix: &str, mode: Mode) {
     assert!(d.log().contains("adopting the pinned data plane"), "{}", d.log());
     assert_eq!(s.ask("after restart").unwrap_or_else(|e| fail(e, &d)), home, "same backend after the restart");
     let fresh = tcp_spread(client, target, 16).unwrap_or_else(|e| fail(e, &d));
-    assert!(fresh.len() == 16 && !fresh.iter().any(|n| n == removed), "new connections after the restart: {:?}", tally(&fresh));
+    assert!(
+        fresh.len() == 16 && !fresh.iter().any(|n| n == removed),
+        "new connections after the restart: {:?}",
+        tally(&fresh)
+    );
     let mut s2 = Session::open(client, target).unwrap();
     assert_eq!(s2.ask("new session").unwrap(), s2.greeting);
     assert_eq!(s.ask("still").unwrap(), home);

@@ -101,7 +101,11 @@ fn drop_traffic_if_unhealthy_all_down() {
 
     // One failover backend back: E-3 -> it alone.
     d.set_health("web", &topo.backend("b1-5").unwrap().v4.to_string(), "auto").unwrap();
-    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&["b1-5"]), "E-3: only healthy failover");
+    assert_eq!(
+        reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())),
+        set(&["b1-5"]),
+        "E-3: only healthy failover"
+    );
     d.set_health("web", &topo.backend("b1-5").unwrap().v4.to_string(), "unhealthy").unwrap();
     assert!(tcp_hello(client, target).is_err(), "E-8 again");
 
@@ -119,8 +123,10 @@ fn drop_traffic_if_unhealthy_all_down() {
 fn session_across_failover(prefix: &str, flush: bool) {
     let topo = Topology::build(&spec(prefix)).expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
-    let _decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
-    let policy = format!("[service.failover_policy]\nfailover_ratio = 0.5\ndisable_connection_drain_on_failover = {flush}\n");
+    let _decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let policy =
+        format!("[service.failover_policy]\nfailover_ratio = 0.5\ndisable_connection_drain_on_failover = {flush}\n");
     let cfg = zones_toml(1) + &service_toml(&topo, "web", false, "", &policy, 80, &is_failover);
     let d = Daemon::start(&topo, prefix, &cfg).unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
@@ -139,17 +145,28 @@ fn session_across_failover(prefix: &str, flush: bool) {
     let answer = s.ask("after failover");
     if flush {
         // The failover backend answers the unknown connection with a reset.
-        let err = answer.err().map(|e| format!("{e:#}")).unwrap_or_else(|| panic!("flushed on failover: the connection must not reach {home} any more"));
+        let err = answer
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_else(|| panic!("flushed on failover: the connection must not reach {home} any more"));
         assert!(err.contains("reset"), "expected a reset from the failover backend: {err}");
     } else {
-        assert_eq!(answer.unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics())), home, "drains on its backend after failover");
+        assert_eq!(
+            answer.unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics())),
+            home,
+            "drains on its backend after failover"
+        );
     }
 
     // Failback: new connections go to the primaries again.
     for p in PRIMARIES.iter().filter(|p| **p != home) {
         d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "auto").unwrap();
     }
-    assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&PRIMARIES), "failback");
+    assert_eq!(
+        reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())),
+        set(&PRIMARIES),
+        "failback"
+    );
     if !flush {
         assert_eq!(s.ask("after failback").unwrap(), home);
     }

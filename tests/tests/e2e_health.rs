@@ -20,10 +20,12 @@ fn udp_service(topo: &Topology, v6: bool) -> String {
 }
 
 fn run(prefix: &str, v6: bool) {
-    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 3)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 3)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let mut tcp: Vec<ChildGuard> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let mut udp: Vec<ChildGuard> = topo.backends.iter().map(|b| start_server(b, UDP_PORT).unwrap()).collect();
-    let _decap = DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let _decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
     let cfg = zones_toml(1) + &service_toml(&topo, "web", v6, "", "", 80, &|_| false) + &udp_service(&topo, v6);
     let d = Daemon::start(&topo, prefix, &cfg).unwrap();
     let client = topo.clients_in_zone(1).next().unwrap();
@@ -37,21 +39,29 @@ fn run(prefix: &str, v6: bool) {
 
     // b1-2's TCP server stops: new TCP flows avoid it (every connection succeeds again).
     tcp[1].stop();
-    let got = wait_for("TCP flows to avoid the stopped b1-2", Duration::from_secs(30), || reach_tcp().filter(|s| !s.contains("b1-2"))).unwrap_or_else(|e| fail(e));
+    let got = wait_for("TCP flows to avoid the stopped b1-2", Duration::from_secs(30), || {
+        reach_tcp().filter(|s| !s.contains("b1-2"))
+    })
+    .unwrap_or_else(|e| fail(e));
     assert_eq!(got, BTreeSet::from(["b1-1".to_string(), "b1-3".to_string()]));
     assert!(!d.is_healthy("web", &topo.backends[1].addr(v6).to_string()).unwrap());
     assert_eq!(reach_udp(), Some(all.clone()), "the UDP service still uses b1-2 (its own check passes)");
 
     // b1-3's UDP server stops (its probe port is 5353): UDP flows avoid it.
     udp[2].stop();
-    let got = wait_for("UDP flows to avoid the stopped b1-3", Duration::from_secs(30), || reach_udp().filter(|s| !s.contains("b1-3"))).unwrap_or_else(|e| fail(e));
+    let got = wait_for("UDP flows to avoid the stopped b1-3", Duration::from_secs(30), || {
+        reach_udp().filter(|s| !s.contains("b1-3"))
+    })
+    .unwrap_or_else(|e| fail(e));
     assert_eq!(got, BTreeSet::from(["b1-1".to_string(), "b1-2".to_string()]));
 
     // Both come back.
     tcp[1] = start_server(&topo.backends[1], 80).unwrap();
     udp[2] = start_server(&topo.backends[2], UDP_PORT).unwrap();
-    wait_for("TCP flows to reach b1-2 again", Duration::from_secs(30), || reach_tcp().filter(|s| *s == all)).unwrap_or_else(|e| fail(e));
-    wait_for("UDP flows to reach b1-3 again", Duration::from_secs(30), || reach_udp().filter(|s| *s == all)).unwrap_or_else(|e| fail(e));
+    wait_for("TCP flows to reach b1-2 again", Duration::from_secs(30), || reach_tcp().filter(|s| *s == all))
+        .unwrap_or_else(|e| fail(e));
+    wait_for("UDP flows to reach b1-3 again", Duration::from_secs(30), || reach_udp().filter(|s| *s == all))
+        .unwrap_or_else(|e| fail(e));
 }
 
 #[test]

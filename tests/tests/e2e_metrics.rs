@@ -9,14 +9,18 @@ use std::time::Duration;
 const METRICS: &str = "127.0.0.1:9405";
 const PROMETHEUS: &str = "127.0.0.1:9090";
 /// Zone-1 clients stay in zone 1 while both its backends are healthy.
-const ZONAL: &str = "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 0.8\n";
+const ZONAL: &str =
+    "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 0.8\n";
 /// Connections the test opens through the VIP.
 const N: usize = 20;
 
 /// `expr` through Prometheus's `/api/v1/query`, from inside the balancer's namespace: the
 /// value of the single series it returns (None if none, or Prometheus is not up yet).
 fn query(lb: &Host, expr: &str) -> Option<f64> {
-    let encoded: String = expr.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let encoded: String = expr
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
     let body = lb
         .ns
         .run(move || -> std::io::Result<String> {
@@ -51,12 +55,15 @@ fn expect(lb: &Host, d: &Daemon, expr: &str, want: f64) {
 
 #[test]
 fn prometheus_scrapes_counters_health_reloads_and_occupancy() {
-    let topo = Topology::build(&TopologySpec { prefix: "mt1".into(), zones: vec![(1, 2), (1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "mt1".into(), zones: vec![(1, 2), (1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let mut servers: Vec<_> = topo.backends.iter().map(|b| (b.name.clone(), start_server(b, 80).unwrap())).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-mt1-decap")).unwrap();
     // A connection table of at most 4096 buckets is counted exactly (not sampled).
     let zones = zones_toml(2).replacen("[dataplane]\n", "[dataplane]\nconntrack_entries = 4096\n", 1);
-    let cfg = format!("[metrics]\nlisten = \"{METRICS}\"\n") + &zones + &service_toml(&topo, "web", false, "", ZONAL, 80, &|_| false);
+    let cfg = format!("[metrics]\nlisten = \"{METRICS}\"\n")
+        + &zones
+        + &service_toml(&topo, "web", false, "", ZONAL, 80, &|_| false);
     let mut d = Daemon::start(&topo, "mt1", &cfg).unwrap();
 
     let dir = d.dir.join("prometheus");

@@ -73,7 +73,8 @@ fn until(sock: &UnixDatagram, want: &str, run: &Run) -> Vec<String> {
 
 #[test]
 fn ready_comes_after_attach_and_tables_then_watchdog_reload_and_stop() {
-    let topo = Topology::build(&TopologySpec { prefix: "sn1".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "sn1".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-sn1-decap")).unwrap();
     let cfg = format!(
@@ -112,9 +113,13 @@ fn ready_comes_after_attach_and_tables_then_watchdog_reload_and_stop() {
     // READY=1, and at that moment everything it promises is already there.
     let seen = until(&notify, "READY=1", &run);
     let log = run.log();
-    assert!(seen.len() == 1 && seen[0].contains("STATUS=1 services on eth0"), "READY=1 is the first notification: {seen:?}");
+    assert!(
+        seen.len() == 1 && seen[0].contains("STATUS=1 services on eth0"),
+        "READY=1 is the first notification: {seen:?}"
+    );
     let attached = log.find("attached to eth0").unwrap_or_else(|| panic!("READY=1 before the attach; log:\n{log}"));
-    let ready = log.find("ready: notifying the service manager").unwrap_or_else(|| panic!("no ready line; log:\n{log}"));
+    let ready =
+        log.find("ready: notifying the service manager").unwrap_or_else(|| panic!("no ready line; log:\n{log}"));
     assert!(attached < ready, "the attach is logged before READY=1; log:\n{log}");
     assert!(pin_dir.join("link_eth0").exists(), "the XDP link is pinned at READY=1");
     let client = topo.clients_in_zone(1).next().unwrap();
@@ -123,7 +128,9 @@ fn ready_comes_after_attach_and_tables_then_watchdog_reload_and_stop() {
 
     // Watchdog pings, at about half of WATCHDOG_USEC.
     let started = Instant::now();
-    let pings = (0..3).filter(|_| next(&notify, Duration::from_secs(2)).is_some_and(|m| m.lines().any(|l| l == "WATCHDOG=1"))).count();
+    let pings = (0..3)
+        .filter(|_| next(&notify, Duration::from_secs(2)).is_some_and(|m| m.lines().any(|l| l == "WATCHDOG=1")))
+        .count();
     assert_eq!(pings, 3, "watchdog pings; log:\n{}", run.log());
     assert!(started.elapsed() < Duration::from_secs(3), "pinged every ~200 ms: {:?}", started.elapsed());
 

@@ -35,14 +35,23 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
         let n = before.iter().filter(|&&c| c == i).count();
         assert!(n >= SESSIONS / 10, "balancer {i} carries {n} of {SESSIONS} flows");
         let (packets, new_flows) = (so.counter(i, "packets").unwrap(), so.counter(i, "new_flows").unwrap());
-        println!("balancer lb{}: {n} flows by the router's hash; lb stats: {new_flows} new flows, {packets} packets", i + 1);
+        println!(
+            "balancer lb{}: {n} flows by the router's hash; lb stats: {new_flows} new flows, {packets} packets",
+            i + 1
+        );
         assert_eq!(new_flows, n as u64, "lb stats of balancer {i}\n{}", so.diagnostics());
     }
     // Same choice everywhere: `lb explain` on every balancer names the backend the flow reached.
     for c in &conns {
         let reached = so.backend_addr(&c.backend).unwrap();
         for i in 0..3 {
-            assert_eq!(so.explain(i, c.client, c.sport).unwrap(), reached, "balancer {i}, flow {}:{}", c.client, c.sport);
+            assert_eq!(
+                so.explain(i, c.client, c.sport).unwrap(),
+                reached,
+                "balancer {i}, flow {}:{}",
+                c.client,
+                c.sport
+            );
         }
     }
 
@@ -52,15 +61,21 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     for b in &so.backends {
         lb3.lb().set_health("web", &b.v4.to_string(), "unhealthy").unwrap();
     }
-    so.wait_paths("lb3 to withdraw without a healthy backend", Duration::from_secs(30), |h| h.len() == 2 && !h.contains(&balancer_addr(2)))
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
-    assert_eq!(so.balancers[2].lb().status().unwrap().announce.expect("[announce] is configured").announced, Vec::<std::net::IpAddr>::new());
+    so.wait_paths("lb3 to withdraw without a healthy backend", Duration::from_secs(30), |h| {
+        h.len() == 2 && !h.contains(&balancer_addr(2))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    assert_eq!(
+        so.balancers[2].lb().status().unwrap().announce.expect("[announce] is configured").announced,
+        Vec::<std::net::IpAddr>::new()
+    );
     let failed = broken(&mut conns, "while lb3 has no healthy backend");
     assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
     for b in &so.backends {
         so.balancers[2].lb().set_health("web", &b.v4.to_string(), "auto").unwrap();
     }
-    so.wait_paths("lb3 to announce again", Duration::from_secs(30), |h| h.len() == 3).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    so.wait_paths("lb3 to announce again", Duration::from_secs(30), |h| h.len() == 3)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     let failed = broken(&mut conns, "with lb3 back");
     println!("lb3 without a healthy backend: withdrawn, then announced again; {} of all broke", failed.len());
     assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
@@ -71,7 +86,9 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     let carried: Vec<usize> = (0..SESSIONS).filter(|&i| before[i] == victim).collect();
     so.balancers[victim].lb_mut().kill();
     let gone = so
-        .wait_paths("the router to drop the killed balancer", Duration::from_secs(30), |h| !h.contains(&balancer_addr(victim)) && h.len() == 2)
+        .wait_paths("the router to drop the killed balancer", Duration::from_secs(30), |h| {
+            !h.contains(&balancer_addr(victim)) && h.len() == 2
+        })
         .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     let after = so.choices(&conns).unwrap();
     assert!(carried.iter().all(|&i| after[i] != victim));
@@ -85,7 +102,11 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
         failed_carried,
         failed.len() - failed_carried
     );
-    assert!(failed_carried * 100 <= carried.len(), "more than 1 % of the killed balancer's connections broke: {failed:?}\n{}", so.diagnostics());
+    assert!(
+        failed_carried * 100 <= carried.len(),
+        "more than 1 % of the killed balancer's connections broke: {failed:?}\n{}",
+        so.diagnostics()
+    );
     assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
 
     // Back: a fresh start (no pinned data plane, empty connection table). Flows ECMP moves to
@@ -100,7 +121,12 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     let moved: Vec<usize> = (0..SESSIONS).filter(|&i| now[i] == victim).collect();
     assert!(!moved.is_empty(), "ECMP moved no flow to the returned balancer");
     let failed = broken(&mut conns, "after the return");
-    println!("lb2 back: on the router {} ms after `lb run` started; {} connections moved to it, {} of all broke", back.as_millis(), moved.len(), failed.len());
+    println!(
+        "lb2 back: on the router {} ms after `lb run` started; {} connections moved to it, {} of all broke",
+        back.as_millis(),
+        moved.len(),
+        failed.len()
+    );
     assert!(failed.is_empty(), "connections broke: {failed:?}\n{}", so.diagnostics());
 
     // A host drain of lb1: withdrawn at once, forwarding for the grace period, then a stop.
@@ -108,15 +134,24 @@ fn balancers_behind_ecmp_keep_connections_through_crash_return_and_drain() {
     let carried = now.iter().filter(|&&c| c == drained).count();
     so.balancers[drained].lb().cli(&["backend", "drain", "--host"]).unwrap();
     let gone = so
-        .wait_paths("the router to drop the drained balancer", Duration::from_secs(30), |h| !h.contains(&balancer_addr(drained)))
+        .wait_paths("the router to drop the drained balancer", Duration::from_secs(30), |h| {
+            !h.contains(&balancer_addr(drained))
+        })
         .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     let failed = broken(&mut conns, "during the drain");
     assert!(failed.is_empty(), "connections broke during the drain: {failed:?}\n{}", so.diagnostics());
     let d = so.balancers[drained].lb_mut();
     lb_tests::e2e::wait_for("the drained lb to stop", Duration::from_secs(30), || d.exited().then_some(())).unwrap();
-    assert!(!so.balancers[drained].host.ns.ip(&["link"]).unwrap().contains("lb-vips"), "the TUN device goes with the daemon");
+    assert!(
+        !so.balancers[drained].host.ns.ip(&["link"]).unwrap().contains("lb-vips"),
+        "the TUN device goes with the daemon"
+    );
     let failed = broken(&mut conns, "after the drain");
-    println!("host drain of lb1: withdrawn after {} ms; {carried} connections it carried, {} of all broke", gone.as_millis(), failed.len());
+    println!(
+        "host drain of lb1: withdrawn after {} ms; {carried} connections it carried, {} of all broke",
+        gone.as_millis(),
+        failed.len()
+    );
     assert!(failed.is_empty(), "connections broke after the drain: {failed:?}\n{}", so.diagnostics());
 }
 
@@ -141,18 +176,26 @@ fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
     let failed_id = all.services[0].backend_ids[0];
     let own = full.iter().filter(|&&b| b == failed_id).count();
     let collateral = full.iter().zip(part).filter(|(f, p)| **f != failed_id && f != p).count();
-    println!("Maglev table (M = {}): the failed backend held {own} slots; {collateral} other slots change ({:.2} %)", full.len(), collateral as f64 * 100.0 / full.len() as f64);
+    println!(
+        "Maglev table (M = {}): the failed backend held {own} slots; {collateral} other slots change ({:.2} %)",
+        full.len(),
+        collateral as f64 * 100.0 / full.len() as f64
+    );
     assert!(collateral * 100 <= full.len(), "more than 1 % collateral: {collateral} of {}", full.len());
 
     so.balancers[0].lb().set_health("web", &failed, "unhealthy").unwrap();
     let steady = broken(&mut conns, "while lb1 alone sees the failure");
-    println!("lb1 alone sees {failed} fail: {} of {SESSIONS} established connections broke (entries persist)", steady.len());
+    println!(
+        "lb1 alone sees {failed} fail: {} of {SESSIONS} established connections broke (entries persist)",
+        steady.len()
+    );
     assert!(steady.is_empty(), "{steady:?}\n{}", so.diagnostics());
 
     // What lb1's table gives each flow now; flows ECMP moves to lb1 get that.
     let on_lb1: Vec<String> = conns.iter().map(|c| so.explain(0, c.client, c.sport).unwrap()).collect();
     so.balancers[2].lb_mut().kill();
-    so.wait_paths("the router to drop lb3", Duration::from_secs(30), |h| h.len() == 2).unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
+    so.wait_paths("the router to drop lb3", Duration::from_secs(30), |h| h.len() == 2)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", so.diagnostics()));
     let after = so.choices(&conns).unwrap();
     let moved: Vec<usize> = (0..SESSIONS).filter(|&i| after[i] == 0 && before[i] != 0).collect();
     let reached: Vec<String> = conns.iter().map(|c| so.backend_addr(&c.backend).unwrap()).collect();
@@ -166,5 +209,10 @@ fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
         broke.len() - on_failed,
         predicted.len()
     );
-    assert_eq!(broke, predicted, "the broken connections are exactly those lb1's table sends elsewhere\n{}", so.diagnostics());
+    assert_eq!(
+        broke,
+        predicted,
+        "the broken connections are exactly those lb1's table sends elsewhere\n{}",
+        so.diagnostics()
+    );
 }

@@ -5,7 +5,8 @@ use lb_tests::topology::{Topology, TopologySpec};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-const SPILL: &str = "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 0.8\n";
+const SPILL: &str =
+    "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 0.8\n";
 const DOWN: [&str; 2] = ["b2-4", "b2-5"];
 
 fn spec(prefix: &str) -> TopologySpec {
@@ -28,7 +29,10 @@ fn check_z13(topo: &Topology, d: &Daemon, v6: bool) {
     let zone2 = tcp_spread(client(2), target, 80).unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     let t = tally(&zone2);
     assert!(zone2.iter().all(|n| !DOWN.contains(&n.as_str())), "Z13b: never an unhealthy backend: {t:?}");
-    assert!(zone2.iter().any(|n| n.starts_with("b1-")) && zone2.iter().any(|n| n.starts_with("b2-")), "Z13b: both zones: {t:?}");
+    assert!(
+        zone2.iter().any(|n| n.starts_with("b1-")) && zone2.iter().any(|n| n.starts_with("b2-")),
+        "Z13b: both zones: {t:?}"
+    );
     eprintln!("Z13b zone-2 client, v6={v6}: {t:?}");
     let in_zone1 = zone2.iter().filter(|n| n.starts_with("b1-")).count() as f64 / zone2.len() as f64;
     // Expected 5/8 = 0.625; binomial σ over 80 draws ≈ 0.054 (plus Maglev's small unevenness).
@@ -39,7 +43,10 @@ fn check_z13(topo: &Topology, d: &Daemon, v6: bool) {
     let outside = tcp_spread(client(0), target, 40).unwrap();
     let t = tally(&outside);
     assert!(outside.iter().all(|n| !DOWN.contains(&n.as_str())), "outside client: never an unhealthy backend: {t:?}");
-    assert!(outside.iter().any(|n| n.starts_with("b1-")) && outside.iter().any(|n| n.starts_with("b2-")), "outside client spreads: {t:?}");
+    assert!(
+        outside.iter().any(|n| n.starts_with("b1-")) && outside.iter().any(|n| n.starts_with("b2-")),
+        "outside client spreads: {t:?}"
+    );
 }
 
 /// The two zone-2 backends go down for real: their servers stop and the health checks notice.
@@ -53,8 +60,13 @@ fn z13_spill_ratio_08_real_health_checks_ipip_v4() {
     let d = Daemon::start(&topo, "sp1", &cfg).unwrap();
 
     // All healthy: Z13a for both zones.
-    let zone2 = tcp_spread(topo.clients_in_zone(2).next().unwrap(), vip(false, 80), 20).unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
-    assert!(zone2.iter().all(|n| n.starts_with("b2-")), "all healthy: zone-2 clients stay in zone 2: {:?}", tally(&zone2));
+    let zone2 = tcp_spread(topo.clients_in_zone(2).next().unwrap(), vip(false, 80), 20)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
+    assert!(
+        zone2.iter().all(|n| n.starts_with("b2-")),
+        "all healthy: zone-2 clients stay in zone 2: {:?}",
+        tally(&zone2)
+    );
 
     for (name, guard) in servers.iter_mut() {
         if DOWN.contains(&name.as_str()) {

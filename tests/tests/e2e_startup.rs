@@ -8,7 +8,8 @@ use std::process::Command;
 
 #[test]
 fn second_daemon_is_refused_and_a_failed_start_leaves_nothing() {
-    let topo = Topology::build(&TopologySpec { prefix: "su1".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
+    let topo = Topology::build(&TopologySpec { prefix: "su1".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-su1-decap")).unwrap();
     let cfg = format!(
@@ -57,8 +58,10 @@ fn second_daemon_is_refused_and_a_failed_start_leaves_nothing() {
 
 #[test]
 fn a_restart_with_a_service_dropped_stops_serving_it() {
-    let topo = Topology::build(&TopologySpec { prefix: "su2".into(), zones: vec![(1, 2)], outside_clients: 0 }).expect("topology (needs root)");
-    let _servers: Vec<_> = topo.backends.iter().flat_map(|b| [start_server(b, 80).unwrap(), start_server(b, 8080).unwrap()]).collect();
+    let topo = Topology::build(&TopologySpec { prefix: "su2".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let _servers: Vec<_> =
+        topo.backends.iter().flat_map(|b| [start_server(b, 80).unwrap(), start_server(b, 8080).unwrap()]).collect();
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-su2-decap")).unwrap();
     let service = |name: &str, port: u16| {
         format!(

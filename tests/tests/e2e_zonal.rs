@@ -31,15 +31,27 @@ fn stay_within_zone_refine_replace_no_match_and_non_compatible_ipip() {
     let d = Daemon::start(&topo, "ez1", &service(&topo, "ZONAL_AFFINITY_STAY_WITHIN_ZONE", "", false)).unwrap();
     let target = vip(false, 80);
     let zone = |z: usize| topo.clients_in_zone(z).next().unwrap();
-    let zone1 = names(&tcp_spread(zone(1), target, 20).unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", d.log(), d.cli(&["stats"]).unwrap_or_default())));
-    assert_eq!(zone1, BTreeSet::from(["b1-1".to_string(), "b1-2".to_string()]), "refine: zone-1 clients stay in zone 1");
+    let zone1 = names(
+        &tcp_spread(zone(1), target, 20)
+            .unwrap_or_else(|e| panic!("{e:#}\n{}\n{}", d.log(), d.cli(&["stats"]).unwrap_or_default())),
+    );
+    assert_eq!(
+        zone1,
+        BTreeSet::from(["b1-1".to_string(), "b1-2".to_string()]),
+        "refine: zone-1 clients stay in zone 1"
+    );
     let zone2 = names(&tcp_spread(zone(2), target, 20).unwrap());
     assert_eq!(zone2, BTreeSet::from(["b2-1".to_string(), "b2-2".to_string()]));
     // Zone 3 has no backends: no zonal match, spread over all.
     let zone3 = names(&tcp_spread(zone(3), target, 24).unwrap());
     assert!(zone3.len() >= 3, "no zonal match spreads across zones: {zone3:?}");
     let outside = names(&tcp_spread(zone(0), target, 24).unwrap());
-    assert!(outside.len() >= 3 && outside.iter().any(|n| n.starts_with("b1")) && outside.iter().any(|n| n.starts_with("b2")), "non-compatible client spreads: {outside:?}");
+    assert!(
+        outside.len() >= 3
+            && outside.iter().any(|n| n.starts_with("b1"))
+            && outside.iter().any(|n| n.starts_with("b2")),
+        "non-compatible client spreads: {outside:?}"
+    );
     assert!(udp_hello(zone(1), vip(false, 80)).is_err(), "a TCP service does not carry UDP to the VIP");
 
     // Replace: both zone-1 backends unhealthy -> zone-1 clients still land in zone 1.
@@ -49,7 +61,11 @@ fn stay_within_zone_refine_replace_no_match_and_non_compatible_ipip() {
     let st = d.status().unwrap();
     assert_eq!(st.services[0].zones[0].affinity, "REPLACED", "{st:?}");
     let zone1 = names(&tcp_spread(zone(1), target, 20).unwrap());
-    assert_eq!(zone1, BTreeSet::from(["b1-1".to_string(), "b1-2".to_string()]), "replace keeps zone-1 clients in zone 1");
+    assert_eq!(
+        zone1,
+        BTreeSet::from(["b1-1".to_string(), "b1-2".to_string()]),
+        "replace keeps zone-1 clients in zone 1"
+    );
     let zone2 = names(&tcp_spread(zone(2), target, 20).unwrap());
     assert_eq!(zone2, BTreeSet::from(["b2-1".to_string(), "b2-2".to_string()]));
 }

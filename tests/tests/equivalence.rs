@@ -197,7 +197,11 @@ fn kernel_choice_equals_userspace_prediction_for_random_flows() {
         let info = service_info(svc.id, svc.affinity, tracking::PER_CONNECTION, forwarding::L2_DSR);
         let entry = CtEntry { backend: first, last_seen_ns: now, ..Default::default() };
         let b = backend(IpAddr::V4(Ipv4Addr::new(198, 18, 3, first as u8)), backend_mac(first), 0);
-        let want = if syn_keeps_entry(&entry, Some(&b), &info, now) { first } else { model.predict(svc, src, sport, dport, PROTO_TCP) };
+        let want = if syn_keeps_entry(&entry, Some(&b), &info, now) {
+            first
+        } else {
+            model.predict(svc, src, sport, dport, PROTO_TCP)
+        };
         let out = dp.run_test(Program::Lb, &frame(src, svc.vip, sport, dport, PROTO_TCP), 0).unwrap();
         let got = u32::from(out.data[4]) << 8 | u32::from(out.data[5]);
         assert_eq!((out.action, got), (XDP_TX, want), "SYN {i} again: service {id} src {src} {sport}->{dport}");

@@ -7,11 +7,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
+use lb_user::compile::explain::{explain, ClassFacts, Flow};
 use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
-use lb_user::compile::explain::{explain, ClassFacts, Flow};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xc1, 0, 0, 0, 0x05];
@@ -64,10 +64,14 @@ impl Rng {
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
+    let mut dp = lb_tests::fixture::register_interfaces(
+        Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"),
+    );
     let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
-    for (svc, addr) in [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")] {
+    for (svc, addr) in
+        [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")]
+    {
         ctl.set_checked(svc, addr.parse().unwrap(), false);
     }
     ctl.reconcile(&mut dp).unwrap();
@@ -84,7 +88,8 @@ fn explain_names_the_backend_the_kernel_picks() {
         let (client, frame) = match svc.vip {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
-                let l4 = if proto == PROTO_TCP { tcp4(c, vip, sport, 80, 0x02, b"") } else { udp4(c, vip, sport, 80, b"q") };
+                let l4 =
+                    if proto == PROTO_TCP { tcp4(c, vip, sport, 80, 0x02, b"") } else { udp4(c, vip, sport, 80, b"q") };
                 let l3 = V4::new(c, vip, proto).build(&l4);
                 (IpAddr::V4(c), ethernet(LB_MAC, CLIENT_MAC, 0x0800, &l3))
             }
@@ -102,14 +107,27 @@ fn explain_names_the_backend_the_kernel_picks() {
         }
         if out.action != XDP_TX {
             let st = dp.stats().unwrap();
-            let counters: Vec<String> = lb_common::maps::stat::NAMES.iter().enumerate().filter(|(i, _)| st.get(*i as u32) != 0).map(|(i, n)| format!("{n}={}", st.get(i as u32))).collect();
-            panic!("{} {client}:{sport}: action {} but explain said {predicted:?}; counters {counters:?}", svc.name, out.action);
+            let counters: Vec<String> = lb_common::maps::stat::NAMES
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| st.get(*i as u32) != 0)
+                .map(|(i, n)| format!("{n}={}", st.get(i as u32)))
+                .collect();
+            panic!(
+                "{} {client}:{sport}: action {} but explain said {predicted:?}; counters {counters:?}",
+                svc.name, out.action
+            );
         }
         let mac = out.data[5];
         let want = predicted.backend.unwrap().to_string();
         let want = want.as_str();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(backend.mac.unwrap().to_string(), format!("02:be:00:00:00:{mac:02x}"), "{} {client}:{sport}: explain said {want}", svc.name);
+        assert_eq!(
+            backend.mac.unwrap().to_string(),
+            format!("02:be:00:00:00:{mac:02x}"),
+            "{} {client}:{sport}: explain said {want}",
+            svc.name
+        );
         distinct.insert(want.to_owned());
         checked += 1;
     }
@@ -162,7 +180,9 @@ mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"));
+    let mut dp = lb_tests::fixture::register_interfaces(
+        Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"),
+    );
     let mut ctl = Controller::new(cfg.clone());
     ctl.reconcile(&mut dp).unwrap();
     let applied = ctl.applied().unwrap().clone();
@@ -173,9 +193,18 @@ mac = "02:be:00:00:00:32"
         let IpAddr::V4(vip) = svc.vip else { unreachable!() };
         let c = Ipv4Addr::new(198, 18, 1 + (rng.next() % 3) as u8, 1 + (rng.next() % 250) as u8);
         let sport = 1024 + (rng.next() % 60000) as u16;
-        let frame = ethernet(LB_MAC, CLIENT_MAC, 0x0800, &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")));
-        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP }).unwrap();
-        let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else { panic!("a Traffic Manager class: {predicted:?}") };
+        let frame = ethernet(
+            LB_MAC,
+            CLIENT_MAC,
+            0x0800,
+            &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")),
+        );
+        let predicted =
+            explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP })
+                .unwrap();
+        let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else {
+            panic!("a Traffic Manager class: {predicted:?}")
+        };
         assert_eq!(routing_method, svc.routing_method.as_str());
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
         if predicted.dropped {
@@ -190,5 +219,8 @@ mac = "02:be:00:00:00:32"
         assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
         forwarded += 1;
     }
-    assert!(forwarded > 600 && dropped > 50, "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped");
+    assert!(
+        forwarded > 600 && dropped > 50,
+        "SUBNET drops clients outside its ranges: {forwarded} forwarded, {dropped} dropped"
+    );
 }

@@ -167,7 +167,10 @@ fn ipv4_options_are_honoured() {
 #[test]
 fn ipv4_fragments_all_reach_the_three_tuple_backend() {
     let dp = setup();
-    let want = spread_table()[maglev_slot(predicted_hash(affinity::NONE, CLIENT.into(), VIP.into(), 0, 0, PROTO_UDP, false), TEST_M) as usize];
+    let want = spread_table()[maglev_slot(
+        predicted_hash(affinity::NONE, CLIENT.into(), VIP.into(), 0, 0, PROTO_UDP, false),
+        TEST_M,
+    ) as usize];
     let udp = udp4(CLIENT, VIP, 5000, 53, &[7u8; 40]);
     let mut first = V4::new(CLIENT, VIP, PROTO_UDP);
     first.frag = 0x2000; // MF, offset 0
@@ -218,7 +221,8 @@ fn ipv6_fragments_with_a_header_after_the_fragment_header_stay_together() {
     let vip = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x101);
     let info = service_info(1, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
     dp.set_service(&[service_key(vip.into(), 0, lb_common::maps::PROTO_ANY)], info).unwrap();
-    let want = spread_table()[maglev_slot(predicted_hash(affinity::NONE, CLIENT6.into(), vip.into(), 0, 0, 60, false), TEST_M) as usize];
+    let want = spread_table()
+        [maglev_slot(predicted_hash(affinity::NONE, CLIENT6.into(), vip.into(), 0, 0, 60, false), TEST_M) as usize];
     // Fragmentable part: destination options, then UDP (8 + 8 + 40 bytes), cut at 32.
     let part = ext_header(PROTO_UDP, 1, &udp6(CLIENT6, vip, 5000, 53, &[9u8; 40]));
     let first = ipv6(CLIENT6, vip, 44, 64, 0, &frag_header(60, 0, true, 78, &part[..32]));
@@ -230,7 +234,10 @@ fn ipv6_fragments_with_a_header_after_the_fragment_header_stay_together() {
 #[test]
 fn ipv6_fragments_all_reach_the_three_tuple_backend() {
     let dp = setup();
-    let want = spread_table()[maglev_slot(predicted_hash(affinity::NONE, CLIENT6.into(), VIP6.into(), 0, 0, PROTO_UDP, false), TEST_M) as usize];
+    let want = spread_table()[maglev_slot(
+        predicted_hash(affinity::NONE, CLIENT6.into(), VIP6.into(), 0, 0, PROTO_UDP, false),
+        TEST_M,
+    ) as usize];
     let udp = udp6(CLIENT6, VIP6, 5000, 53, &[9u8; 40]);
     let first = ipv6(CLIENT6, VIP6, 0, 64, 0, &ext_header(44, 1, &frag_header(PROTO_UDP, 0, true, 77, &udp[..24])));
     let last = ipv6(CLIENT6, VIP6, 44, 64, 0, &frag_header(PROTO_UDP, 3, false, 77, &udp[24..]));

@@ -54,7 +54,8 @@ fn key(v: u32, k: u32) -> ServiceKey {
 }
 
 /// Probe packets per VIP: (proto, port), hitting each key when all are installed.
-const PROBES: [(u8, u16); 6] = [(PROTO_TCP, 80), (PROTO_TCP, 443), (PROTO_UDP, 53), (PROTO_TCP, 8080), (PROTO_UDP, 9999), (PROTO_UDP, 80)];
+const PROBES: [(u8, u16); 6] =
+    [(PROTO_TCP, 80), (PROTO_TCP, 443), (PROTO_UDP, 53), (PROTO_TCP, 8080), (PROTO_UDP, 9999), (PROTO_UDP, 80)];
 
 /// The lookup order of the data plane over the installed keys (the model, not the kernel).
 fn expected(installed: &BTreeMap<(u32, u32), ServiceKey>, v: u32, proto: u8, port: u16) -> Option<u32> {
@@ -68,11 +69,19 @@ fn frame(v: u32, proto: u8, port: u16) -> Vec<u8> {
     let sport = 40000 + v as u16;
     match vip(v) {
         IpAddr::V4(dst) => {
-            let l4 = if proto == PROTO_TCP { tcp4(CLIENT4, dst, sport, port, TCP_SYN, b"x") } else { udp4(CLIENT4, dst, sport, port, b"x") };
+            let l4 = if proto == PROTO_TCP {
+                tcp4(CLIENT4, dst, sport, port, TCP_SYN, b"x")
+            } else {
+                udp4(CLIENT4, dst, sport, port, b"x")
+            };
             ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT4, dst, proto).build(&l4))
         }
         IpAddr::V6(dst) => {
-            let l4 = if proto == PROTO_TCP { tcp6(CLIENT6, dst, sport, port, TCP_SYN, b"x") } else { udp6(CLIENT6, dst, sport, port, b"x") };
+            let l4 = if proto == PROTO_TCP {
+                tcp6(CLIENT6, dst, sport, port, TCP_SYN, b"x")
+            } else {
+                udp6(CLIENT6, dst, sport, port, b"x")
+            };
             ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ipv6(CLIENT6, dst, proto, 64, 0, &l4))
         }
     }
@@ -91,7 +100,11 @@ fn install_all(dp: &mut Dataplane) -> BTreeMap<(u32, u32), ServiceKey> {
             };
             dp.set_backend(id, backend(baddr, backend_mac(id), 0)).unwrap();
             dp.write_table(id, 0, 0, &vec![id; TEST_M as usize]).unwrap();
-            dp.set_service(&[key(v, k)], service_info(id, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR)).unwrap();
+            dp.set_service(
+                &[key(v, k)],
+                service_info(id, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR),
+            )
+            .unwrap();
             installed.insert((v, k), key(v, k));
         }
     }
@@ -142,7 +155,9 @@ fn model_keys(installed: &BTreeMap<(u32, u32), ServiceKey>) -> Vec<ServiceKey> {
 #[test]
 fn two_hundred_keys_hit_their_services_and_removed_ones_do_not() {
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)"));
+    let mut dp = lb_tests::fixture::register_interfaces(
+        Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)"),
+    );
     let mut installed = install_all(&mut dp);
     assert_eq!(installed.len(), 200);
     assert_eq!(installed_keys(&dp), model_keys(&installed));
@@ -188,10 +203,12 @@ fn two_hundred_keys_hit_their_services_and_removed_ones_do_not() {
     assert_eq!(dp.run_test(Program::Lb, &truncated(2), 0).unwrap().action, lb_user::dataplane::XDP_DROP);
 
     // Re-adding a removed key makes it hit again; updating a key's service moves it.
-    dp.set_service(&[key(0, 0)], service_info(0, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR)).unwrap();
+    dp.set_service(&[key(0, 0)], service_info(0, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR))
+        .unwrap();
     installed.insert((0, 0), key(0, 0));
     check_all(&dp, &installed);
-    dp.set_service(&[key(3, 0)], service_info(19, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR)).unwrap();
+    dp.set_service(&[key(3, 0)], service_info(19, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR))
+        .unwrap();
     let out = dp.run_test(Program::Lb, &frame(3, PROTO_TCP, 80), 0).unwrap();
     assert_eq!((out.action, &out.data[..6]), (XDP_TX, &backend_mac(19)[..]));
 }

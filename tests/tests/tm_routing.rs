@@ -211,7 +211,9 @@ impl Rig {
     fn new(cfg: &str) -> Rig {
         let cfg = Config::parse(cfg).expect("test configuration is valid");
         lb_tests::fixture_net::enter_lo_routed_netns();
-        let dp = lb_tests::fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).expect("loading the data plane (tests must run as root)"));
+        let dp = lb_tests::fixture::register_interfaces(
+            Dataplane::load(sizes_for(&cfg)).expect("loading the data plane (tests must run as root)"),
+        );
         let mut rig = Rig { ctl: Controller::new(cfg), dp };
         rig.ctl.reconcile(&mut rig.dp).expect("initial reconcile");
         rig
@@ -383,7 +385,11 @@ fn subnet_mapped_then_fallback_then_drop() {
 fn multivalue_spreads_over_every_available_endpoint() {
     let mut rig = Rig::new(CFG);
     let all = rig.spread("multi", C1, 1000, 300);
-    assert_eq!(all.keys().copied().collect::<Vec<_>>(), ["m1", "m2", "m3"], "max_return limits DNS answers, not flows: {all:?}");
+    assert_eq!(
+        all.keys().copied().collect::<Vec<_>>(),
+        ["m1", "m2", "m3"],
+        "max_return limits DNS answers, not flows: {all:?}"
+    );
     rig.degrade("multi", "198.18.15.2");
     let two = rig.spread("multi", C2, 2000, 300);
     assert_eq!(two.keys().copied().collect::<Vec<_>>(), ["m1", "m3"], "M2: {two:?}");

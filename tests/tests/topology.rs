@@ -19,9 +19,8 @@ fn hosts_reach_each_other_and_namespaces_are_removed_on_drop() {
         for v6 in [false, true] {
             let target = SocketAddr::new(b.addr(v6), 8080);
             for c in &topo.clients {
-                let greeting = c
-                    .ns
-                    .run(move || -> std::io::Result<String> {
+                let greeting =
+                    c.ns.run(move || -> std::io::Result<String> {
                         let mut last = None;
                         for _ in 0..100 {
                             match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {

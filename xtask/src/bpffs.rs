@@ -42,10 +42,8 @@ pub fn guarded(f: impl FnOnce() -> Result<()>) -> Result<()> {
     let was_mounted = mounted()?;
     let before = entries()?;
     let result = f();
-    let left: Vec<String> = entries()?
-        .into_iter()
-        .filter(|n| !before.contains(n) && !KERNEL_FILES.contains(&n.as_str()))
-        .collect();
+    let left: Vec<String> =
+        entries()?.into_iter().filter(|n| !before.contains(n) && !KERNEL_FILES.contains(&n.as_str())).collect();
     if !was_mounted && left.is_empty() && mounted()? {
         let status = Command::new("umount").arg(BPFFS).status().context("running umount")?;
         if !status.success() {

@@ -32,7 +32,12 @@ pub fn package(root: &Path) -> Result<()> {
     let lb = root.join("target/release/lb");
     let out = root.join("target/packaging");
     std::fs::create_dir_all(&out)?;
-    for (args, file) in [(&["completions", "bash"][..], "lb.bash"), (&["completions", "zsh"], "_lb"), (&["completions", "fish"], "lb.fish"), (&["manpage"], "lb.8")] {
+    for (args, file) in [
+        (&["completions", "bash"][..], "lb.bash"),
+        (&["completions", "zsh"], "_lb"),
+        (&["completions", "fish"], "lb.fish"),
+        (&["manpage"], "lb.8"),
+    ] {
         let text = output(Command::new(&lb).args(args))?;
         std::fs::write(out.join(file), text).with_context(|| format!("writing {file}"))?;
     }
@@ -53,7 +58,9 @@ fn ensure_cargo_deb() -> Result<()> {
         return Ok(());
     }
     eprintln!("package: installing cargo-deb {CARGO_DEB_VERSION} (a few minutes, once)");
-    run(Command::new("cargo").args(["install", "--locked", "cargo-deb", "--version", CARGO_DEB_VERSION]).current_dir(std::env::temp_dir()))
+    run(Command::new("cargo")
+        .args(["install", "--locked", "cargo-deb", "--version", CARGO_DEB_VERSION])
+        .current_dir(std::env::temp_dir()))
 }
 
 fn output(cmd: &mut Command) -> Result<String> {
@@ -87,7 +94,10 @@ fn check(deb: &Path) -> Result<()> {
         let version = output(Command::new(scratch.join("usr/bin/lb")).arg("--version"))?;
         let commit = output(Command::new("git").args(["rev-parse", "--short=12", "HEAD"]))?;
         if !version.contains(&format!("(commit {}", commit.trim())) || !version.contains("eBPF object sha256 ") {
-            bail!("the packaged lb --version names neither the commit {} nor the eBPF object: {version:?}", commit.trim());
+            bail!(
+                "the packaged lb --version names neither the commit {} nor the eBPF object: {version:?}",
+                commit.trim()
+            );
         }
         println!("package: {} holds {} files; its lb --version: {}", deb.display(), files.len(), version.trim());
         Ok(())

@@ -113,7 +113,15 @@ fn bpf_linker() -> Result<()> {
     }
     eprintln!("setup: building bpf-linker against {} (about a minute)", llvm.display());
     run(Command::new("cargo")
-        .args(["+nightly", "install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .args([
+            "+nightly",
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+        ])
         .arg(format!("llvm-{major}"))
         .env("LLVM_PREFIX", LLVM_PREFIX)
         // Build outside the workspace so its config and target dir do not apply.
@@ -125,13 +133,20 @@ fn bpf_linker() -> Result<()> {
 }
 
 fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES.iter().filter(|(_, cmd)| which(cmd).is_none() && which_sbin(cmd).is_none()).map(|(p, _)| *p).collect();
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(_, cmd)| which(cmd).is_none() && which_sbin(cmd).is_none())
+        .map(|(p, _)| *p)
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("setup: installing Debian packages {}", missing.join(" "));
     run(Command::new("apt-get").arg("update").arg("-q"))?;
-    run(Command::new("apt-get").args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 /// PATH of a non-login root shell may lack /usr/sbin.

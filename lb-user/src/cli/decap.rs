@@ -34,7 +34,8 @@ pub struct Decapsulator {
 impl Decapsulator {
     /// Loads and verifies the decapsulator's object. Needs CAP_BPF/CAP_NET_ADMIN (root).
     pub fn load() -> Result<Self> {
-        let mut ebpf = Ebpf::load(EBPF_OBJECT).context("loading the decapsulator's XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+        let mut ebpf = Ebpf::load(EBPF_OBJECT)
+            .context("loading the decapsulator's XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
         dataplane::verify(&mut ebpf, PROGRAM)?;
         Ok(Self { addrs: take(&mut ebpf, "DECAP_ADDRS")?, stats: take(&mut ebpf, "STATS")?, ebpf })
     }
@@ -124,7 +125,8 @@ pub fn interface_addresses(ifname: &str) -> Result<Vec<IpAddr>> {
 
 pub fn attach(args: &DecapArgs) -> Result<()> {
     pinning::ensure_pin_dir(&args.pin_dir)?;
-    let addresses = if args.addresses.is_empty() { interface_addresses(&args.interface)? } else { args.addresses.clone() };
+    let addresses =
+        if args.addresses.is_empty() { interface_addresses(&args.interface)? } else { args.addresses.clone() };
     if addresses.is_empty() {
         bail!("interface {} has no addresses; give --address", args.interface);
     }

@@ -17,7 +17,12 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Send a request to the daemon; print its reply `T` (see `daemon::reply`) as JSON or through
 /// `human`.
-pub fn call<T: serde::Serialize + serde::de::DeserializeOwned>(socket: &Path, json: bool, req: Request, human: fn(&T) -> String) -> anyhow::Result<()> {
+pub fn call<T: serde::Serialize + serde::de::DeserializeOwned>(
+    socket: &Path,
+    json: bool,
+    req: Request,
+    human: fn(&T) -> String,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let value: T = rt.block_on(api::call(socket, &req))?;
     if json {

@@ -6,8 +6,8 @@
 //! only loads, plans and prints.
 use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
-use crate::policy::{plan_config, route_service, ClassPlan, ServicePlan};
 use crate::policy::tm::{TmServicePlan, DEFAULT_CLASS};
+use crate::policy::{plan_config, route_service, ClassPlan, ServicePlan};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -52,8 +52,8 @@ pub fn plan_all(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Plans {
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let cfg = Config::load(&args.config)?;
-    let unhealthy = unhealthy_set(&cfg, &args.unhealthy)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    let unhealthy =
+        unhealthy_set(&cfg, &args.unhealthy).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let plans = plan_all(&cfg, &|si, bi| {
         let b = &cfg.services[si].backends[bi];
         b.is_nested() || !unhealthy.contains(&b.address)
@@ -67,10 +67,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&render_json(&cfg, &plans))?
-        );
+        println!("{}", serde_json::to_string_pretty(&render_json(&cfg, &plans))?);
     } else {
         print!("{}", render_table(&cfg, &plans));
     }
@@ -79,21 +76,11 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
 
 /// The addresses to mark unhealthy; every one must be a configured backend of some service.
 pub fn unhealthy_set(cfg: &Config, addrs: &[IpAddr]) -> anyhow::Result<HashSet<IpAddr>> {
-    let known: HashSet<IpAddr> = cfg
-        .services
-        .iter()
-        .flat_map(|s| s.backends.iter().filter(|b| !b.is_nested()).map(|b| b.address))
-        .collect();
-    let unknown: Vec<String> = addrs
-        .iter()
-        .filter(|a| !known.contains(a))
-        .map(|a| a.to_string())
-        .collect();
+    let known: HashSet<IpAddr> =
+        cfg.services.iter().flat_map(|s| s.backends.iter().filter(|b| !b.is_nested()).map(|b| b.address)).collect();
+    let unknown: Vec<String> = addrs.iter().filter(|a| !known.contains(a)).map(|a| a.to_string()).collect();
     if !unknown.is_empty() {
-        bail!(
-            "--unhealthy {}: not a backend address of any service",
-            unknown.join(",")
-        );
+        bail!("--unhealthy {}: not a backend address of any service", unknown.join(","));
     }
     Ok(addrs.iter().copied().collect())
 }
@@ -158,12 +145,16 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
             out.push('\n');
         }
         if let Some(tm) = &plans.tm[i] {
-            out.push_str(&format!("service {} ({} {})  routing_method {}\n", svc.name, svc.vip, svc.protocol, tm.method));
+            out.push_str(&format!(
+                "service {} ({} {})  routing_method {}\n",
+                svc.name, svc.vip, svc.protocol, tm.method
+            ));
             for (net, c) in &tm.prefixes {
                 out.push_str(&format!("  client {net} -> class {c}\n"));
             }
             for c in &tm.classes {
-                let which = if c.id == DEFAULT_CLASS { "class 0 (no prefix)".to_string() } else { format!("class {}", c.id) };
+                let which =
+                    if c.id == DEFAULT_CLASS { "class 0 (no prefix)".to_string() } else { format!("class {}", c.id) };
                 let set = if c.eligible.is_empty() {
                     "DROP (unroutable)".to_string()
                 } else {
@@ -192,26 +183,13 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
                     None => NON_COMPATIBLE_LABEL.to_string(),
                 };
                 let eligible = addresses(svc, class);
-                let eligible = if eligible.is_empty() {
-                    "DROP".to_string()
-                } else {
-                    eligible.join(", ")
-                };
+                let eligible = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
                 [zone, class.outcome.as_str().to_string(), eligible]
             })
             .collect();
-        let header = [
-            "CLIENT ZONE".to_string(),
-            "AFFINITY".to_string(),
-            "ELIGIBLE".to_string(),
-        ];
-        let width = |col: usize| {
-            std::iter::once(&header)
-                .chain(&rows)
-                .map(|r| r[col].chars().count())
-                .max()
-                .unwrap_or(0)
-        };
+        let header = ["CLIENT ZONE".to_string(), "AFFINITY".to_string(), "ELIGIBLE".to_string()];
+        let width =
+            |col: usize| std::iter::once(&header).chain(&rows).map(|r| r[col].chars().count()).max().unwrap_or(0);
         let (w0, w1) = (width(0), width(1));
         for row in std::iter::once(&header).chain(&rows) {
             out.push_str(&format!("  {:<w0$}  {:<w1$}  {}\n", row[0], row[1], row[2]));
@@ -222,11 +200,7 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
 
 /// The class's eligible backends as written in the config, in config order.
 fn addresses(svc: &Service, class: &ClassPlan) -> Vec<String> {
-    class
-        .eligible
-        .iter()
-        .map(|&i| svc.backends[i].address.to_string())
-        .collect()
+    class.eligible.iter().map(|&i| svc.backends[i].address.to_string()).collect()
 }
 
 /// What one service does for one client source address.
@@ -258,7 +232,11 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> Client
         .max_by_key(|(_, p)| p.prefix_len())
         .map(|(z, _)| z);
     let plan = &plans.zonal[si];
-    let class = plan.classes.iter().find(|c| c.client_zone == zone).or_else(|| plan.classes.iter().find(|c| c.client_zone.is_none()));
+    let class = plan
+        .classes
+        .iter()
+        .find(|c| c.client_zone == zone)
+        .or_else(|| plan.classes.iter().find(|c| c.client_zone.is_none()));
     let eligible = class.map(|c| addresses(svc, c)).unwrap_or_default();
     let reason = format!(
         "{}: {}; zonal affinity {}",
@@ -280,7 +258,8 @@ pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
     let services: Vec<Value> = (0..cfg.services.len())
         .map(|si| {
             let ClientView { class, zone, eligible, reason } = client_view(cfg, plans, si, client);
-            let mut v = json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
+            let mut v =
+                json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
             if plans.tm[si].is_none() {
                 v["client_zone"] = json!(zone);
             }
@@ -364,7 +343,11 @@ mod tests {
         let geo = &v["services"][1];
         assert_eq!(geo["routing_method"], "GEOGRAPHIC");
         assert_eq!(geo["prefixes"], json!([{"prefix": "198.18.1.0/24", "class": 1}]));
-        assert_eq!(geo["classes"][1]["eligible"], json!([{"address": "198.18.13.1", "weight": 1}]), "Q3: Degraded still mapped");
+        assert_eq!(
+            geo["classes"][1]["eligible"],
+            json!([{"address": "198.18.13.1", "weight": 1}]),
+            "Q3: Degraded still mapped"
+        );
         let table = render_table(&cfg, &p);
         assert!(table.contains("client 198.18.1.0/24 -> class 1"), "{table}");
         assert!(table.contains("class 0 (no prefix): DROP (unroutable)"), "{table}");

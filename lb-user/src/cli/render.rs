@@ -1,7 +1,9 @@
 //! Human-readable rendering of the daemon's replies (`--json` prints them as they are). Tables
 //! are aligned columns without borders (`comfy-table`); a long eligible set wraps within its
 //! column instead of running off the terminal.
-use crate::daemon::reply::{BackendChange, ChangeKind, ClassFacts, Explanation, HostDrain, ReloadPlan, Reloaded, Stats, Status};
+use crate::daemon::reply::{
+    BackendChange, ChangeKind, ClassFacts, Explanation, HostDrain, ReloadPlan, Reloaded, Stats, Status,
+};
 use comfy_table::{presets, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
 use std::fmt::Write;
 use std::net::IpAddr;
@@ -71,11 +73,29 @@ pub fn status(v: &Status) -> String {
         let _ = writeln!(
             out,
             "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
-            svc.name, svc.vip, svc.protocol, ports, or_dash(&svc.eligible_kind), or_dash(&svc.rule), or_dash(&svc.active_pool)
+            svc.name,
+            svc.vip,
+            svc.protocol,
+            ports,
+            or_dash(&svc.eligible_kind),
+            or_dash(&svc.rule),
+            or_dash(&svc.active_pool)
         );
-        let mut backends = table(&["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING"], &[40, 10, 9, 10, 13, 6], &[5]);
+        let mut backends = table(
+            &["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING"],
+            &[40, 10, 9, 10, 13, 6],
+            &[5],
+        );
         for b in &svc.backends {
-            let cells = [b.address.to_string(), or_dash(&b.zone).to_owned(), b.role.clone(), b.health.clone(), b.health_source.clone(), b.weight.to_string(), b.draining.to_string()];
+            let cells = [
+                b.address.to_string(),
+                or_dash(&b.zone).to_owned(),
+                b.role.clone(),
+                b.health.clone(),
+                b.health_source.clone(),
+                b.weight.to_string(),
+                b.draining.to_string(),
+            ];
             backends.add_row(cells.to_vec());
         }
         push_table(&mut out, &backends);
@@ -112,7 +132,8 @@ pub fn stats(v: &Stats) -> String {
     for svc in &v.services {
         let _ = writeln!(out, "service {}", svc.name);
         let head = if svc.traffic_manager { "CLIENT CLASS" } else { "CLIENT ZONE" };
-        let mut t = table(&[head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS"], &[18, 10, 12, 10, 18], &[1, 2, 3, 4]);
+        let mut t =
+            table(&[head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS"], &[18, 10, 12, 10, 18], &[1, 2, 3, 4]);
         for c in &svc.classes {
             let label = match (svc.traffic_manager, &c.client_zone) {
                 (true, _) if c.client_class == 0 => "0 (default)".into(),
@@ -120,7 +141,13 @@ pub fn stats(v: &Stats) -> String {
                 (false, None) => "(non-compatible)".into(),
                 (false, Some(zone)) => zone.clone(),
             };
-            t.add_row(vec![label, c.packets.to_string(), c.bytes.to_string(), c.new_flows.to_string(), c.cross_zone_spills.to_string()]);
+            t.add_row(vec![
+                label,
+                c.packets.to_string(),
+                c.bytes.to_string(),
+                c.new_flows.to_string(),
+                c.cross_zone_spills.to_string(),
+            ]);
         }
         push_table(&mut out, &t);
     }
@@ -138,11 +165,19 @@ pub fn explain(v: &Explanation) -> String {
         ClassFacts::Zonal { client_zone, eligible_kind, rule, reason, affinity } => {
             let zone = client_zone.clone().unwrap_or_else(|| "none (non-compatible client)".into());
             let _ = writeln!(out, "  client class   {} (zone {})", v.client_class, zone);
-            let _ = writeln!(out, "  eligible set   {eligible_kind} by rule {rule} ({reason}); zonal affinity {}", or_dash(affinity));
+            let _ = writeln!(
+                out,
+                "  eligible set   {eligible_kind} by rule {rule} ({reason}); zonal affinity {}",
+                or_dash(affinity)
+            );
         }
     }
     let _ = writeln!(out, "  eligible       {}", eligible(&v.eligible));
-    let _ = writeln!(out, "  hash           {} ({}), Maglev slot {} of {}", v.hash, v.session_affinity, v.maglev_slot, v.table_size);
+    let _ = writeln!(
+        out,
+        "  hash           {} ({}), Maglev slot {} of {}",
+        v.hash, v.session_affinity, v.maglev_slot, v.table_size
+    );
     let backend = match v.backend {
         _ if v.dropped => "DROP".to_owned(),
         Some(b) => b.to_string(),
@@ -155,7 +190,10 @@ pub fn explain(v: &Explanation) -> String {
 pub fn backend(v: &BackendChange) -> String {
     let mut what = Vec::new();
     if let Some(h) = v.health {
-        what.push(format!("health {}", serde_json::to_value(h).ok().and_then(|h| h.as_str().map(str::to_owned)).unwrap_or_default()));
+        what.push(format!(
+            "health {}",
+            serde_json::to_value(h).ok().and_then(|h| h.as_str().map(str::to_owned)).unwrap_or_default()
+        ));
     }
     if let Some(d) = v.draining {
         what.push(if d { "draining".to_owned() } else { "not draining".to_owned() });
@@ -177,7 +215,8 @@ pub fn reload_plan(v: &ReloadPlan) -> String {
         let _ = writeln!(out, "dry run: reloading {} changes nothing", v.config);
         return out;
     }
-    let _ = writeln!(out, "dry run: reloading {} would write {} tables (nothing was applied)", v.config, v.tables_to_write);
+    let _ =
+        writeln!(out, "dry run: reloading {} would write {} tables (nothing was applied)", v.config, v.tables_to_write);
     for s in &v.services {
         let kind = match s.change {
             ChangeKind::Added => "added",
@@ -209,7 +248,14 @@ mod tests {
     use crate::daemon::reply::{ClassStats, ClassView, Counters, ServiceStats, ServiceStatus, ZoneView};
 
     fn counters(client_class: u32, client_zone: Option<&str>) -> ClassStats {
-        ClassStats { client_class, client_zone: client_zone.map(str::to_owned), packets: 1, bytes: 2, new_flows: 3, cross_zone_spills: 0 }
+        ClassStats {
+            client_class,
+            client_zone: client_zone.map(str::to_owned),
+            packets: 1,
+            bytes: 2,
+            new_flows: 3,
+            cross_zone_spills: 0,
+        }
     }
 
     #[test]
@@ -217,14 +263,30 @@ mod tests {
         let v = Stats {
             global: Counters::default(),
             services: vec![
-                ServiceStats { name: "web".into(), traffic_manager: false, classes: vec![counters(0, None), counters(1, Some("zone-a"))] },
-                ServiceStats { name: "tm".into(), traffic_manager: true, classes: vec![counters(0, None), counters(2, None)] },
+                ServiceStats {
+                    name: "web".into(),
+                    traffic_manager: false,
+                    classes: vec![counters(0, None), counters(1, Some("zone-a"))],
+                },
+                ServiceStats {
+                    name: "tm".into(),
+                    traffic_manager: true,
+                    classes: vec![counters(0, None), counters(2, None)],
+                },
             ],
         };
         let out = stats(&v);
         let lines: Vec<&str> = out.lines().map(str::trim).collect();
-        assert!(lines[1].starts_with("CLIENT ZONE") && lines[2].starts_with("(non-compatible)") && lines[3].starts_with("zone-a"), "{out}");
-        assert!(lines[5].starts_with("CLIENT CLASS") && lines[6].starts_with("0 (default)") && lines[7].starts_with("2 "), "{out}");
+        assert!(
+            lines[1].starts_with("CLIENT ZONE")
+                && lines[2].starts_with("(non-compatible)")
+                && lines[3].starts_with("zone-a"),
+            "{out}"
+        );
+        assert!(
+            lines[5].starts_with("CLIENT CLASS") && lines[6].starts_with("0 (default)") && lines[7].starts_with("2 "),
+            "{out}"
+        );
     }
 
     /// 16.7: the numbers of a row stand right-aligned under their headers (they were printed
@@ -241,7 +303,11 @@ mod tests {
         };
         let v = Stats {
             global: Counters(vec![("rx".into(), 5), ("drop_fib".into(), 0), ("xdp_tx".into(), 123456)]),
-            services: vec![ServiceStats { name: "web".into(), traffic_manager: false, classes: vec![row(1, "zone-a", 7), row(2, "zone-b", 1234567)] }],
+            services: vec![ServiceStats {
+                name: "web".into(),
+                traffic_manager: false,
+                classes: vec![row(1, "zone-a", 7), row(2, "zone-b", 1234567)],
+            }],
         };
         let out = stats(&v);
         let lines: Vec<&str> = out.lines().collect();
@@ -251,7 +317,9 @@ mod tests {
         let header = lines.iter().find(|l| l.contains("PACKETS")).unwrap();
         for (n, line) in lines.iter().filter(|l| l.contains("zone-")).enumerate() {
             // Every number ends where its header ends.
-            for (head, value) in [("PACKETS", [7u64, 1234567][n]), ("BYTES", [10500, 1851850500][n]), ("NEW FLOWS", [0, 123456][n])] {
+            for (head, value) in
+                [("PACKETS", [7u64, 1234567][n]), ("BYTES", [10500, 1851850500][n]), ("NEW FLOWS", [0, 123456][n])]
+            {
                 let end = header.find(head).unwrap() + head.len();
                 let value = value.to_string();
                 assert_eq!(&line[end - value.len()..end], value, "{head} of {line:?}\n{out}");
@@ -285,7 +353,11 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let v = status_of(vec![
             zonal_web(vec![
-                ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: vec![ip("198.18.11.1")] },
+                ZoneView {
+                    client_zone: Some("zone-a".into()),
+                    affinity: "REFINED".into(),
+                    eligible: vec![ip("198.18.11.1")],
+                },
                 ZoneView { client_zone: None, affinity: "NOT_COMPATIBLE".into(), eligible: vec![] },
             ]),
             ServiceStatus {
@@ -300,8 +372,18 @@ mod tests {
                 zones: vec![],
                 routing_method: "SUBNET".into(),
                 classes: Some(vec![
-                    ClassView { class: 1, client_prefixes: vec!["198.18.1.0/24".parse().unwrap()], eligible: vec![ip("198.18.21.1")], reason: "SUBNET: mapped".into() },
-                    ClassView { class: 0, client_prefixes: vec![], eligible: vec![], reason: "SUBNET: no range (NODATA)".into() },
+                    ClassView {
+                        class: 1,
+                        client_prefixes: vec!["198.18.1.0/24".parse().unwrap()],
+                        eligible: vec![ip("198.18.21.1")],
+                        reason: "SUBNET: mapped".into(),
+                    },
+                    ClassView {
+                        class: 0,
+                        client_prefixes: vec![],
+                        eligible: vec![],
+                        reason: "SUBNET: no range (NODATA)".into(),
+                    },
                 ]),
             },
         ]);
@@ -318,7 +400,11 @@ mod tests {
     #[test]
     fn long_eligible_sets_wrap() {
         let set: Vec<IpAddr> = (1..=40).map(|i| format!("198.18.11.{i}").parse().unwrap()).collect();
-        let v = status_of(vec![zonal_web(vec![ZoneView { client_zone: Some("zone-a".into()), affinity: "REFINED".into(), eligible: set.clone() }])]);
+        let v = status_of(vec![zonal_web(vec![ZoneView {
+            client_zone: Some("zone-a".into()),
+            affinity: "REFINED".into(),
+            eligible: set.clone(),
+        }])]);
         let out = status(&v);
         assert!(out.lines().all(|l| l.chars().count() <= DEFAULT_WIDTH as usize), "{out}");
         assert!(out.lines().filter(|l| l.contains("198.18.11.")).count() > 3, "wrapped over several lines: {out}");

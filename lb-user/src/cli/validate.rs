@@ -43,7 +43,12 @@ mod tests {
              [[service.backend]]\naddress = \"198.18.11.1\"\nweight = 0\n",
         );
         let err = format!("{:#}", check(&path).unwrap_err());
-        assert!(err.contains("problems):") && err.contains("spillover_ratio") && err.starts_with(&path.display().to_string()), "{err}");
+        assert!(
+            err.contains("problems):")
+                && err.contains("spillover_ratio")
+                && err.starts_with(&path.display().to_string()),
+            "{err}"
+        );
         assert!(err.matches("\n  - ").count() >= 2, "{err}");
     }
 }

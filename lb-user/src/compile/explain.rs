@@ -3,7 +3,7 @@
 //! with the very functions and tables the kernel uses (lb-common's hashing, the compiled
 //! tables), so the answer agrees with what the XDP program does.
 
-use crate::compile::{CompiledService, Compiled};
+use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;
 use lb_common::decide::hash_tuple;
 use lb_common::hash::{flow_hash, maglev_slot};
@@ -57,7 +57,8 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Predi
     let hash = flow_hash(&hash_tuple(svc.info.affinity, &full, ports_valid));
     let slot = maglev_slot(hash, m);
     // As the kernel: a class without a table uses class 0's.
-    let table = svc.tables.iter().find(|t| t.class == class).or_else(|| svc.tables.iter().find(|t| t.class == CLASS_NONE));
+    let table =
+        svc.tables.iter().find(|t| t.class == class).or_else(|| svc.tables.iter().find(|t| t.class == CLASS_NONE));
     let backend = table.map(|t| t.entries[slot as usize]).unwrap_or(BACKEND_DROP);
     Prediction { class, hash, slot, backend }
 }
@@ -111,7 +112,9 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
     let Prediction { class, hash, slot, backend } = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
     // Backend ids are unique across services (a Traffic Manager class may hold a nested
     // child's backends).
-    let addr_of = |id: u32| compiled.services.iter().find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i]));
+    let addr_of = |id: u32| {
+        compiled.services.iter().find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i]))
+    };
     // What the class means: a Traffic Manager class is a source-prefix group of the routing
     // method, a zonal class a client zone.
     let (facts, eligible) = if let Some(tm) = &svc.tm {
@@ -124,7 +127,8 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
         (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())
     } else {
         let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
-        let class_plan = svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
+        let class_plan =
+            svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
         let facts = ClassFacts::Zonal {
             client_zone: zone,
             eligible_kind: svc.plan.kind.as_str().to_owned(),

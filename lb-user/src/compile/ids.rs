@@ -111,7 +111,12 @@ impl Ids {
         let configured: HashSet<(&str, IpAddr)> =
             cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| (s.name.as_str(), b.address))).collect();
         self.backends.retain(|k, _| keep(k) || configured.contains(&(k.service.as_str(), k.address)));
-        let named: HashSet<&str> = cfg.services.iter().map(|s| s.name.as_str()).chain(self.backends.keys().map(|k| k.service.as_str())).collect();
+        let named: HashSet<&str> = cfg
+            .services
+            .iter()
+            .map(|s| s.name.as_str())
+            .chain(self.backends.keys().map(|k| k.service.as_str()))
+            .collect();
         self.services.retain(|name, _| named.contains(name.as_str()));
         self.free_services = None;
         self.free_backends = None;

@@ -77,16 +77,10 @@ impl fmt::Display for MaglevError {
         match self {
             Self::NotPrime { m } => write!(f, "Maglev table size {m} is not prime"),
             Self::TooSmall { m, backends } => {
-                write!(
-                    f,
-                    "Maglev table size {m} is smaller than the number of backends ({backends})"
-                )
+                write!(f, "Maglev table size {m} is smaller than the number of backends ({backends})")
             }
             Self::DuplicateKey { first, second } => {
-                write!(
-                    f,
-                    "backends #{first} and #{second} have the same Maglev key"
-                )
+                write!(f, "backends #{first} and #{second} have the same Maglev key")
             }
             Self::TooManyBackends { backends } => {
                 write!(f, "{backends} backends do not fit a Maglev table entry")
@@ -127,16 +121,11 @@ pub fn build_table(backends: &[MaglevBackend], m: u32) -> Result<Vec<u32>, Magle
         return Err(MaglevError::NotPrime { m });
     }
     if backends.len() >= BACKEND_DROP as usize {
-        return Err(MaglevError::TooManyBackends {
-            backends: backends.len(),
-        });
+        return Err(MaglevError::TooManyBackends { backends: backends.len() });
     }
     let order = claim_order(backends)?;
     if order.len() > m as usize {
-        return Err(MaglevError::TooSmall {
-            m,
-            backends: order.len(),
-        });
+        return Err(MaglevError::TooSmall { m, backends: order.len() });
     }
     if order.is_empty() {
         return Ok(vec![BACKEND_DROP; m as usize]);
@@ -203,14 +192,9 @@ fn walk_claims(ranks: &[u32], walkers: &mut [Walker], slots: &mut Slots, stop_at
         let mut slot = walker.next;
         if is_taken(taken, slot) {
             slot = loop {
-                let free_mask =
-                    walker
-                        .strides
-                        .iter()
-                        .enumerate()
-                        .fold(0u32, |mask, (k, &stride)| {
-                            mask | (u32::from(!is_taken(taken, add_mod(slot, stride, m))) << k)
-                        });
+                let free_mask = walker.strides.iter().enumerate().fold(0u32, |mask, (k, &stride)| {
+                    mask | (u32::from(!is_taken(taken, add_mod(slot, stride, m))) << k)
+                });
                 if free_mask != 0 {
                     break add_mod(slot, walker.strides[free_mask.trailing_zeros() as usize], m);
                 }
@@ -303,8 +287,7 @@ impl ClaimSchedule {
         let total_weight: u128 = weights.iter().map(|&w| u128::from(w)).sum();
         // ~N claims per window; the heaviest claim every round, so never an empty one.
         // At most N rounds, as Σw >= W.
-        let window_rounds =
-            (weights.len() as u128 * u128::from(max_weight) / total_weight).max(1) as u64;
+        let window_rounds = (weights.len() as u128 * u128::from(max_weight) / total_weight).max(1) as u64;
         // Equal weights: step 1, no remainder, first claim in round 1 (W − ⌊W/2⌋ <= W).
         let all_every_round = weights.iter().all(|&w| u64::from(w) == max_weight);
         Self {
@@ -312,11 +295,7 @@ impl ClaimSchedule {
             window_start: 1,
             window_rounds,
             all_every_round,
-            by_rank: if all_every_round {
-                (0..weights.len() as u32).collect()
-            } else {
-                Vec::new()
-            },
+            by_rank: if all_every_round { (0..weights.len() as u32).collect() } else { Vec::new() },
             by_round: Vec::new(),
             round_in_window: Vec::new(),
             cursors: vec![0; window_rounds as usize + 1],
@@ -391,11 +370,7 @@ impl Walker {
             stride = add_mod(stride, skip, m);
             *s = stride;
         }
-        Self {
-            index,
-            next: offset,
-            strides,
-        }
+        Self { index, next: offset, strides }
     }
 }
 
@@ -418,12 +393,7 @@ struct Slots {
 
 impl Slots {
     fn new(m: u32) -> Self {
-        Self {
-            m,
-            table: vec![BACKEND_DROP; m as usize],
-            taken: vec![0; (m as usize).div_ceil(64)],
-            free: m,
-        }
+        Self { m, table: vec![BACKEND_DROP; m as usize], taken: vec![0; (m as usize).div_ceil(64)], free: m }
     }
 
     #[inline(always)]
@@ -473,11 +443,7 @@ struct EndPhase {
 
 impl EndPhase {
     fn new(slots: &Slots, backends: usize) -> Self {
-        Self {
-            reduce: ModReducer::new(slots.m),
-            free: slots.free_slots(),
-            inverses: vec![0; backends],
-        }
+        Self { reduce: ModReducer::new(slots.m), free: slots.free_slots(), inverses: vec![0; backends] }
     }
 
     /// Gives `walker` (rank `rank`) the slot its walk would reach first.
@@ -490,11 +456,7 @@ impl EndPhase {
         let inverse = u64::from(*inverse);
         let next = walker.next;
         let position = |slot: u32| {
-            let distance = if slot >= next {
-                slot - next
-            } else {
-                slot.wrapping_sub(next).wrapping_add(m)
-            };
+            let distance = if slot >= next { slot - next } else { slot.wrapping_sub(next).wrapping_add(m) };
             self.reduce.reduce(u64::from(distance) * inverse)
         };
         let mut best = (u64::MAX, 0);
@@ -531,10 +493,7 @@ struct ModReducer {
 
 impl ModReducer {
     fn new(m: u32) -> Self {
-        Self {
-            m: u64::from(m),
-            magic: u64::MAX / u64::from(m),
-        }
+        Self { m: u64::from(m), magic: u64::MAX / u64::from(m) }
     }
 
     /// The quotient estimate `⌊x·magic / 2^64⌋` is at most `⌊x/m⌋` and, for `x < m² < 2^64`,
@@ -555,14 +514,9 @@ impl ModReducer {
 
 /// Indices of the backends with a non-zero weight, sorted by key; rejects duplicate keys.
 fn claim_order(backends: &[MaglevBackend]) -> Result<Vec<u32>, MaglevError> {
-    let mut order: Vec<u32> = (0..backends.len() as u32)
-        .filter(|&i| backends[i as usize].weight > 0)
-        .collect();
+    let mut order: Vec<u32> = (0..backends.len() as u32).filter(|&i| backends[i as usize].weight > 0).collect();
     order.sort_unstable_by(|&a, &b| backends[a as usize].key.cmp(backends[b as usize].key));
-    if let Some(pair) = order
-        .windows(2)
-        .find(|p| backends[p[0] as usize].key == backends[p[1] as usize].key)
-    {
+    if let Some(pair) = order.windows(2).find(|p| backends[p[0] as usize].key == backends[p[1] as usize].key) {
         let (first, second) = (pair[0].min(pair[1]) as usize, pair[0].max(pair[1]) as usize);
         return Err(MaglevError::DuplicateKey { first, second });
     }
@@ -576,10 +530,7 @@ mod tests {
     #[test]
     fn is_prime_small_and_edge_values() {
         let primes: Vec<u32> = (0..60).filter(|&n| is_prime(n)).collect();
-        assert_eq!(
-            primes,
-            [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]
-        );
+        assert_eq!(primes, [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59]);
         for p in [251, 16381, 65521, 65537, 4_294_967_291] {
             assert!(is_prime(p), "{p}");
         }
@@ -599,11 +550,7 @@ mod tests {
         assert_eq!(w.strides[..4], [m - 1, m - 2, m - 3, m - 4]);
         let w = Walker::new(7, 5, 5, 13);
         assert_eq!(w.strides[..4], [5, 10, 2, 7]);
-        assert!(w
-            .strides
-            .iter()
-            .enumerate()
-            .all(|(k, &s)| s as usize == (k + 1) * 5 % 13));
+        assert!(w.strides.iter().enumerate().all(|(k, &s)| s as usize == (k + 1) * 5 % 13));
     }
 
     #[test]
@@ -615,11 +562,7 @@ mod tests {
                     continue;
                 }
                 let inv = inverse_mod(a, m);
-                assert_eq!(
-                    u64::from(a) * u64::from(inv) % u64::from(m),
-                    1,
-                    "{a} mod {m}"
-                );
+                assert_eq!(u64::from(a) * u64::from(inv) % u64::from(m), 1, "{a} mod {m}");
                 for b in [0, 1, a, m - 1] {
                     let x = u64::from(a) * u64::from(b);
                     assert_eq!(reduce.reduce(x), x % u64::from(m), "{a}·{b} mod {m}");
@@ -664,15 +607,8 @@ mod tests {
     fn credit_handles_extreme_weights() {
         let keys: [&[u8]; 3] = [b"x", b"y", b"z"];
         let weights = [u32::MAX, u32::MAX - 1, 1];
-        let set: Vec<_> = keys
-            .iter()
-            .zip(weights)
-            .map(|(k, w)| MaglevBackend { key: k, weight: w })
-            .collect();
+        let set: Vec<_> = keys.iter().zip(weights).map(|(k, w)| MaglevBackend { key: k, weight: w }).collect();
         let table = build_table(&set, 13).expect("valid");
-        assert!(
-            table.iter().all(|&e| e < 2),
-            "the tiny weight gets no slot: {table:?}"
-        );
+        assert!(table.iter().all(|&e| e < 2), "the tiny weight gets no slot: {table:?}");
     }
 }

@@ -13,18 +13,18 @@ pub mod maglev;
 
 use crate::config::{Config, Service};
 use crate::dataplane::{Demand, ServiceDemand};
+use crate::model::MonitorStatus;
+use crate::model::{Forwarding, Persistence, Protocol, SessionAffinity, TrackingMode};
+use crate::policy::tm::{ProbeStatuses, TmServicePlan};
+use crate::policy::{self, ServicePlan};
 pub use cache::TableCache;
 pub use ids::{Ids, IdsSnapshot};
-use maglev::MaglevBackend;
-use crate::model::{Forwarding, Persistence, Protocol, SessionAffinity, TrackingMode};
-use crate::model::MonitorStatus;
-use crate::policy::{self, ServicePlan};
-use crate::policy::tm::{ProbeStatuses, TmServicePlan};
 use ipnet::IpNet;
 use lb_common::maps::{
     addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo, ServiceKey,
     PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
+use maglev::MaglevBackend;
 use std::net::IpAddr;
 
 /// Everything the data plane needs for one service.
@@ -64,10 +64,16 @@ pub struct Compiled {
 
 /// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
 /// writes them.
-pub fn tables_to_write<'a>(old: Option<&'a Compiled>, new: &'a Compiled) -> impl Iterator<Item = (&'a CompiledService, &'a ClassTable)> {
+pub fn tables_to_write<'a>(
+    old: Option<&'a Compiled>,
+    new: &'a Compiled,
+) -> impl Iterator<Item = (&'a CompiledService, &'a ClassTable)> {
     new.services.iter().flat_map(move |svc| {
         let prev = old.and_then(|o| o.services.iter().find(|p| p.name == svc.name));
-        svc.tables.iter().filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t))).map(move |t| (svc, t))
+        svc.tables
+            .iter()
+            .filter(move |t| !prev.is_some_and(|p| p.tables.iter().any(|pt| pt == *t)))
+            .map(move |t| (svc, t))
     })
 }
 
@@ -212,7 +218,8 @@ fn class_table(
     let member_ids: Vec<u32> =
         class.members.iter().map(|e| ids.backend(&cfg.services[e.service].name, e.address)).collect();
     let picks = cache.build(&members, m)?;
-    let entries = picks.iter().map(|&i| if i == lb_common::maps::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
+    let entries =
+        picks.iter().map(|&i| if i == lb_common::maps::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
     let mut flags = if class.zonal { table_flags::ZONAL } else { 0 };
     if class.unroutable {
         flags |= table_flags::UNROUTABLE;

@@ -58,13 +58,25 @@ pub(super) fn check(a: &Announce, out: &mut Sink) {
     let mut r = Report { out, scope: Scope::Announce };
     let mut push = |field: &str, problem: String| r.push(field, problem);
     if RESERVED_TABLES.contains(&a.table) {
-        push("announce.table", format!("{} is not allowed: must be a table of its own, in [1, 252] or [256, 4294967295]", a.table));
+        push(
+            "announce.table",
+            format!("{} is not allowed: must be a table of its own, in [1, 252] or [256, 4294967295]", a.table),
+        );
     }
     if !valid_ifname(&a.device) {
-        push("announce.device", format!("{:?} is not allowed: must be an interface name of 1 to 15 bytes without '/', ':' or spaces", a.device));
+        push(
+            "announce.device",
+            format!(
+                "{:?} is not allowed: must be an interface name of 1 to 15 bytes without '/', ':' or spaces",
+                a.device
+            ),
+        );
     }
     if a.drain_grace_sec > MAX_DRAIN_GRACE_SEC {
-        push("announce.drain_grace_sec", format!("{} is not allowed: must be in [0, {MAX_DRAIN_GRACE_SEC}]", a.drain_grace_sec));
+        push(
+            "announce.drain_grace_sec",
+            format!("{} is not allowed: must be in [0, {MAX_DRAIN_GRACE_SEC}]", a.drain_grace_sec),
+        );
     }
 }
 
@@ -84,12 +96,18 @@ mod tests {
     fn defaults_and_absent_section() {
         assert_eq!(Config::parse("").unwrap().announce, None);
         let a = Config::parse("[announce]\n").unwrap().announce.unwrap();
-        assert_eq!((a.table, a.device.as_str(), a.require_healthy_backend, a.drain_grace_sec), (100, "lb-vips", true, 10));
+        assert_eq!(
+            (a.table, a.device.as_str(), a.require_healthy_backend, a.drain_grace_sec),
+            (100, "lb-vips", true, 10)
+        );
     }
 
     #[test]
     fn rejects_reserved_tables_bad_devices_and_long_grace() {
-        assert_eq!(violations("[announce]\ntable = 254\n"), ["announce.table: 254 is not allowed: must be a table of its own, in [1, 252] or [256, 4294967295]"]);
+        assert_eq!(
+            violations("[announce]\ntable = 254\n"),
+            ["announce.table: 254 is not allowed: must be a table of its own, in [1, 252] or [256, 4294967295]"]
+        );
         assert_eq!(violations("[announce]\ntable = 0\n").len(), 1);
         assert!(violations("[announce]\ntable = 1000\n").is_empty());
         for bad in ["", "a-name-that-is-too-long", "a/b", "a b", "vip:0"] {

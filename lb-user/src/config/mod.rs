@@ -17,10 +17,8 @@ pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
-    MAX_BACKENDS_PER_SERVICE, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
-    MAX_CONNTRACK_ENTRIES, MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_VIOLATIONS, MAX_WEIGHT,
-    MIN_IDLE_TIMEOUT_SEC,
-    MIN_MAGLEV_TABLE_SIZE,
+    MAX_BACKENDS_PER_SERVICE, MAX_CONNTRACK_ENTRIES, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
+    MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_VIOLATIONS, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
 };
 
 use crate::model::*;
@@ -388,9 +386,7 @@ impl Service {
 
     /// The effective conntrack idle timeout (default 600 s).
     pub fn idle_timeout_sec(&self) -> u32 {
-        self.connection_tracking
-            .idle_timeout_sec
-            .unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
+        self.connection_tracking.idle_timeout_sec.unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)
     }
 
     /// Index of a backend's zone in `Config::zones`.
@@ -421,10 +417,7 @@ impl Config {
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let in_file = |kind| ConfigError {
-            file: Some(path.to_path_buf()),
-            kind,
-        };
+        let in_file = |kind| ConfigError { file: Some(path.to_path_buf()), kind };
         let text = std::fs::read_to_string(path).map_err(|e| in_file(ConfigErrorKind::Read(e)))?;
         Self::parse_text(&text).map_err(|kind| in_file(kind).into())
     }
@@ -451,11 +444,7 @@ impl Config {
         if violations.is_empty() {
             Ok(())
         } else {
-            Err(ConfigError {
-                file: None,
-                kind: ConfigErrorKind::Invalid(violations),
-            }
-            .into())
+            Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
         }
     }
 

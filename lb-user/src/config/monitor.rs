@@ -46,9 +46,7 @@ pub fn parse_status_range(text: &str) -> Result<(u16, u16), String> {
     let code = |s: &str| -> Result<u16, String> {
         match s.trim().parse::<u16>() {
             Ok(c) if (100..=599).contains(&c) => Ok(c),
-            _ => Err(format!(
-                "{text:?} is not a status range: expected \"min-max\" or a code, codes in 100..=599"
-            )),
+            _ => Err(format!("{text:?} is not a status range: expected \"min-max\" or a code, codes in 100..=599")),
         }
     };
     let (min, max) = match text.split_once('-') {
@@ -81,23 +79,13 @@ impl MonitorSettings {
             }
         };
         match (&m.path, http) {
-            (Some(_), false) => problems.push((
-                "path",
-                format!(
-                    "not allowed with protocol = {}: remove it",
-                    MonitorProtocol::Tcp
-                ),
-            )),
-            (None, true) => problems.push((
-                "path",
-                format!(
-                    "required with protocol = {}: the probed path, e.g. \"/\"",
-                    m.protocol
-                ),
-            )),
-            (Some(p), true) if !p.starts_with('/') => {
-                problems.push(("path", format!("{p:?} must start with '/'")))
+            (Some(_), false) => {
+                problems.push(("path", format!("not allowed with protocol = {}: remove it", MonitorProtocol::Tcp)))
             }
+            (None, true) => {
+                problems.push(("path", format!("required with protocol = {}: the probed path, e.g. \"/\"", m.protocol)))
+            }
+            (Some(p), true) if !p.starts_with('/') => problems.push(("path", format!("{p:?} must start with '/'"))),
             (Some(p), true) if !p.bytes().all(|c| c.is_ascii_graphic()) => problems.push((
                 "path",
                 format!(
@@ -109,13 +97,8 @@ impl MonitorSettings {
         }
         let interval_ok = ALLOWED_INTERVALS_SEC.contains(&m.interval_sec);
         if !interval_ok {
-            problems.push((
-                "interval_sec",
-                format!(
-                    "{} is not allowed: allowed 30 (normal) or 10 (fast)",
-                    m.interval_sec
-                ),
-            ));
+            problems
+                .push(("interval_sec", format!("{} is not allowed: allowed 30 (normal) or 10 (fast)", m.interval_sec)));
         }
         let max_timeout = max_timeout_sec(m.interval_sec);
         let timeout_sec = m.timeout_sec.unwrap_or(max_timeout);
@@ -143,18 +126,12 @@ impl MonitorSettings {
         if !m.expected_status_ranges.is_empty() && !http {
             problems.push((
                 "expected_status_ranges",
-                format!(
-                    "only allowed with protocol = HTTP or HTTPS (here {})",
-                    m.protocol
-                ),
+                format!("only allowed with protocol = HTTP or HTTPS (here {})", m.protocol),
             ));
         } else if m.expected_status_ranges.len() > MAX_STATUS_RANGES {
             problems.push((
                 "expected_status_ranges",
-                format!(
-                    "{} ranges given: at most {MAX_STATUS_RANGES}",
-                    m.expected_status_ranges.len()
-                ),
+                format!("{} ranges given: at most {MAX_STATUS_RANGES}", m.expected_status_ranges.len()),
             ));
         } else {
             for text in &m.expected_status_ranges {
@@ -169,20 +146,12 @@ impl MonitorSettings {
         }
         let mut custom_headers = Vec::new();
         if !m.custom_headers.is_empty() && !http {
-            problems.push((
-                "custom_headers",
-                format!(
-                    "only allowed with protocol = HTTP or HTTPS (here {})",
-                    m.protocol
-                ),
-            ));
+            problems
+                .push(("custom_headers", format!("only allowed with protocol = HTTP or HTTPS (here {})", m.protocol)));
         } else if m.custom_headers.len() > MAX_CUSTOM_HEADERS {
             problems.push((
                 "custom_headers",
-                format!(
-                    "{} headers given: at most {MAX_CUSTOM_HEADERS}",
-                    m.custom_headers.len()
-                ),
+                format!("{} headers given: at most {MAX_CUSTOM_HEADERS}", m.custom_headers.len()),
             ));
         } else {
             match parse_custom_headers(&m.custom_headers) {
@@ -224,10 +193,9 @@ impl MonitorSettings {
             (ProbeOutcome::Connected, _) => false,
             // A TCP probe only needs the handshake; a response proves it.
             (ProbeOutcome::HttpStatus(_), MonitorProtocol::Tcp) => true,
-            (ProbeOutcome::HttpStatus(code), _) => self
-                .expected_status
-                .iter()
-                .any(|&(lo, hi)| (lo..=hi).contains(&code)),
+            (ProbeOutcome::HttpStatus(code), _) => {
+                self.expected_status.iter().any(|&(lo, hi)| (lo..=hi).contains(&code))
+            }
         }
     }
 }

@@ -23,10 +23,7 @@ fn parse(text: &str) -> Result<IpNet, String> {
 /// and the data plane keys both spellings the same way.
 pub(super) fn prefix_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
     let texts = Vec::<String>::deserialize(d)?;
-    texts
-        .iter()
-        .map(|t| parse(t).map(unmap).map_err(serde::de::Error::custom))
-        .collect()
+    texts.iter().map(|t| parse(t).map(unmap).map_err(serde::de::Error::custom)).collect()
 }
 
 fn unmap(net: IpNet) -> IpNet {

@@ -66,16 +66,11 @@ impl AddrRange {
     }
 
     pub fn of_net(net: &IpNet) -> AddrRange {
-        AddrRange {
-            first: net.network(),
-            last: net.broadcast(),
-        }
+        AddrRange { first: net.network(), last: net.broadcast() }
     }
 
     pub fn contains(&self, addr: IpAddr) -> bool {
-        Family::of(&addr) == self.family()
-            && to_int(self.first) <= to_int(addr)
-            && to_int(addr) <= to_int(self.last)
+        Family::of(&addr) == self.family() && to_int(self.first) <= to_int(addr) && to_int(addr) <= to_int(self.last)
     }
 
     pub fn overlaps(&self, other: &AddrRange) -> bool {
@@ -115,11 +110,7 @@ pub fn int_range_to_cidrs(family: Family, first: u128, last: u128) -> Vec<IpNet>
     let mut out = Vec::new();
     let mut cur = first;
     loop {
-        let mut host_bits = if cur == 0 {
-            bits
-        } else {
-            cur.trailing_zeros().min(bits)
-        };
+        let mut host_bits = if cur == 0 { bits } else { cur.trailing_zeros().min(bits) };
         while host_bits > 0 && cur | mask(host_bits) > last {
             host_bits -= 1;
         }
@@ -141,14 +132,11 @@ pub fn int_range_to_cidrs(family: Family, first: u128, last: u128) -> Vec<IpNet>
 pub fn parse_subnet(text: &str) -> Result<AddrRange, String> {
     let t = text.trim();
     if t.contains('/') {
-        let net: IpNet = t.parse().map_err(|_| {
-            format!("{text:?} is not a CIDR block: expected address/length, e.g. \"10.0.0.0/8\"")
-        })?;
+        let net: IpNet = t
+            .parse()
+            .map_err(|_| format!("{text:?} is not a CIDR block: expected address/length, e.g. \"10.0.0.0/8\""))?;
         if net.trunc() != net {
-            return Err(format!(
-                "{text:?}: the address before '/' must be the block start (here {})",
-                net.trunc()
-            ));
+            return Err(format!("{text:?}: the address before '/' must be the block start (here {})", net.trunc()));
         }
         return Ok(AddrRange::of_net(&net));
     }
@@ -163,9 +151,7 @@ pub fn parse_subnet(text: &str) -> Result<AddrRange, String> {
         };
         let (first, last) = (parse(a)?, parse(b)?);
         if Family::of(&first) != Family::of(&last) {
-            return Err(format!(
-                "{text:?}: first and last must be of the same address family"
-            ));
+            return Err(format!("{text:?}: first and last must be of the same address family"));
         }
         if to_int(first) > to_int(last) {
             return Err(format!("{text:?}: first must not be above last"));
@@ -178,10 +164,7 @@ pub fn parse_subnet(text: &str) -> Result<AddrRange, String> {
              (\"192.168.1.10-192.168.1.20\") or an address"
         )
     })?;
-    Ok(AddrRange {
-        first: addr,
-        last: addr,
-    })
+    Ok(AddrRange { first: addr, last: addr })
 }
 
 #[cfg(test)]
@@ -195,45 +178,21 @@ mod tests {
     #[test]
     fn ranges_split_into_minimal_cidrs() {
         let r = parse_subnet("192.168.1.10-192.168.1.20").unwrap();
-        assert_eq!(
-            nets(&r.to_cidrs()),
-            [
-                "192.168.1.10/31",
-                "192.168.1.12/30",
-                "192.168.1.16/30",
-                "192.168.1.20/32"
-            ]
-        );
-        let whole = AddrRange {
-            first: "0.0.0.0".parse().unwrap(),
-            last: "255.255.255.255".parse().unwrap(),
-        };
+        assert_eq!(nets(&r.to_cidrs()), ["192.168.1.10/31", "192.168.1.12/30", "192.168.1.16/30", "192.168.1.20/32"]);
+        let whole = AddrRange { first: "0.0.0.0".parse().unwrap(), last: "255.255.255.255".parse().unwrap() };
         assert_eq!(nets(&whole.to_cidrs()), ["0.0.0.0/0"]);
         let whole6 = AddrRange {
             first: "::".parse().unwrap(),
             last: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
         };
         assert_eq!(nets(&whole6.to_cidrs()), ["::/0"]);
-        assert_eq!(
-            nets(&parse_subnet("10.0.0.0/8").unwrap().to_cidrs()),
-            ["10.0.0.0/8"]
-        );
-        assert_eq!(
-            nets(&parse_subnet("1.2.3.4").unwrap().to_cidrs()),
-            ["1.2.3.4/32"]
-        );
+        assert_eq!(nets(&parse_subnet("10.0.0.0/8").unwrap().to_cidrs()), ["10.0.0.0/8"]);
+        assert_eq!(nets(&parse_subnet("1.2.3.4").unwrap().to_cidrs()), ["1.2.3.4/32"]);
     }
 
     #[test]
     fn malformed_ranges_are_rejected() {
-        for bad in [
-            "1.2.3.4/24",
-            "5.6.7.8-1.2.3.4",
-            "1.2.3.4-::1",
-            "x",
-            "1.2.3.0/33",
-            "a-b",
-        ] {
+        for bad in ["1.2.3.4/24", "5.6.7.8-1.2.3.4", "1.2.3.4-::1", "x", "1.2.3.0/33", "a-b"] {
             assert!(parse_subnet(bad).is_err(), "{bad}");
         }
         assert!(parse_subnet("192.168.1.15-192.168.1.15").is_ok());

@@ -34,8 +34,7 @@ impl RegionTree {
                 continue;
             }
             let mut parts = line.splitn(3, ' ');
-            let (Some(code), Some(parent), Some(name)) = (parts.next(), parts.next(), parts.next())
-            else {
+            let (Some(code), Some(parent), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
                 return Err(format!("line {}: expected CODE PARENT NAME", n + 1));
             };
             let parent = match parent {
@@ -43,10 +42,7 @@ impl RegionTree {
                 p if regions.contains_key(p) => Some(p.to_string()),
                 p => return Err(format!("line {}: parent {p} is not defined above", n + 1)),
             };
-            if regions
-                .insert(code.to_string(), (parent, name.trim().to_string()))
-                .is_some()
-            {
+            if regions.insert(code.to_string(), (parent, name.trim().to_string())).is_some() {
                 return Err(format!("line {}: duplicate code {code}", n + 1));
             }
         }
@@ -94,28 +90,14 @@ mod tests {
     fn builtin_hierarchy_is_complete() {
         let t = RegionTree::builtin();
         assert!(t.len() > 300);
-        assert_eq!(
-            t.ancestors_inclusive("US-CA"),
-            ["US-CA", "US", "GEO-NA", WORLD]
-        );
+        assert_eq!(t.ancestors_inclusive("US-CA"), ["US-CA", "US", "GEO-NA", WORLD]);
         assert_eq!(t.ancestors_inclusive("IE"), ["IE", "GEO-EU", WORLD]);
-        assert_eq!(
-            t.ancestors_inclusive("GB-SCT"),
-            ["GB-SCT", "GB", "GEO-EU", WORLD]
-        );
-        assert_eq!(
-            t.ancestors_inclusive("AU-NSW"),
-            ["AU-NSW", "AU", "GEO-AP", WORLD]
-        );
-        assert_eq!(
-            t.ancestors_inclusive("CA-QC"),
-            ["CA-QC", "CA", "GEO-NA", WORLD]
-        );
+        assert_eq!(t.ancestors_inclusive("GB-SCT"), ["GB-SCT", "GB", "GEO-EU", WORLD]);
+        assert_eq!(t.ancestors_inclusive("AU-NSW"), ["AU-NSW", "AU", "GEO-AP", WORLD]);
+        assert_eq!(t.ancestors_inclusive("CA-QC"), ["CA-QC", "CA", "GEO-NA", WORLD]);
         assert_eq!(t.ancestors_inclusive("AE"), ["AE", "GEO-ME", WORLD]);
         assert!(t.ancestors_inclusive("XX").is_empty());
-        for g in [
-            "GEO-EU", "GEO-ME", "GEO-NA", "GEO-AS", "GEO-AF", "GEO-AN", "GEO-SA", "GEO-AP",
-        ] {
+        for g in ["GEO-EU", "GEO-ME", "GEO-NA", "GEO-AS", "GEO-AF", "GEO-AN", "GEO-SA", "GEO-AP"] {
             assert_eq!(t.parent(g), Some(WORLD), "{g}");
         }
         // Every code reaches WORLD.

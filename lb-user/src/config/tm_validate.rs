@@ -4,13 +4,13 @@
 //! allowed values.
 
 use super::error::Scope;
-use super::validate::{Report, Sink};
-use super::{Backend, Config, Service};
-use crate::model::*;
 use super::monitor::{parse_custom_headers, MonitorSettings};
 use super::ranges::{parse_subnet, AddrRange};
 use super::regions::RegionTree;
 use super::validate::MAX_NESTING_DEPTH;
+use super::validate::{Report, Sink};
+use super::{Backend, Config, Service};
+use crate::model::*;
 use std::collections::{HashMap, HashSet};
 
 /// Spec §2.1: `priority` 1..=1000.
@@ -27,36 +27,24 @@ const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALU
 pub(super) fn check_client_inputs(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
     for (index, entry) in cfg.latency.iter().enumerate() {
-        let mut r = Report {
-            out,
-            scope: Scope::Latency { index },
-        };
+        let mut r = Report { out, scope: Scope::Latency { index } };
         check_prefixes(&entry.client_prefixes, &mut seen, index, "latency", &mut r);
         if entry.regions.is_empty() {
-            r.push(
-                "regions",
-                "must list at least one region name, nearest first",
-            );
+            r.push("regions", "must list at least one region name, nearest first");
         }
         let mut names = HashSet::new();
         for (i, region) in entry.regions.iter().enumerate() {
             if region.trim().is_empty() {
                 r.push(format!("regions[{i}]"), "must be a non-empty region name");
             } else if !names.insert(region.as_str()) {
-                r.push(
-                    format!("regions[{i}]"),
-                    format!("duplicate region {region:?}: each region may be listed once"),
-                );
+                r.push(format!("regions[{i}]"), format!("duplicate region {region:?}: each region may be listed once"));
             }
         }
     }
     let tree = RegionTree::builtin();
     let mut seen: HashMap<ipnet::IpNet, usize> = HashMap::new();
     for (index, entry) in cfg.geo.iter().enumerate() {
-        let mut r = Report {
-            out,
-            scope: Scope::Geo { index },
-        };
+        let mut r = Report { out, scope: Scope::Geo { index } };
         check_prefixes(&entry.client_prefixes, &mut seen, index, "geo", &mut r);
         if !tree.contains(&entry.region) {
             r.push(
@@ -87,10 +75,7 @@ fn check_prefixes(
         if net.trunc() != *net {
             r.push(
                 format!("client_prefixes[{i}]"),
-                format!(
-                    "{net} has host bits set: must be canonical, e.g. {}",
-                    net.trunc()
-                ),
+                format!("{net} has host bits set: must be canonical, e.g. {}", net.trunc()),
             );
         } else if let Some(&first) = seen.get(net) {
             r.push(
@@ -154,14 +139,8 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
             (!b.subnets.is_empty(), "subnets"),
             (b.target_service.is_some(), "target_service"),
             (b.min_child_endpoints.is_some(), "min_child_endpoints"),
-            (
-                b.min_child_endpoints_ipv4.is_some(),
-                "min_child_endpoints_ipv4",
-            ),
-            (
-                b.min_child_endpoints_ipv6.is_some(),
-                "min_child_endpoints_ipv6",
-            ),
+            (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
+            (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
             (b.always_serve, "always_serve"),
             (!b.custom_headers.is_empty(), "custom_headers"),
         ] {
@@ -190,29 +169,20 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
         not_with_tm("failover_policy", r, "a failover policy");
     }
     if svc.health_check.is_some() {
-        not_with_tm(
-            "health_check",
-            r,
-            "[service.health_check] (use [service.monitor] here)",
-        );
+        not_with_tm("health_check", r, "[service.health_check] (use [service.monitor] here)");
     }
     if let Some(ttl) = svc.ttl {
         if ttl > MAX_TTL {
-            r.push(
-                "ttl",
-                format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"),
-            );
+            r.push("ttl", format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"));
         }
     }
     match (svc.max_return, method) {
-        (Some(n), RoutingMethod::MultiValue) if !(1..=MAX_MAX_RETURN).contains(&n) => r.push(
-            "max_return",
-            format!("{n} is out of range: allowed 1..={MAX_MAX_RETURN} (default 2)"),
-        ),
-        (Some(_), m) if m != RoutingMethod::MultiValue => r.push(
-            "max_return",
-            format!("only allowed with routing_method = MULTIVALUE (this service uses {m})"),
-        ),
+        (Some(n), RoutingMethod::MultiValue) if !(1..=MAX_MAX_RETURN).contains(&n) => {
+            r.push("max_return", format!("{n} is out of range: allowed 1..={MAX_MAX_RETURN} (default 2)"))
+        }
+        (Some(_), m) if m != RoutingMethod::MultiValue => {
+            r.push("max_return", format!("only allowed with routing_method = MULTIVALUE (this service uses {m})"))
+        }
         _ => {}
     }
     if let Some(m) = &svc.monitor {
@@ -230,10 +200,7 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
         check_endpoint(cfg, svc, b, i, r);
     }
     if method == RoutingMethod::MultiValue {
-        let family_ok = svc
-            .backends
-            .iter()
-            .any(|b| !b.is_nested() && b.address.is_ipv4() == svc.vip.is_ipv4());
+        let family_ok = svc.backends.iter().any(|b| !b.is_nested() && b.address.is_ipv4() == svc.vip.is_ipv4());
         if !svc.backends.is_empty() && !family_ok {
             r.push(
                 "backend",
@@ -275,10 +242,9 @@ fn check_priorities(svc: &Service, r: &mut Report) {
     for (i, b) in svc.backends.iter().enumerate() {
         let field = format!("backend[{i}].priority");
         match b.priority {
-            Some(p) if !(1..=MAX_PRIORITY).contains(&p) => r.push(
-                field,
-                format!("{p} is out of range: allowed 1..={MAX_PRIORITY} (lower wins)"),
-            ),
+            Some(p) if !(1..=MAX_PRIORITY).contains(&p) => {
+                r.push(field, format!("{p} is out of range: allowed 1..={MAX_PRIORITY} (lower wins)"))
+            }
             Some(p) => {
                 if let Some(&first) = seen.get(&p) {
                     r.push(
@@ -327,11 +293,7 @@ fn check_geo_mappings(svc: &Service, r: &mut Report) {
                     ),
                 );
             } else if let Some(&first) = owner.get(code.as_str()) {
-                let whom = if first == i {
-                    "in the same endpoint".to_string()
-                } else {
-                    format!("by backend[{first}]")
-                };
+                let whom = if first == i { "in the same endpoint".to_string() } else { format!("by backend[{first}]") };
                 r.push(
                     field,
                     format!(
@@ -371,9 +333,7 @@ fn check_subnets(svc: &Service, r: &mut Report) {
         }
     }
     if svc.routing_method == RoutingMethod::Subnet {
-        let fallbacks: Vec<usize> = (0..svc.backends.len())
-            .filter(|&i| svc.backends[i].subnets.is_empty())
-            .collect();
+        let fallbacks: Vec<usize> = (0..svc.backends.len()).filter(|&i| svc.backends[i].subnets.is_empty()).collect();
         if let [first, rest @ ..] = fallbacks.as_slice() {
             for i in rest {
                 r.push(
@@ -391,7 +351,8 @@ fn check_subnets(svc: &Service, r: &mut Report) {
 fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Report) {
     let method = svc.routing_method;
     if !b.custom_headers.is_empty() {
-        let http = svc.monitor.as_ref().is_some_and(|m| matches!(m.protocol, MonitorProtocol::Http | MonitorProtocol::Https));
+        let http =
+            svc.monitor.as_ref().is_some_and(|m| matches!(m.protocol, MonitorProtocol::Http | MonitorProtocol::Https));
         if !http {
             r.push(
                 format!("backend[{i}].custom_headers"),
@@ -414,10 +375,9 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
         );
     }
     match &b.location {
-        Some(l) if l.trim().is_empty() => r.push(
-            format!("backend[{i}].location"),
-            "must be a non-empty region name (as used in [[latency]] regions)",
-        ),
+        Some(l) if l.trim().is_empty() => {
+            r.push(format!("backend[{i}].location"), "must be a non-empty region name (as used in [[latency]] regions)")
+        }
         None if method == RoutingMethod::Performance => r.push(
             format!("backend[{i}].location"),
             "required with routing_method = PERFORMANCE: the endpoint's region name (as used \
@@ -457,20 +417,11 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
             }
             for (set, field) in [
                 (b.min_child_endpoints.is_some(), "min_child_endpoints"),
-                (
-                    b.min_child_endpoints_ipv4.is_some(),
-                    "min_child_endpoints_ipv4",
-                ),
-                (
-                    b.min_child_endpoints_ipv6.is_some(),
-                    "min_child_endpoints_ipv6",
-                ),
+                (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
+                (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
             ] {
                 if set {
-                    r.push(
-                        format!("backend[{i}].{field}"),
-                        "only allowed on a nested endpoint (with target_service)",
-                    );
+                    r.push(format!("backend[{i}].{field}"), "only allowed on a nested endpoint (with target_service)");
                 }
             }
         }
@@ -478,14 +429,7 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
     }
 }
 
-fn check_nested_endpoint(
-    cfg: &Config,
-    svc: &Service,
-    b: &Backend,
-    i: usize,
-    child: &str,
-    r: &mut Report,
-) {
+fn check_nested_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, child: &str, r: &mut Report) {
     if !b.address.is_unspecified() {
         r.push(
             format!("backend[{i}].address"),
@@ -513,10 +457,7 @@ fn check_nested_endpoint(
         (b.min_child_endpoints_ipv6, "min_child_endpoints_ipv6"),
     ] {
         if value == Some(0) {
-            r.push(
-                format!("backend[{i}].{field}"),
-                "0 is not allowed: at least 1 (default 1)",
-            );
+            r.push(format!("backend[{i}].{field}"), "0 is not allowed: at least 1 (default 1)");
         }
     }
     let field = format!("backend[{i}].target_service");
@@ -533,11 +474,7 @@ fn check_nested_endpoint(
                 field,
                 format!(
                     "{child:?} names no [[service]]; Traffic Manager services: {}",
-                    if names.is_empty() {
-                        "none".to_string()
-                    } else {
-                        names.join(", ")
-                    }
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
                 ),
             );
         }
@@ -590,13 +527,7 @@ pub(super) fn check_nesting(cfg: &Config, out: &mut Sink) {
         .collect();
     let nesting = Nesting::of(&edges);
     for (index, svc) in cfg.services.iter().enumerate() {
-        let mut r = Report {
-            out,
-            scope: Scope::Service {
-                index,
-                name: svc.name.clone(),
-            },
-        };
+        let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
         if nesting.on_loop[index] {
             // Finding the loop costs a search; past the listing cap only the count matters.
             let cycle = if r.out.is_full() { Vec::new() } else { nesting.cycle_through(&edges, index) };
@@ -704,22 +635,14 @@ impl Nesting {
                 for &w in &members {
                     on_loop[w] = looped;
                     if !looped {
-                        depth[w] = edges[w]
-                            .iter()
-                            .map(|&c| if on_loop[c] { 1 } else { depth[c] + 1 })
-                            .max()
-                            .unwrap_or(0);
+                        depth[w] =
+                            edges[w].iter().map(|&c| if on_loop[c] { 1 } else { depth[c] + 1 }).max().unwrap_or(0);
                         steps += edges[w].len();
                     }
                 }
             }
         }
-        Self {
-            on_loop,
-            depth,
-            component,
-            steps,
-        }
+        Self { on_loop, depth, component, steps }
     }
 
     /// A shortest loop from `start` back to it (breadth first, in edge order, inside its
@@ -751,7 +674,6 @@ impl Nesting {
         vec![start]
     }
 }
-
 
 // ---------------------------------------------------------------- DNS names
 
@@ -787,20 +709,11 @@ pub(super) fn check_dns_names(cfg: &Config, out: &mut Sink) {
     let mut seen: HashMap<String, &str> = HashMap::new();
     for (index, svc) in cfg.services.iter().enumerate() {
         let Some(name) = &svc.dns_name else { continue };
-        let mut r = Report {
-            out,
-            scope: Scope::Service {
-                index,
-                name: svc.name.clone(),
-            },
-        };
+        let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
         if let Err(e) = check_dns_name(name) {
             r.push("dns_name", e);
         } else if let Some(other) = seen.insert(canonical_dns_name(name), &svc.name) {
-            r.push(
-                "dns_name",
-                format!("{name:?} is also the dns_name of service {other:?}: names must be unique"),
-            );
+            r.push("dns_name", format!("{name:?} is also the dns_name of service {other:?}: names must be unique"));
         }
     }
 }

@@ -29,11 +29,8 @@ pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 24;
 pub const MAX_DRAINING_TIMEOUT_SEC: u32 = 3600;
 
 /// Affinities that may carry an idle timeout under PER_SESSION (spec §1.4).
-const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] = [
-    SessionAffinity::ClientIpProto,
-    SessionAffinity::ClientIp,
-    SessionAffinity::ClientIpNoDestination,
-];
+const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] =
+    [SessionAffinity::ClientIpProto, SessionAffinity::ClientIp, SessionAffinity::ClientIpNoDestination];
 
 /// At most this many violations are listed; the rest are counted in one closing line. A file
 /// with thousands of copies of one mistake gets a readable answer in bounded memory.
@@ -85,11 +82,7 @@ pub(super) struct Report<'a> {
 
 impl Report<'_> {
     pub(super) fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
-        self.out.push(Violation {
-            scope: self.scope.clone(),
-            field: field.into(),
-            problem: problem.into(),
-        });
+        self.out.push(Violation { scope: self.scope.clone(), field: field.into(), problem: problem.into() });
     }
 }
 
@@ -102,13 +95,7 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     check_zones(&cfg.zones, &mut out);
     let zone_names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
     for (index, svc) in cfg.services.iter().enumerate() {
-        let mut r = Report {
-            out: &mut out,
-            scope: Scope::Service {
-                index,
-                name: svc.name.clone(),
-            },
-        };
+        let mut r = Report { out: &mut out, scope: Scope::Service { index, name: svc.name.clone() } };
         check_service(svc, &zone_names, &mut r);
         super::tm_validate::check_service(cfg, svc, &mut r);
     }
@@ -131,10 +118,7 @@ fn is_prime(n: u32) -> bool {
 }
 
 fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
-    let mut r = Report {
-        out,
-        scope: Scope::Dataplane,
-    };
+    let mut r = Report { out, scope: Scope::Dataplane };
     let m = dp.maglev_table_size;
     if !(MIN_MAGLEV_TABLE_SIZE..=MAX_MAGLEV_TABLE_SIZE).contains(&m) || !is_prime(m) {
         r.push(
@@ -146,13 +130,11 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
         );
     }
     if dp.conntrack_entries == 0 {
-        r.push(
-            "dataplane.conntrack_entries",
-            "0 is not allowed: must be at least 1",
-        );
+        r.push("dataplane.conntrack_entries", "0 is not allowed: must be at least 1");
     } else if dp.conntrack_entries > MAX_CONNTRACK_ENTRIES {
         let bytes = u64::from(lb_common::ct_table::buckets_for(dp.conntrack_entries))
-            * (std::mem::size_of::<lb_common::ct_table::Bucket4>() + std::mem::size_of::<lb_common::ct_table::Bucket6>()) as u64;
+            * (std::mem::size_of::<lb_common::ct_table::Bucket4>()
+                + std::mem::size_of::<lb_common::ct_table::Bucket6>()) as u64;
         r.push(
             "dataplane.conntrack_entries",
             format!(
@@ -163,7 +145,9 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
             ),
         );
     }
-    for (field, net) in [("dataplane.encap_source_v4", dp.encap_source_v4), ("dataplane.encap_source_v6", dp.encap_source_v6)] {
+    for (field, net) in
+        [("dataplane.encap_source_v4", dp.encap_source_v4), ("dataplane.encap_source_v6", dp.encap_source_v6)]
+    {
         if let Some((special, what)) = net.and_then(|n| special_overlap(&n)) {
             r.push(
                 field,
@@ -177,16 +161,10 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
         }
     }
     if let Some(net @ IpNet::V6(_)) = dp.encap_source_v4 {
-        r.push(
-            "dataplane.encap_source_v4",
-            format!("{net} is IPv6: must be an IPv4 address or prefix"),
-        );
+        r.push("dataplane.encap_source_v4", format!("{net} is IPv6: must be an IPv4 address or prefix"));
     }
     if let Some(net @ IpNet::V4(_)) = dp.encap_source_v6 {
-        r.push(
-            "dataplane.encap_source_v6",
-            format!("{net} is IPv4: must be an IPv6 address or prefix"),
-        );
+        r.push("dataplane.encap_source_v6", format!("{net} is IPv4: must be an IPv6 address or prefix"));
     }
 }
 
@@ -197,10 +175,8 @@ const SPECIAL_V4: [(&str, &str); 4] = [
     ("224.0.0.0/4", "multicast"),
     ("240.0.0.0/4", "reserved, with the broadcast address 255.255.255.255"),
 ];
-const SPECIAL_V6: [(&str, &str); 2] = [
-    ("::/8", "reserved, with the unspecified address :: and loopback ::1"),
-    ("ff00::/8", "multicast"),
-];
+const SPECIAL_V6: [(&str, &str); 2] =
+    [("::/8", "reserved, with the unspecified address :: and loopback ::1"), ("ff00::/8", "multicast")];
 
 fn special_table(net: &IpNet) -> &'static [(&'static str, &'static str)] {
     match net {
@@ -251,21 +227,12 @@ pub(super) fn check_printable(field: impl Into<String>, text: &str, r: &mut Repo
 fn check_zones(zones: &[Zone], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, zone) in zones.iter().enumerate() {
-        let mut r = Report {
-            out,
-            scope: Scope::Zone {
-                index,
-                name: zone.name.clone(),
-            },
-        };
+        let mut r = Report { out, scope: Scope::Zone { index, name: zone.name.clone() } };
         check_printable("name", &zone.name, &mut r);
         if zone.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(zone.name.as_str()) {
-            r.push(
-                "name",
-                format!("duplicate zone name (also zone[{first}]); zone names must be unique"),
-            );
+            r.push("name", format!("duplicate zone name (also zone[{first}]); zone names must be unique"));
         } else {
             seen.insert(zone.name.as_str(), index);
         }
@@ -273,10 +240,7 @@ fn check_zones(zones: &[Zone], out: &mut Sink) {
             if net.trunc() != *net {
                 r.push(
                     format!("client_prefixes[{i}]"),
-                    format!(
-                        "{net} has host bits set: must be canonical, e.g. {}",
-                        net.trunc()
-                    ),
+                    format!("{net} has host bits set: must be canonical, e.g. {}", net.trunc()),
                 );
             }
         }
@@ -293,30 +257,15 @@ fn check_prefix_overlaps(zones: &[Zone], out: &mut Sink) {
     let mut all: Vec<(IpNet, usize, usize)> = zones
         .iter()
         .enumerate()
-        .flat_map(|(z, zone)| {
-            zone.client_prefixes
-                .iter()
-                .enumerate()
-                .map(move |(p, n)| (n.trunc(), z, p))
-        })
+        .flat_map(|(z, zone)| zone.client_prefixes.iter().enumerate().map(move |(p, n)| (n.trunc(), z, p)))
         .collect();
     all.sort_by_key(|(net, z, p)| (net.network(), net.prefix_len(), *z, *p));
     let mut widest: Option<(IpNet, usize, usize)> = None;
     for &(net, z, p) in &all {
         match widest {
             Some((w, wz, wp)) if same_family(&w, &net) && net.network() <= w.broadcast() => {
-                let owner = if wz == z {
-                    "in the same zone".to_string()
-                } else {
-                    zone_label(zones, wz)
-                };
-                let mut r = Report {
-                    out,
-                    scope: Scope::Zone {
-                        index: z,
-                        name: zones[z].name.clone(),
-                    },
-                };
+                let owner = if wz == z { "in the same zone".to_string() } else { zone_label(zones, wz) };
+                let mut r = Report { out, scope: Scope::Zone { index: z, name: zones[z].name.clone() } };
                 r.push(
                     format!("client_prefixes[{p}]"),
                     format!(
@@ -336,18 +285,11 @@ fn check_prefix_overlaps(zones: &[Zone], out: &mut Sink) {
 }
 
 fn same_family(a: &IpNet, b: &IpNet) -> bool {
-    matches!(
-        (a, b),
-        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
-    )
+    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
 }
 
 fn zone_label(zones: &[Zone], index: usize) -> String {
-    Scope::Zone {
-        index,
-        name: zones[index].name.clone(),
-    }
-    .to_string()
+    Scope::Zone { index, name: zones[index].name.clone() }.to_string()
 }
 
 // ---------------------------------------------------------------- one service
@@ -392,10 +334,7 @@ fn check_ports(svc: &Service, r: &mut Report) {
                 "port 0 is not allowed: ports are 1..=65535 (omit `ports` or leave it empty for all ports)",
             );
         } else if !seen.insert(port) {
-            r.push(
-                format!("ports[{i}]"),
-                format!("duplicate port {port}: each port may be listed once"),
-            );
+            r.push(format!("ports[{i}]"), format!("duplicate port {port}: each port may be listed once"));
         }
     }
 }
@@ -408,10 +347,7 @@ fn ratio_in_range(x: f64) -> bool {
 fn check_zonal_affinity(svc: &Service, r: &mut Report) {
     let za = &svc.zonal_affinity;
     if !ratio_in_range(za.spillover_ratio) {
-        r.push(
-            "zonal_affinity.spillover_ratio",
-            format!("{} is out of range: allowed [0.0, 1.0]", za.spillover_ratio),
-        );
+        r.push("zonal_affinity.spillover_ratio", format!("{} is out of range: allowed [0.0, 1.0]", za.spillover_ratio));
     } else if za.spillover_ratio != 0.0 && za.spillover != Spillover::SpillCrossZone {
         r.push(
             "zonal_affinity.spillover_ratio",
@@ -444,10 +380,7 @@ fn check_failover_policy(svc: &Service, r: &mut Report) {
         return;
     };
     if !ratio_in_range(fp.failover_ratio) {
-        r.push(
-            "failover_policy.failover_ratio",
-            format!("{} is out of range: allowed [0.0, 1.0]", fp.failover_ratio),
-        );
+        r.push("failover_policy.failover_ratio", format!("{} is out of range: allowed [0.0, 1.0]", fp.failover_ratio));
     }
     // [AMBIG] spec §1.2: older docs allow this only for TCP backend services, newer ones for
     // UDP too; we take the stricter reading (TCP only).
@@ -482,11 +415,10 @@ fn check_connection_tracking(svc: &Service, r: &mut Report) {
     }
     // [AMBIG] spec §1.4: out-of-range values and values in other modes are rejected.
     if let Some(t) = ct.idle_timeout_sec {
-        let allowed_mode = ct.tracking_mode == TrackingMode::PerSession
-            && IDLE_TIMEOUT_AFFINITIES.contains(&svc.session_affinity);
+        let allowed_mode =
+            ct.tracking_mode == TrackingMode::PerSession && IDLE_TIMEOUT_AFFINITIES.contains(&svc.session_affinity);
         if !allowed_mode {
-            let affinities: Vec<&str> =
-                IDLE_TIMEOUT_AFFINITIES.iter().map(|a| a.as_str()).collect();
+            let affinities: Vec<&str> = IDLE_TIMEOUT_AFFINITIES.iter().map(|a| a.as_str()).collect();
             r.push(
                 "connection_tracking.idle_timeout_sec",
                 format!(
@@ -503,9 +435,7 @@ fn check_connection_tracking(svc: &Service, r: &mut Report) {
         } else if !(MIN_IDLE_TIMEOUT_SEC..=MAX_IDLE_TIMEOUT_SEC).contains(&t) {
             r.push(
                 "connection_tracking.idle_timeout_sec",
-                format!(
-                    "{t} is out of range: allowed {MIN_IDLE_TIMEOUT_SEC}..={MAX_IDLE_TIMEOUT_SEC} seconds"
-                ),
+                format!("{t} is out of range: allowed {MIN_IDLE_TIMEOUT_SEC}..={MAX_IDLE_TIMEOUT_SEC} seconds"),
             );
         }
     }
@@ -513,16 +443,10 @@ fn check_connection_tracking(svc: &Service, r: &mut Report) {
 
 fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
     if hc.check_interval_sec == 0 {
-        r.push(
-            "health_check.check_interval_sec",
-            "0 is not allowed: must be at least 1 second",
-        );
+        r.push("health_check.check_interval_sec", "0 is not allowed: must be at least 1 second");
     }
     if hc.timeout_sec == 0 {
-        r.push(
-            "health_check.timeout_sec",
-            "0 is not allowed: must be at least 1 second",
-        );
+        r.push("health_check.timeout_sec", "0 is not allowed: must be at least 1 second");
     } else if hc.check_interval_sec != 0 && hc.timeout_sec > hc.check_interval_sec {
         r.push(
             "health_check.timeout_sec",
@@ -544,17 +468,10 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         if hc.protocol != HealthProtocol::Http {
             r.push(
                 "health_check.request_path",
-                format!(
-                    "only allowed with health_check.protocol = {} (here {})",
-                    HealthProtocol::Http,
-                    hc.protocol
-                ),
+                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
             );
         } else if !path.starts_with('/') {
-            r.push(
-                "health_check.request_path",
-                format!("{path:?} must start with '/'"),
-            );
+            r.push("health_check.request_path", format!("{path:?} must start with '/'"));
         } else if !path.bytes().all(|c| c.is_ascii_graphic()) {
             r.push(
                 "health_check.request_path",
@@ -569,17 +486,10 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         if hc.protocol != HealthProtocol::Http {
             r.push(
                 "health_check.expected_status",
-                format!(
-                    "only allowed with health_check.protocol = {} (here {})",
-                    HealthProtocol::Http,
-                    hc.protocol
-                ),
+                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
             );
         } else if !(100..=599).contains(&status) {
-            r.push(
-                "health_check.expected_status",
-                format!("{status} is out of range: allowed 100..=599"),
-            );
+            r.push("health_check.expected_status", format!("{status} is out of range: allowed 100..=599"));
         }
     }
     match hc.port {
@@ -598,10 +508,7 @@ fn check_backends(svc: &Service, zone_names: &[&str], r: &mut Report) {
     if svc.backends.len() > MAX_BACKENDS_PER_SERVICE {
         r.push(
             "backend",
-            format!(
-                "{} backends configured: at most {MAX_BACKENDS_PER_SERVICE} per service",
-                svc.backends.len()
-            ),
+            format!("{} backends configured: at most {MAX_BACKENDS_PER_SERVICE} per service", svc.backends.len()),
         );
     }
     let mut seen: HashMap<IpAddr, usize> = HashMap::new();
@@ -657,17 +564,11 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
             } else {
                 format!("configured zones: {}", zone_names.join(", "))
             };
-            r.push(
-                format!("backend[{i}].zone"),
-                format!("{zone:?} names no [[zone]]; {configured}"),
-            );
+            r.push(format!("backend[{i}].zone"), format!("{zone:?} names no [[zone]]; {configured}"));
         }
     }
     if !(1..=MAX_WEIGHT).contains(&b.weight) {
-        r.push(
-            format!("backend[{i}].weight"),
-            format!("{} is out of range: allowed 1..={MAX_WEIGHT}", b.weight),
-        );
+        r.push(format!("backend[{i}].weight"), format!("{} is out of range: allowed 1..={MAX_WEIGHT}", b.weight));
     }
     if b.failover && svc.failover_policy.is_none() {
         r.push(
@@ -709,23 +610,12 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
 fn check_service_names(services: &[Service], out: &mut Sink) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        let mut r = Report {
-            out,
-            scope: Scope::Service {
-                index,
-                name: svc.name.clone(),
-            },
-        };
+        let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
         check_printable("name", &svc.name, &mut r);
         if svc.name.trim().is_empty() {
             r.push("name", "must be a non-empty string");
         } else if let Some(&first) = seen.get(svc.name.as_str()) {
-            r.push(
-                "name",
-                format!(
-                    "duplicate service name (also service[{first}]); service names must be unique"
-                ),
-            );
+            r.push("name", format!("duplicate service name (also service[{first}]); service names must be unique"));
         } else {
             seen.insert(svc.name.as_str(), index);
         }
@@ -826,14 +716,7 @@ fn check_listeners(services: &[Service], out: &mut Sink) {
                 names.join(", ")
             ));
         }
-        out.push(Violation {
-            scope: Scope::Service {
-                index,
-                name: svc.name.clone(),
-            },
-            field,
-            problem,
-        });
+        out.push(Violation { scope: Scope::Service { index, name: svc.name.clone() }, field, problem });
     }
 }
 
@@ -844,9 +727,7 @@ struct UnionFind {
 
 impl UnionFind {
     fn new(n: usize) -> Self {
-        Self {
-            parent: (0..n).collect(),
-        }
+        Self { parent: (0..n).collect() }
     }
 
     fn find(&mut self, mut x: usize) -> usize {
@@ -867,10 +748,7 @@ impl UnionFind {
 
 /// How `svc` clashes with the earlier service `other` (index `j`) on the same VIP, if it does.
 fn listener_clash(svc: &Service, other: &Service, j: usize) -> Option<(String, String)> {
-    let other_label = Scope::Service {
-        index: j,
-        name: other.name.clone(),
-    };
+    let other_label = Scope::Service { index: j, name: other.name.clone() };
     let claim = |s: &Service| match (s.protocol, s.ports.is_empty()) {
         (Protocol::L3Default, _) => format!("every protocol and port of {}", s.vip),
         (p, true) => format!("every {p} port of {}", s.vip),

@@ -7,11 +7,11 @@
 //! then removals. Pure logic plus the sink: unit-testable without BPF.
 
 use crate::compile::{self, tables_to_write, Compiled, CompiledService, Ids};
-use crate::dataplane::Tables;
 use crate::config::Config;
+use crate::dataplane::Tables;
 use crate::model::{keyed_triples, BackendKey, MonitorStatus};
-use crate::policy::Pool;
 use crate::policy::tm::ProbeStatuses;
+use crate::policy::Pool;
 use ipnet::IpNet;
 use lb_common::maps::{backend_flags, service_flags, Backend, ServiceInfo, ServiceKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,12 +128,8 @@ impl Controller {
     /// run) until the drain ends, as for a backend a reload removes.
     pub fn depart_unconfigured(&mut self, now: u64) {
         let cfg = &self.cfg;
-        let gone: Vec<(BackendKey, u32)> = self
-            .ids
-            .backends()
-            .filter(|(k, _)| !cfg.has_backend(k))
-            .map(|(k, id)| (k.clone(), id))
-            .collect();
+        let gone: Vec<(BackendKey, u32)> =
+            self.ids.backends().filter(|(k, _)| !cfg.has_backend(k)).map(|(k, id)| (k.clone(), id)).collect();
         for (key, id) in gone {
             let deadline_ns = now + self.drain_ns_of(id);
             self.departed.insert(key, Departed { id, record: Backend::default(), deadline_ns });
@@ -255,7 +251,9 @@ impl Controller {
             Err(e) => {
                 (self.cfg, self.checked, self.overrides, self.drained) = saved;
                 if let Err(repair) = self.reconcile(sink) {
-                    return Err(e.context(format!("the previous configuration could not be rewritten either: {repair:#}")));
+                    return Err(
+                        e.context(format!("the previous configuration could not be rewritten either: {repair:#}"))
+                    );
                 }
                 Err(e)
             }
@@ -279,7 +277,10 @@ impl Controller {
     pub fn replace_config(&mut self, cfg: Config) {
         let still = |k: &BackendKey| cfg.has_backend(k);
         let disabled = |c: &Config, k: &BackendKey| {
-            c.services.iter().find(|x| x.name == k.service).is_some_and(|x| crate::policy::endpoint_disabled(x, k.address))
+            c.services
+                .iter()
+                .find(|x| x.name == k.service)
+                .is_some_and(|x| crate::policy::endpoint_disabled(x, k.address))
         };
         let old = &self.cfg;
         self.checked.retain(|k, _| still(k) && (!disabled(old, k) || disabled(&cfg, k)));
@@ -344,7 +345,9 @@ impl Controller {
         // (they become `departed` below) and departed ones until their deadline.
         ids.retain(&self.cfg, &|k| {
             departed.contains_key(k)
-                || applied.is_some_and(|c| c.services.iter().any(|x| x.name == k.service && x.backend_addrs.contains(&k.address)))
+                || applied.is_some_and(|c| {
+                    c.services.iter().any(|x| x.name == k.service && x.backend_addrs.contains(&k.address))
+                })
         });
         let probes = self.probe_statuses(&eff);
         let new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
@@ -433,7 +436,8 @@ impl Controller {
         sink: &mut dyn Tables,
         report: &mut ReconcileReport,
     ) -> anyhow::Result<()> {
-        let old_backends: BTreeMap<u32, Backend> = old.map(|o| o.backends.iter().copied().collect()).unwrap_or_default();
+        let old_backends: BTreeMap<u32, Backend> =
+            old.map(|o| o.backends.iter().copied().collect()).unwrap_or_default();
         let new_backends: BTreeMap<u32, Backend> = new.backends.iter().copied().collect();
         // 1. Backend records (new ids must exist before a table points at them).
         for (id, b) in &new_backends {
@@ -466,8 +470,11 @@ impl Controller {
             }
         }
         // 3. Removed services: their keys go in the same change, their tables after it.
-        let removed: Vec<&CompiledService> =
-            old_services.iter().filter(|(name, _)| !new.services.iter().any(|s| &s.name == *name)).map(|(_, p)| *p).collect();
+        let removed: Vec<&CompiledService> = old_services
+            .iter()
+            .filter(|(name, _)| !new.services.iter().any(|s| &s.name == *name))
+            .map(|(_, p)| *p)
+            .collect();
         // (The sink removes before it installs, so a key that moved to another service stays.)
         for p in &removed {
             remove_keys.extend(&p.keys);
@@ -498,7 +505,8 @@ impl Controller {
             // HEALTHY stays as last seen: a removed backend's tracked flows keep going to it
             // until the deadline (spec §1.4, P9), whatever their protocol; only one that was
             // unhealthy already is subject to the persistence table as before.
-            let record = Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, _pad: [0; 4], ..*b };
+            let record =
+                Backend { flags: b.flags | backend_flags::REMOVED, drain_deadline_ns: deadline_ns, _pad: [0; 4], ..*b };
             sink.set_backend(*id, &record)?;
             report.backends_departed += 1;
             self.departed.insert(key, Departed { id: *id, record, deadline_ns });
@@ -513,7 +521,11 @@ impl Controller {
             .collect();
         for (key, healthy) in health {
             let d = self.departed.get_mut(&key).expect("listed above");
-            let flags = if healthy { d.record.flags | backend_flags::HEALTHY } else { d.record.flags & !backend_flags::HEALTHY };
+            let flags = if healthy {
+                d.record.flags | backend_flags::HEALTHY
+            } else {
+                d.record.flags & !backend_flags::HEALTHY
+            };
             if flags != d.record.flags && !new_backends.contains_key(&d.id) {
                 d.record.flags = flags;
                 sink.set_backend(d.id, &d.record)?;
@@ -533,7 +545,8 @@ impl Controller {
 /// only the failed change had).
 fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
     const MARK: u32 = 0x8000_0000;
-    let mut picture = old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: 0 });
+    let mut picture =
+        old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: 0 });
     // Tables of the larger class row are removed with a service.
     picture.classes_per_service = picture.classes_per_service.max(new.classes_per_service);
     for svc in &new.services {
@@ -584,9 +597,9 @@ fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
 }
 
 fn find_backend(c: &Compiled, id: u32) -> Option<BackendKey> {
-    c.services.iter().find_map(|s| {
-        s.backend_ids.iter().position(|b| *b == id).map(|i| BackendKey::new(&s.name, s.backend_addrs[i]))
-    })
+    c.services
+        .iter()
+        .find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| BackendKey::new(&s.name, s.backend_addrs[i])))
 }
 
 /// What one reconcile wrote (for logs and tests).
@@ -648,12 +661,21 @@ mod tests {
             self.tables.insert((service, class), (flags, entries.to_vec()));
             Ok(())
         }
-        fn set_class_prefixes(&mut self, service: u32, _old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> anyhow::Result<()> {
+        fn set_class_prefixes(
+            &mut self,
+            service: u32,
+            _old: &[(IpNet, u32)],
+            new: &[(IpNet, u32)],
+        ) -> anyhow::Result<()> {
             self.writes += 1;
             self.prefixes.insert(service, new.to_vec());
             Ok(())
         }
-        fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> anyhow::Result<()> {
+        fn update_services(
+            &mut self,
+            set: &[(&[ServiceKey], &ServiceInfo)],
+            remove: &[ServiceKey],
+        ) -> anyhow::Result<()> {
             self.writes += 1;
             for k in remove {
                 self.services.remove(k);
@@ -772,7 +794,11 @@ mod tests {
         assert_eq!(rep.backends_departed, 1);
         assert_eq!(members(&r, 1), BTreeSet::from([0]), "no new flows to the drained backend");
         let b = r.backends[&1];
-        assert_eq!(b.flags, backend_flags::REMOVED | backend_flags::HEALTHY, "a healthy backend drains as healthy (P9 for every protocol)");
+        assert_eq!(
+            b.flags,
+            backend_flags::REMOVED | backend_flags::HEALTHY,
+            "a healthy backend drains as healthy (P9 for every protocol)"
+        );
         assert_eq!(b.drain_deadline_ns, 1_000 + 300 * 1_000_000_000);
         // Still probed while it drains: a failure reaches its record, a recovery too.
         c.set_checked("web", ip("198.18.11.2"), false);
@@ -844,12 +870,16 @@ mod tests {
 
     #[test]
     fn a_reused_backend_id_gets_a_new_generation() {
-        let mut c = Controller::new(Config::parse(&CFG.replace("draining_timeout_sec = 300", "draining_timeout_sec = 0")).unwrap());
+        let mut c = Controller::new(
+            Config::parse(&CFG.replace("draining_timeout_sec = 300", "draining_timeout_sec = 0")).unwrap(),
+        );
         let mut r = Recorder { now: 1_000, ..Default::default() };
         c.reconcile(&mut r).unwrap();
         let first = r.backends[&1];
         // 11.2 leaves the configuration (no draining), 12.2 joins later.
-        let without = CFG.replace("draining_timeout_sec = 300", "draining_timeout_sec = 0").replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"");
+        let without = CFG
+            .replace("draining_timeout_sec = 300", "draining_timeout_sec = 0")
+            .replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"");
         c.reload(Config::parse(&without).unwrap(), &mut r).unwrap();
         assert_eq!(r.backends[&1].generation, first.generation, "the departed record keeps its generation");
         assert_eq!(r.backends[&1].flags & backend_flags::REMOVED, backend_flags::REMOVED);
@@ -879,15 +909,19 @@ mod tests {
         assert_eq!(next.override_of("web", ip("198.18.12.1")), Some(false));
         assert!(next.is_drained("web", ip("198.18.11.2")));
         // A restart with a configuration that no longer has the drained backend forgets it.
-        let mut fewer = Controller::new(Config::parse(&CFG.replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"")).unwrap());
+        let mut fewer = Controller::new(
+            Config::parse(&CFG.replace("address = \"198.18.11.2\"", "address = \"198.18.11.3\"")).unwrap(),
+        );
         fewer.restore(&serde_json::from_str(&text).unwrap());
         assert!(!fewer.is_drained("web", ip("198.18.11.2")));
         // An older daemon's state has neither field.
-        let old: PersistentState = serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[]}"#).unwrap();
+        let old: PersistentState =
+            serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[]}"#).unwrap();
         assert!(old.overrides.is_empty() && old.drained.is_empty() && old.ids.generations.is_empty());
         // Nor pool change times: a changed pool's drain counts from the first reconcile.
         let old: PersistentState =
-            serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[["web","All",3]],"checked":[]}"#).unwrap();
+            serde_json::from_str(r#"{"ids":{"services":[],"backends":[]},"pools":[["web","All",3]],"checked":[]}"#)
+                .unwrap();
         let mut c = Controller::new(Config::parse(CFG).unwrap());
         c.restore(&old);
         let mut r = Recorder { now: 7_000, ..Default::default() };
@@ -948,7 +982,11 @@ mod tests {
         assert_eq!(info(&r).flags & service_flags::POOL_DRAIN_OVER, 0, "still draining");
         r.now = end;
         c.reconcile(&mut r).unwrap();
-        assert_ne!(info(&r).flags & service_flags::POOL_DRAIN_OVER, 0, "drain over: the data plane voids generation-0 entries");
+        assert_ne!(
+            info(&r).flags & service_flags::POOL_DRAIN_OVER,
+            0,
+            "drain over: the data plane voids generation-0 entries"
+        );
         assert_eq!(c.next_pool_drain_end(), None);
         // With disable_connection_drain_on_failover the flush is immediate and no drain runs.
         let flush = FAILOVER.to_owned() + "disable_connection_drain_on_failover = true\n";
@@ -997,11 +1035,19 @@ mod tests {
         assert_eq!(c.config().services.len(), 1, "the previous configuration is back");
         // (The recorder keeps an empty prefix list for a service whose prefixes were removed.)
         r.prefixes.retain(|_, p| !p.is_empty());
-        assert_eq!((&r.tables, &r.services, &r.prefixes), (&before.0, &before.1, &before.2), "the repair rewrote what was written");
+        assert_eq!(
+            (&r.tables, &r.services, &r.prefixes),
+            (&before.0, &before.1, &before.2),
+            "the repair rewrote what was written"
+        );
         for (id, b) in &r.backends {
             match before.3.get(id) {
                 Some(was) => assert_eq!(b, was, "backend {id}"),
-                None => assert_ne!(b.flags & backend_flags::REMOVED, 0, "a record written for the failed change is flagged removed: {id}"),
+                None => assert_ne!(
+                    b.flags & backend_flags::REMOVED,
+                    0,
+                    "a record written for the failed change is flagged removed: {id}"
+                ),
             }
         }
         // And the change applies when it can.
@@ -1017,7 +1063,8 @@ mod tests {
                    [[service.backend]]\naddress = \"198.18.13.1\"\nzone = \"zone-a\"\n";
         let both = CFG.to_owned() + api;
         // web without two of its backends, api gone.
-        let smaller = CFG.replace("[[service.backend]]\n        address = \"198.18.11.1\"\n        zone = \"zone-a\"\n", "")
+        let smaller = CFG
+            .replace("[[service.backend]]\n        address = \"198.18.11.1\"\n        zone = \"zone-a\"\n", "")
             .replace("[[service.backend]]\n        address = \"198.18.11.2\"\n        zone = \"zone-a\"\n", "");
         assert_eq!(Config::parse(&smaller).unwrap().services[0].backends.len(), 1, "{smaller}");
         for fail in [("remove_tables", 0), ("set_backend", 1)] {

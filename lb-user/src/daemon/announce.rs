@@ -71,13 +71,21 @@ impl Announcer {
     /// Create the device (it must not exist as another daemon's, or as a persistent one) and
     /// bring it up. `cfg` is validated (the name fits IFNAMSIZ).
     pub fn open(cfg: &Announce) -> Result<Self> {
-        let tun = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun").context("opening /dev/net/tun for [announce]")?;
+        let tun = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .context("opening /dev/net/tun for [announce]")?;
         let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: IFF_TUN | IFF_NO_PI, _pad: [0; 22] };
         req.name[..cfg.device.len()].copy_from_slice(cfg.device.as_bytes());
         // SAFETY: TUNSETIFF reads and writes one struct ifreq, which `req` is laid out as.
         if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF as _, &mut req) } != 0 {
             // EBUSY: another process (another lb daemon) holds it; EINVAL: not a TUN device.
-            bail!("creating the TUN device {:?}: {} (is another lb daemon running here?)", cfg.device, std::io::Error::last_os_error());
+            bail!(
+                "creating the TUN device {:?}: {} (is another lb daemon running here?)",
+                cfg.device,
+                std::io::Error::last_os_error()
+            );
         }
         // An existing persistent device would be attached to, and outlive this process with
         // its routes: a crash would then withdraw nothing.
@@ -86,7 +94,13 @@ impl Announcer {
             bail!("[announce] device {:?} is a persistent TUN device: delete it (ip tuntap del {} mode tun) or choose another name", cfg.device, cfg.device);
         }
         ip(&["link", "set", "dev", &cfg.device, "up"])?;
-        Ok(Self { table: cfg.table, device: cfg.device.clone(), _tun: tun, announced: BTreeSet::new(), draining: false })
+        Ok(Self {
+            table: cfg.table,
+            device: cfg.device.clone(),
+            _tun: tun,
+            announced: BTreeSet::new(),
+            draining: false,
+        })
     }
 
     /// Announce exactly `want` (nothing while draining). On an error the routes done so far
@@ -146,7 +160,10 @@ impl Drop for Announcer {
 
 /// Run `ip ARGS` (iproute2; /usr/sbin may be missing from a service's PATH).
 fn ip(args: &[&str]) -> Result<()> {
-    let prog = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or("ip");
+    let prog = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("ip");
     let out = Command::new(prog).args(args).output().with_context(|| format!("running ip {}", args.join(" ")))?;
     if !out.status.success() {
         bail!("ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());

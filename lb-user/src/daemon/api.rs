@@ -39,16 +39,34 @@ pub enum Proto {
 pub enum Request {
     Status,
     Stats,
-    Explain { service: String, client: IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<Proto> },
-    BackendSet { service: String, address: IpAddr, health: HealthOverride },
-    BackendDrain { service: String, address: IpAddr },
-    BackendUndrain { service: String, address: IpAddr },
+    Explain {
+        service: String,
+        client: IpAddr,
+        sport: Option<u16>,
+        dport: Option<u16>,
+        proto: Option<Proto>,
+    },
+    BackendSet {
+        service: String,
+        address: IpAddr,
+        health: HealthOverride,
+    },
+    BackendDrain {
+        service: String,
+        address: IpAddr,
+    },
+    BackendUndrain {
+        service: String,
+        address: IpAddr,
+    },
     Reload,
     /// What a reload would change, without applying it.
     ReloadDryRun,
     /// Drain the whole host: withdraw the VIPs, keep forwarding `grace_sec` (default
     /// `[announce] drain_grace_sec`), then stop.
-    HostDrain { grace_sec: Option<u32> },
+    HostDrain {
+        grace_sec: Option<u32>,
+    },
 }
 
 /// One reply line: `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. The daemon
@@ -88,7 +106,8 @@ pub async fn call<T: DeserializeOwned>(socket: &Path, req: &Request) -> anyhow::
     if reply.is_empty() {
         anyhow::bail!("the daemon closed the connection without answering");
     }
-    let resp: Response<T> = serde_json::from_str(&reply).map_err(|e| anyhow::anyhow!("unexpected reply from the daemon ({e}): {}", reply.trim()))?;
+    let resp: Response<T> = serde_json::from_str(&reply)
+        .map_err(|e| anyhow::anyhow!("unexpected reply from the daemon ({e}): {}", reply.trim()))?;
     match (resp.ok, resp.result) {
         (true, Some(result)) => Ok(result),
         (true, None) => Ok(serde_json::from_value(serde_json::Value::Null)?),
@@ -158,7 +177,8 @@ pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> 
                 Err(_) => {
                     tokio::spawn(async move {
                         let (_, mut write) = stream.into_split();
-                        let busy = Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
+                        let busy =
+                            Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
                         let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &busy)).await;
                     });
                 }
@@ -217,12 +237,23 @@ mod tests {
 
     #[test]
     fn request_wire_format() {
-        let r = Request::BackendSet { service: "web".into(), address: "198.18.1.10".parse().unwrap(), health: HealthOverride::Unhealthy };
+        let r = Request::BackendSet {
+            service: "web".into(),
+            address: "198.18.1.10".parse().unwrap(),
+            health: HealthOverride::Unhealthy,
+        };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"request":"backend_set","service":"web","address":"198.18.1.10","health":"unhealthy"}"#);
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
-        let explain = r#"{"request":"explain","service":"web","client":"198.18.1.1","sport":null,"dport":80,"proto":"icmp"}"#;
-        let r = Request::Explain { service: "web".into(), client: "198.18.1.1".parse().unwrap(), sport: None, dport: Some(80), proto: Some(Proto::Icmp) };
+        let explain =
+            r#"{"request":"explain","service":"web","client":"198.18.1.1","sport":null,"dport":80,"proto":"icmp"}"#;
+        let r = Request::Explain {
+            service: "web".into(),
+            client: "198.18.1.1".parse().unwrap(),
+            sport: None,
+            dport: Some(80),
+            proto: Some(Proto::Icmp),
+        };
         assert_eq!(serde_json::to_string(&r).unwrap(), explain);
         assert_eq!(serde_json::from_str::<Request>(explain).unwrap(), r);
     }

@@ -16,7 +16,9 @@
 
 use crate::config::{canonical_dns_name, Config};
 use crate::daemon::metrics::Metrics;
-use crate::policy::tm::{location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses};
+use crate::policy::tm::{
+    location_address, resolve_dns, Client, DnsAnswer, ProbeStatuses, QueryType, Rng, SplitMix64, Statuses,
+};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
 use hickory_proto::rr::rdata::{A, AAAA, SOA};
@@ -58,10 +60,7 @@ impl RoutingView {
     /// Index of the service answering for `name` (case-insensitive, trailing dot optional).
     pub fn service_for(&self, name: &str) -> Option<usize> {
         let wanted = canonical_dns_name(name);
-        self.cfg
-            .services
-            .iter()
-            .position(|s| s.dns_name.as_deref().is_some_and(|n| canonical_dns_name(n) == wanted))
+        self.cfg.services.iter().position(|s| s.dns_name.as_deref().is_some_and(|n| canonical_dns_name(n) == wanted))
     }
 }
 
@@ -123,8 +122,11 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
         edns.set_max_payload(EDNS_PAYLOAD);
         if let Some(cs) = &ecs {
             // RFC 7871 §7.2.1: echo the option; the answer holds for the whole source prefix.
-            edns.options_mut()
-                .insert(EdnsOption::Subnet(ClientSubnet::new(cs.addr(), cs.source_prefix(), cs.source_prefix())));
+            edns.options_mut().insert(EdnsOption::Subnet(ClientSubnet::new(
+                cs.addr(),
+                cs.source_prefix(),
+                cs.source_prefix(),
+            )));
         }
         resp.set_edns(edns);
     }
@@ -157,7 +159,10 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
     };
     // Source prefix 0: the resolver gives no client information (RFC 7871 §7.1.2), so the
     // resolver's own address locates the client, as without the option.
-    let ecs_net = ecs.filter(|cs| cs.source_prefix() > 0).and_then(|cs| IpNet::new(cs.addr(), cs.source_prefix()).ok()).map(|n| n.trunc());
+    let ecs_net = ecs
+        .filter(|cs| cs.source_prefix() > 0)
+        .and_then(|cs| IpNet::new(cs.addr(), cs.source_prefix()).ok())
+        .map(|n| n.trunc());
     let location = location_address(source.to_canonical(), ecs_net);
     let client = Client::locate(&view.cfg, location);
     let svc = &view.cfg.services[si];
@@ -188,12 +193,14 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
 /// negative TTL only need to be well formed.
 fn negative_soa(name: &Name, ttl: u32) -> Record {
     let apex = name.to_lowercase();
-    let rname = Name::from_ascii("hostmaster").ok().and_then(|h| h.append_domain(&apex).ok()).unwrap_or_else(|| apex.clone());
+    let rname =
+        Name::from_ascii("hostmaster").ok().and_then(|h| h.append_domain(&apex).ok()).unwrap_or_else(|| apex.clone());
     Record::from_rdata(apex.clone(), ttl, RData::SOA(SOA::new(apex, rname, 1, 3600, 600, 86400, ttl)))
 }
 
 fn seeded_rng() -> SplitMix64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     SplitMix64(nanos ^ u64::from(std::process::id()).rotate_left(32))
 }
 
@@ -239,7 +246,10 @@ impl Drop for SourceSlot {
 /// or the view sender is dropped; every answer sent is counted in `metrics`. Returns the bound
 /// address (useful with port 0) and tasks.
 pub async fn serve(
-    listen: SocketAddr, view: ViewReceiver, limits: TcpLimits, metrics: Metrics,
+    listen: SocketAddr,
+    view: ViewReceiver,
+    limits: TcpLimits,
+    metrics: Metrics,
 ) -> std::io::Result<(SocketAddr, Vec<JoinHandle<()>>)> {
     let udp = UdpSocket::bind(listen).await?;
     let bound = udp.local_addr()?;
@@ -449,7 +459,8 @@ mod tests {
         // Ten AAAA records under a 240-character name: about 560 bytes.
         let label = "a".repeat(60);
         let name = format!("{label}.{label}.{label}.{}.example", &label[..48]);
-        let backends: String = (1..=10).map(|i| format!("[[service.backend]]\naddress = \"2001:db8:20::{i}\"\n")).collect();
+        let backends: String =
+            (1..=10).map(|i| format!("[[service.backend]]\naddress = \"2001:db8:20::{i}\"\n")).collect();
         let cfg = Config::parse(&format!(
             "[[service]]\nname = \"mv\"\nvip = \"2001:db8::9\"\nprotocol = \"TCP\"\nrouting_method = \"MULTIVALUE\"\nmax_return = 10\ndns_name = \"{name}\"\n{backends}"
         ))
@@ -490,7 +501,10 @@ mod tests {
                 let mut s = sock.connect(addr).await.unwrap();
                 s.write_u16(q.len() as u16).await.unwrap();
                 s.write_all(&q).await.unwrap();
-                let ok = tokio::time::timeout(std::time::Duration::from_secs(2), s.read_u16()).await.map(|r| r.is_ok()).unwrap_or(false);
+                let ok = tokio::time::timeout(std::time::Duration::from_secs(2), s.read_u16())
+                    .await
+                    .map(|r| r.is_ok())
+                    .unwrap_or(false);
                 (s, ok)
             }
         };
@@ -512,7 +526,10 @@ mod tests {
         let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         udp.send_to(&q, addr).await.unwrap();
         let mut buf = [0u8; 512];
-        tokio::time::timeout(std::time::Duration::from_secs(2), udp.recv_from(&mut buf)).await.expect("UDP answered").unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(2), udp.recv_from(&mut buf))
+            .await
+            .expect("UDP answered")
+            .unwrap();
         held.truncate(3);
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         let (_, ok) = ask_tcp("127.0.0.1").await;

@@ -3,9 +3,9 @@
 
 use super::reply::{ChangeKind, EligibleChange, ReloadPlan, ServiceChange};
 use super::{class_views, zone_views};
+use crate::compile::tables_to_write;
 use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;
-use crate::compile::tables_to_write;
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -75,7 +75,10 @@ pub fn plan(path: &Path, old_cfg: &Config, old: Option<&Compiled>, new_cfg: &Con
             change: ChangeKind::Removed,
             backends_added: vec![],
             backends_removed: gone.backend_addrs.clone(),
-            eligible: eligible_sets(old_cfg, gone).into_iter().map(|(client, set)| EligibleChange { client, before: Some(set), after: None }).collect(),
+            eligible: eligible_sets(old_cfg, gone)
+                .into_iter()
+                .map(|(client, set)| EligibleChange { client, before: Some(set), after: None })
+                .collect(),
             tables: 0,
         });
     }

@@ -276,15 +276,24 @@ pub async fn monitor_check(addr: SocketAddr, m: &MonitorSettings) -> Result<Prob
         };
         Ok(match m.protocol {
             MonitorProtocol::Tcp => Some(ProbeOutcome::Connected),
-            MonitorProtocol::Http => http_get_status(&mut stream, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus),
+            MonitorProtocol::Http => {
+                http_get_status(&mut stream, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus)
+            }
             MonitorProtocol::Https => {
                 // The Host header's name, without a port ("app.example:8443").
-                let host = m.custom_headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("host")).map(|(_, v)| v.rsplit_once(':').map_or(v.as_str(), |(h, _)| h));
+                let host = m
+                    .custom_headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("host"))
+                    .map(|(_, v)| v.rsplit_once(':').map_or(v.as_str(), |(h, _)| h));
                 let name = host
                     .and_then(|h| tokio_rustls::rustls::pki_types::ServerName::try_from(h.to_owned()).ok())
                     .unwrap_or_else(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));
                 match tls::connector().connect(name, stream).await {
-                    Ok(mut tls) => http_get_status(&mut tls, addr, path, &m.custom_headers).await.ok().map(ProbeOutcome::HttpStatus),
+                    Ok(mut tls) => http_get_status(&mut tls, addr, path, &m.custom_headers)
+                        .await
+                        .ok()
+                        .map(ProbeOutcome::HttpStatus),
                     Err(_) => None,
                 }
             }
@@ -340,11 +349,21 @@ mod tls {
             Ok(ServerCertVerified::assertion())
         }
 
-        fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, Error> {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
             verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
         }
 
-        fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, Error> {
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
             verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
         }
 
@@ -417,8 +436,18 @@ pub fn spawn_monitor(
 #[derive(Clone, Debug, PartialEq)]
 pub enum Probe {
     /// `slot` of `of`: where in the interval the first probe goes (spreads a service's probes).
-    Check { service: String, backend: IpAddr, spec: ProbeSpec, slot: u32, of: u32 },
-    Monitor { service: String, backend: IpAddr, settings: MonitorSettings },
+    Check {
+        service: String,
+        backend: IpAddr,
+        spec: ProbeSpec,
+        slot: u32,
+        of: u32,
+    },
+    Monitor {
+        service: String,
+        backend: IpAddr,
+        settings: MonitorSettings,
+    },
 }
 
 impl Probe {
@@ -426,9 +455,10 @@ impl Probe {
     /// running, with its streak of results, instead of starting over.
     pub fn same_as(&self, other: &Probe) -> bool {
         match (self, other) {
-            (Probe::Check { service: s, backend: b, spec, .. }, Probe::Check { service: s2, backend: b2, spec: spec2, .. }) => {
-                (s, b, spec) == (s2, b2, spec2)
-            }
+            (
+                Probe::Check { service: s, backend: b, spec, .. },
+                Probe::Check { service: s2, backend: b2, spec: spec2, .. },
+            ) => (s, b, spec) == (s2, b2, spec2),
             (Probe::Monitor { .. }, Probe::Monitor { .. }) => self == other,
             _ => false,
         }
@@ -475,7 +505,13 @@ pub fn probes_for(cfg: &Config) -> Vec<Probe> {
         let spec = ProbeSpec::from_config(hc, port);
         let of = svc.backends.len() as u32;
         for (i, b) in svc.backends.iter().enumerate() {
-            probes.push(Probe::Check { service: svc.name.clone(), backend: b.address, spec: spec.clone(), slot: i as u32, of });
+            probes.push(Probe::Check {
+                service: svc.name.clone(),
+                backend: b.address,
+                spec: spec.clone(),
+                slot: i as u32,
+                of,
+            });
         }
     }
     for svc in &cfg.services {
@@ -594,7 +630,15 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, mut rx) = mpsc::channel(8);
-        let task = spawn_checker("web".into(), addr, spec(HealthProtocol::Tcp, addr.port()), false, Spread { slot: 0, of: 1 }, tx, 7);
+        let task = spawn_checker(
+            "web".into(),
+            addr,
+            spec(HealthProtocol::Tcp, addr.port()),
+            false,
+            Spread { slot: 0, of: 1 },
+            tx,
+            7,
+        );
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("web", addr.ip(), true));
         drop(listener);
@@ -645,7 +689,10 @@ mod tests {
                 let mut status = 0;
                 // SAFETY: waits for the child forked above.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
-                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's checks failed (status {status})");
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "the child's checks failed (status {status})"
+                );
             }
         }
         drop(listener);
@@ -763,7 +810,11 @@ mod tests {
         let settings = monitor(MonitorProtocol::Tcp, addr.port(), vec![(200, 200)]);
         let task = spawn_monitor("tm".into(), addr, settings, None, Duration::from_millis(50), tx, 7);
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
-        assert_eq!((ev.service.as_str(), ev.backend, ev.healthy), ("tm", addr.ip(), true), "CheckingEndpoint -> Online");
+        assert_eq!(
+            (ev.service.as_str(), ev.backend, ev.healthy),
+            ("tm", addr.ip(), true),
+            "CheckingEndpoint -> Online"
+        );
         drop(listener);
         let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
         assert!(!ev.healthy, "Degraded on failure tolerated+1: {ev:?}");

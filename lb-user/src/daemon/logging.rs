@@ -17,5 +17,9 @@ pub fn init() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(true);
-    let _ = if std::env::var_os("JOURNAL_STREAM").is_some() { builder.without_time().try_init() } else { builder.try_init() };
+    let _ = if std::env::var_os("JOURNAL_STREAM").is_some() {
+        builder.without_time().try_init()
+    } else {
+        builder.try_init()
+    };
 }

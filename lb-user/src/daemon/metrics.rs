@@ -53,7 +53,13 @@ impl Metrics {
     /// A health check turned `backend` of `service` healthy or unhealthy.
     pub fn health_change(&self, service: &str, backend: std::net::IpAddr, healthy: bool) {
         let to = if healthy { "healthy" } else { "unhealthy" };
-        self.health_changes.get_or_create(&vec![("service", service.to_owned()), ("backend", backend.to_string()), ("to", to.to_owned())]).inc();
+        self.health_changes
+            .get_or_create(&vec![
+                ("service", service.to_owned()),
+                ("backend", backend.to_string()),
+                ("to", to.to_owned()),
+            ])
+            .inc();
     }
 
     /// A reload (SIGHUP or `lb reload`) was applied or refused.
@@ -74,9 +80,21 @@ impl Metrics {
     }
 
     fn register(&self, r: &mut Registry) {
-        r.register("backend_health_changes", "Health verdict changes reported by the health checks, by new state", self.health_changes.clone());
-        r.register("reloads", "Configuration reloads (SIGHUP or lb reload), by result: applied or refused", self.reloads.clone());
-        r.register("table_swaps", "Maglev tables written into a free slot and made active (one TABLE_INDEX flip each)", self.table_swaps.clone());
+        r.register(
+            "backend_health_changes",
+            "Health verdict changes reported by the health checks, by new state",
+            self.health_changes.clone(),
+        );
+        r.register(
+            "reloads",
+            "Configuration reloads (SIGHUP or lb reload), by result: applied or refused",
+            self.reloads.clone(),
+        );
+        r.register(
+            "table_swaps",
+            "Maglev tables written into a free slot and made active (one TABLE_INDEX flip each)",
+            self.table_swaps.clone(),
+        );
         r.register("dns_answers", "Answers of the DNS front, by response code", self.dns_answers.clone());
     }
 }
@@ -208,7 +226,9 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         let help = format!("Data-plane counter {name} (lb stats), summed over CPUs");
         r.register(*name, help, counter(snap.global.get(i).copied().unwrap_or(0)));
     }
-    let class_labels = |c: &ClassSample| vec![("service", c.service.clone()), ("zone", c.zone.clone()), ("class", c.class.to_string())];
+    let class_labels = |c: &ClassSample| {
+        vec![("service", c.service.clone()), ("zone", c.zone.clone()), ("class", c.class.to_string())]
+    };
     let per_class: [Field<ClassSample>; 4] = [
         ("class_packets", "Packets forwarded, by service and client class (zone: the client zone)", |c| c.packets),
         ("class_bytes", "Bytes forwarded (whole frames), by service and client class", |c| c.bytes),
@@ -218,7 +238,9 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
     for (name, help, value) in per_class {
         r.register(name, help, counters(snap.classes.iter().map(|c| (class_labels(c), value(c)))));
     }
-    let backend_labels = |b: &BackendSample| vec![("service", b.service.clone()), ("backend", b.backend.clone()), ("zone", b.zone.clone())];
+    let backend_labels = |b: &BackendSample| {
+        vec![("service", b.service.clone()), ("backend", b.backend.clone()), ("zone", b.zone.clone())]
+    };
     let per_backend: [Field<BackendCounters>; 3] = [
         ("backend_packets", "Packets forwarded to the backend (zone: the backend's)", |c| c.packets),
         ("backend_bytes", "Bytes forwarded to the backend (whole frames as received)", |c| c.bytes),
@@ -241,7 +263,11 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         ),
         gauges(snap.conntrack.iter().map(|c| (family(c), c.live))),
     );
-    r.register("conntrack_slots", "Slots of the connection table", gauges(snap.conntrack.iter().map(|c| (family(c), c.slots))));
+    r.register(
+        "conntrack_slots",
+        "Slots of the connection table",
+        gauges(snap.conntrack.iter().map(|c| (family(c), c.slots))),
+    );
     events.register(&mut r);
     let mut out = String::new();
     encode(&mut out, &r).expect("writing into a String cannot fail");
@@ -253,7 +279,11 @@ pub type SnapshotRequest = oneshot::Sender<std::result::Result<Snapshot, String>
 
 /// Binds `listen` (errors surface here) and serves `GET /metrics` until the task is aborted.
 /// Returns the bound address (useful with port 0) and the task.
-pub async fn serve(listen: SocketAddr, events: Metrics, snapshots: mpsc::Sender<SnapshotRequest>) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+pub async fn serve(
+    listen: SocketAddr,
+    events: Metrics,
+    snapshots: mpsc::Sender<SnapshotRequest>,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(listen).await?;
     let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
@@ -283,7 +313,11 @@ pub async fn serve(listen: SocketAddr, events: Metrics, snapshots: mpsc::Sender<
     Ok((bound, task))
 }
 
-async fn respond<B>(req: hyper::Request<B>, events: &Metrics, snapshots: &mpsc::Sender<SnapshotRequest>) -> hyper::Response<Full<Bytes>> {
+async fn respond<B>(
+    req: hyper::Request<B>,
+    events: &Metrics,
+    snapshots: &mpsc::Sender<SnapshotRequest>,
+) -> hyper::Response<Full<Bytes>> {
     let reply = |status: u16, content_type: &str, body: String| {
         hyper::Response::builder()
             .status(status)
@@ -303,7 +337,9 @@ async fn respond<B>(req: hyper::Request<B>, events: &Metrics, snapshots: &mpsc::
         Err(_) => return reply(503, "text/plain", "the daemon is shutting down\n".into()),
     };
     match snap {
-        Ok(Ok(Ok(snap))) => reply(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&snap, events)),
+        Ok(Ok(Ok(snap))) => {
+            reply(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&snap, events))
+        }
         Ok(Ok(Err(e))) => reply(503, "text/plain", format!("reading the data plane: {e}\n")),
         _ => reply(503, "text/plain", "the daemon did not answer in time\n".into()),
     }
@@ -319,7 +355,15 @@ mod tests {
         global[stat::NEW_FLOW as usize] = 3;
         Snapshot {
             global,
-            classes: vec![ClassSample { service: "web".into(), zone: "zone-2".into(), class: 2, packets: 5, bytes: 500, new_flows: 2, spills: 1 }],
+            classes: vec![ClassSample {
+                service: "web".into(),
+                zone: "zone-2".into(),
+                class: 2,
+                packets: 5,
+                bytes: 500,
+                new_flows: 2,
+                spills: 1,
+            }],
             backends: vec![BackendSample {
                 service: "web".into(),
                 backend: "198.18.11.1".into(),
@@ -339,7 +383,13 @@ mod tests {
     fn every_stats_counter_is_exported_as_a_total_from_the_list() {
         let text = render(&sample(), &Metrics::default());
         for name in stat::NAMES {
-            let value = if name == "rx_packets" { 7 } else if name == "new_flow" { 3 } else { 0 };
+            let value = if name == "rx_packets" {
+                7
+            } else if name == "new_flow" {
+                3
+            } else {
+                0
+            };
             has(&text, &format!("lb_{name}_total {value}"));
             has(&text, &format!("# TYPE lb_{name} counter"));
         }
@@ -391,7 +441,9 @@ mod tests {
         });
         let get = |path: &'static str| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out

@@ -15,16 +15,18 @@ pub mod notify;
 pub mod reply;
 pub mod state;
 
-use announce::Announcer;
-use api::{HealthOverride, Proto, Request, Response};
+use crate::compile::explain::{self, Flow};
 use crate::config::Config;
 use crate::controller::{Controller, PersistentState};
-use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
-use crate::compile::explain::{self, Flow};
-use health::HealthEvent;
 use crate::dataplane::pinning::{self, PinState};
+use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
+use announce::Announcer;
 use anyhow::{bail, Context, Result};
-use reply::{BackendChange, BackendStatus, ClassStats, ClassView, Counters, Reply, ServiceStats, ServiceStatus, ZoneView};
+use api::{HealthOverride, Proto, Request, Response};
+use health::HealthEvent;
+use reply::{
+    BackendChange, BackendStatus, ClassStats, ClassView, Counters, Reply, ServiceStats, ServiceStatus, ZoneView,
+};
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -63,7 +65,9 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     // the data plane's admission check, asking for a restart.)
     let (keys, prefixes) = crate::compile::installed_counts(cfg);
     let mut max_services = (services * 2).max(16).next_power_of_two();
-    while (max_services as u64 * 16) < keys as u64 || (max_services as u64 * classes_per_service as u64 * 16) < prefixes as u64 {
+    while (max_services as u64 * 16) < keys as u64
+        || (max_services as u64 * classes_per_service as u64 * 16) < prefixes as u64
+    {
         max_services *= 2;
     }
     // Active tables plus a standby slot each, and some room for a reload that adds tables.
@@ -90,11 +94,19 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
     // The DNS front's sockets are bound at start.
     if cfg.dns != running.dns {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
-        bail!("[dns] listen takes effect only on restart (running: {}, in the file: {})", show(&running.dns), show(&cfg.dns));
+        bail!(
+            "[dns] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.dns),
+            show(&cfg.dns)
+        );
     }
     if cfg.metrics != running.metrics {
         let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
-        bail!("[metrics] listen takes effect only on restart (running: {}, in the file: {})", show(&running.metrics), show(&cfg.metrics));
+        bail!(
+            "[metrics] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.metrics),
+            show(&cfg.metrics)
+        );
     }
     // The TUN device and its table are made at start.
     let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
@@ -104,10 +116,14 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
     let services = cfg.services.len() as u32;
     let classes = crate::compile::classes_per_service(cfg);
     let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
-    if services > now.max_services || classes > now.classes_per_service || backends * 2 > now.max_backends
+    if services > now.max_services
+        || classes > now.classes_per_service
+        || backends * 2 > now.max_backends
         || 2 * services * classes > now.table_slots
     {
-        bail!("the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it");
+        bail!(
+            "the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it"
+        );
     }
     Ok(())
 }
@@ -116,7 +132,10 @@ fn fits(now: &DataplaneSizes, running: &Config, cfg: &Config) -> Result<()> {
 /// forwarding; the drops would show only as `drop_fib` in `lb stats`, so say it up front.
 /// (L2_DSR then sends every frame back out of the ingress device, whatever the route.)
 fn warn_if_forwarding_disabled(ifname: &str) {
-    for (family, path) in [("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")), ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding"))] {
+    for (family, path) in [
+        ("ipv4", format!("/proc/sys/net/ipv4/conf/{ifname}/forwarding")),
+        ("ipv6", format!("/proc/sys/net/ipv6/conf/{ifname}/forwarding")),
+    ] {
         if std::fs::read_to_string(&path).map(|v| v.trim() == "0").unwrap_or(false) {
             tracing::warn!("{family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
@@ -264,12 +283,15 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         PinState::Reused => {
             tracing::info!("adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
             if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
-                let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
+                let st: PersistentState =
+                    serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
                 ctl.restore(&st);
             }
         }
         PinState::Discarded(why) => {
-            tracing::warn!("the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost");
+            tracing::warn!(
+                "the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost"
+            );
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir)).map_err(fail)?;
@@ -283,7 +305,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
             let now = dp.now_ns().map_err(fail)?;
             ctl.depart_unconfigured(now);
             let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp.sweep_unowned(&next.demand(None)).context("removing what the previous configuration left").map_err(fail)?;
+            let (keys, prefixes, tables) = dp
+                .sweep_unowned(&next.demand(None))
+                .context("removing what the previous configuration left")
+                .map_err(fail)?;
             if keys + prefixes + tables > 0 {
                 tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
             }
@@ -295,7 +320,10 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
     let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
     if let Some(now) = adopted_at {
         let applied = ctl.applied().expect("written just above");
-        let backends = dp.depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id)).context("flagging backends the configuration dropped").map_err(fail)?;
+        let backends = dp
+            .depart_unused_backends(&applied.demand(None), now, &|id| ctl.drain_ns_of(id))
+            .context("flagging backends the configuration dropped")
+            .map_err(fail)?;
         if backends > 0 {
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
@@ -304,23 +332,37 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         warn_if_forwarding_disabled(ifname);
         let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
         match mode {
-            aya::programs::XdpMode::Skb => tracing::warn!("{ifname} refused native XDP; attached in generic (skb) mode, which is slower"),
-            aya::programs::XdpMode::Default => tracing::info!("replaced the program on {ifname} (kept attached across the restart)"),
+            aya::programs::XdpMode::Skb => {
+                tracing::warn!("{ifname} refused native XDP; attached in generic (skb) mode, which is slower")
+            }
+            aya::programs::XdpMode::Default => {
+                tracing::info!("replaced the program on {ifname} (kept attached across the restart)")
+            }
             _ => tracing::info!("attached to {ifname} (native XDP)"),
         }
     }
     let (health_events, health_rx) = mpsc::channel(1024);
-    let (dns_view, dns_rx) = tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
+    let (dns_view, dns_rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     let counts = metrics::Metrics::default();
     counts.tables_swapped(initial.tables_written);
     // The listen addresses are read at start only (a reload that changes `[dns]` or `[metrics]`
     // is refused).
     let mut tasks = match ctl.config().dns.clone() {
         Some(front) => {
-            let limits = dns::TcpLimits { total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()), per_source: limits::DNS_TCP_PER_SOURCE };
-            let (addr, tasks) =
-                crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone()).await.with_context(|| format!("[dns] listen = {}", front.listen)).map_err(fail)?;
-            tracing::info!("DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)", limits.total, limits.per_source);
+            let limits = dns::TcpLimits {
+                total: limits::dns_tcp_budget(nofile, health::probes_for(ctl.config()).len()),
+                per_source: limits::DNS_TCP_PER_SOURCE,
+            };
+            let (addr, tasks) = crate::daemon::dns::serve(front.listen, dns_rx, limits, counts.clone())
+                .await
+                .with_context(|| format!("[dns] listen = {}", front.listen))
+                .map_err(fail)?;
+            tracing::info!(
+                "DNS front on {addr} (UDP and TCP, at most {} TCP connections, {} per source)",
+                limits.total,
+                limits.per_source
+            );
             tasks
         }
         None => Vec::new(),
@@ -328,15 +370,28 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
     // Without `[metrics]` the sender goes: the loop's scrape branch then never fires.
     let (snapshots, snapshot_rx) = mpsc::channel(4);
     if let Some(m) = ctl.config().metrics.clone() {
-        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots).await.with_context(|| format!("[metrics] listen = {}", m.listen)).map_err(fail)?;
+        let (addr, task) = metrics::serve(m.listen, counts.clone(), snapshots)
+            .await
+            .with_context(|| format!("[metrics] listen = {}", m.listen))
+            .map_err(fail)?;
         tracing::info!("metrics on http://{addr}/metrics");
         tasks.push(task);
     }
     // Attached and tables written: from here on the VIPs may be announced.
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
     let mut d = Daemon {
-        args, ctl, dp, checkers: Vec::new(), next_probe: 0, tick_error: None, events: health_events, dns_view, metrics: counts, lock: None,
-        announcer, drain_deadline: None,
+        args,
+        ctl,
+        dp,
+        checkers: Vec::new(),
+        next_probe: 0,
+        tick_error: None,
+        events: health_events,
+        dns_view,
+        metrics: counts,
+        lock: None,
+        announcer,
+        drain_deadline: None,
     };
     d.announce();
     d.save_state();
@@ -357,8 +412,11 @@ type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio:
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
 async fn serve(
-    mut d: Daemon, listener: tokio::net::UnixListener, mut health_rx: mpsc::Receiver<HealthEvent>,
-    mut snapshot_rx: mpsc::Receiver<metrics::SnapshotRequest>, signals: Signals,
+    mut d: Daemon,
+    listener: tokio::net::UnixListener,
+    mut health_rx: mpsc::Receiver<HealthEvent>,
+    mut snapshot_rx: mpsc::Receiver<metrics::SnapshotRequest>,
+    signals: Signals,
 ) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
@@ -420,7 +478,8 @@ impl Daemon {
     fn announce(&mut self) {
         let Some(a) = self.announcer.as_mut() else { return };
         let cfg = self.ctl.config();
-        let applied: Vec<&str> = self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
+        let applied: Vec<&str> =
+            self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
         let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
         let ctl = &self.ctl;
         let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
@@ -432,7 +491,9 @@ impl Daemon {
     /// `lb backend drain --host`: withdraw every VIP now, keep forwarding what still arrives
     /// for the grace period, then stop as on SIGTERM.
     fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<reply::HostDrain> {
-        let grace = grace_sec.or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec)).unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
+        let grace = grace_sec
+            .or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec))
+            .unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
         if let Some(a) = self.announcer.as_mut() {
             a.drain()?;
         }
@@ -456,8 +517,13 @@ impl Daemon {
         }
         self.announce();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
-            tracing::info!("tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
-                report.backends_written, report.tables_written, report.services_written, report.services_removed, report.backends_departed
+            tracing::info!(
+                "tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
+                report.backends_written,
+                report.tables_written,
+                report.services_written,
+                report.services_removed,
+                report.backends_departed
             );
         }
         self.save_state();
@@ -537,7 +603,11 @@ impl Daemon {
     /// One line for `systemctl status`.
     fn summary(&self) -> String {
         let services = self.ctl.config().services.len();
-        format!("{services} services on {}; control socket {}", self.args.interfaces.join(", "), self.args.socket.display())
+        format!(
+            "{services} services on {}; control socket {}",
+            self.args.interfaces.join(", "),
+            self.args.socket.display()
+        )
     }
 
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
@@ -571,9 +641,15 @@ impl Daemon {
     fn handle(&mut self, req: Request) -> Response {
         // Operator actions are audited, accepted or refused.
         let action = match &req {
-            Request::BackendSet { service, address, health } => Some(("override", format!("service {service} backend {address} health {health:?}"))),
-            Request::BackendDrain { service, address } => Some(("drain", format!("service {service} backend {address}"))),
-            Request::BackendUndrain { service, address } => Some(("undrain", format!("service {service} backend {address}"))),
+            Request::BackendSet { service, address, health } => {
+                Some(("override", format!("service {service} backend {address} health {health:?}")))
+            }
+            Request::BackendDrain { service, address } => {
+                Some(("drain", format!("service {service} backend {address}")))
+            }
+            Request::BackendUndrain { service, address } => {
+                Some(("undrain", format!("service {service} backend {address}")))
+            }
             Request::Reload => Some(("reload", "control socket".to_owned())),
             Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
             Request::Status | Request::Stats | Request::Explain { .. } | Request::ReloadDryRun => None,
@@ -581,7 +657,9 @@ impl Daemon {
         let result = match req {
             Request::Status => Ok(Reply::Status(self.status())),
             Request::Stats => self.stats().map(Reply::Stats),
-            Request::Explain { service, client, sport, dport, proto } => self.explain(&service, client, sport, dport, proto).map(Reply::Explain),
+            Request::Explain { service, client, sport, dport, proto } => {
+                self.explain(&service, client, sport, dport, proto).map(Reply::Explain)
+            }
             Request::BackendSet { service, address, health } => {
                 let h = match health {
                     HealthOverride::Healthy => Some(true),
@@ -639,7 +717,8 @@ impl Daemon {
                             address: b.address,
                             zone: b.zone.clone(),
                             role: if b.failover { "failover" } else { "primary" }.to_owned(),
-                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }.to_owned(),
+                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }
+                                .to_owned(),
                             health_source: source.to_owned(),
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, b.address),
@@ -668,12 +747,19 @@ impl Daemon {
             draining: a.draining(),
             announced: a.announced().iter().copied().collect(),
         });
-        reply::Status { config: self.args.config.display().to_string(), interfaces: self.args.interfaces.clone(), services, announce }
+        reply::Status {
+            config: self.args.config.display().to_string(),
+            interfaces: self.args.interfaces.clone(),
+            services,
+            announce,
+        }
     }
 
     fn stats(&self) -> Result<reply::Stats> {
         let st = self.dp.stats()?;
-        let global = Counters(lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect());
+        let global = Counters(
+            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect(),
+        );
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
         let services = applied
@@ -707,19 +793,41 @@ impl Daemon {
         Ok(reply::Stats { global, services })
     }
 
-    fn explain(&self, service: &str, client: std::net::IpAddr, sport: Option<u16>, dport: Option<u16>, proto: Option<Proto>) -> Result<reply::Explanation> {
+    fn explain(
+        &self,
+        service: &str,
+        client: std::net::IpAddr,
+        sport: Option<u16>,
+        dport: Option<u16>,
+        proto: Option<Proto>,
+    ) -> Result<reply::Explanation> {
         use crate::model::Protocol;
         let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
-        let svc = cfg.services.iter().find(|s| s.name == service).ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        let proto = match (proto.unwrap_or(if svc.protocol == Protocol::Udp { Proto::Udp } else { Proto::Tcp }), svc.protocol) {
+        let svc = cfg
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
+        let proto = match (
+            proto.unwrap_or(if svc.protocol == Protocol::Udp { Proto::Udp } else { Proto::Tcp }),
+            svc.protocol,
+        ) {
             (Proto::Tcp, _) => lb_common::maps::PROTO_TCP,
             (Proto::Udp, _) => lb_common::maps::PROTO_UDP,
             (Proto::Icmp, Protocol::L3Default) if client.is_ipv4() => libc::IPPROTO_ICMP as u8,
             (Proto::Icmp, Protocol::L3Default) => libc::IPPROTO_ICMPV6 as u8,
-            (Proto::Icmp, p) => bail!("--proto icmp: service {service:?} is {}; allowed values: tcp, udp (icmp for L3_DEFAULT services)", p.as_str()),
+            (Proto::Icmp, p) => bail!(
+                "--proto icmp: service {service:?} is {}; allowed values: tcp, udp (icmp for L3_DEFAULT services)",
+                p.as_str()
+            ),
         };
-        let flow = Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
+        let flow = Flow {
+            client,
+            sport: sport.unwrap_or(40000),
+            dport: dport.or(svc.ports.first().copied()).unwrap_or(0),
+            proto,
+        };
         explain::explain(cfg, applied, service, &flow)
     }
 

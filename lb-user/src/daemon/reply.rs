@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
-pub use crate::compile::explain::{ClassFacts, Explanation};
 pub use super::api::HealthOverride;
+pub use crate::compile::explain::{ClassFacts, Explanation};
 
 /// `lb status`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -227,8 +227,14 @@ mod tests {
     fn backend_change_wire_format() {
         let address = "198.18.11.1".parse().unwrap();
         let drain = BackendChange { service: "web".into(), address, health: None, draining: Some(true) };
-        assert_eq!(serde_json::to_string(&drain).unwrap(), r#"{"service":"web","address":"198.18.11.1","draining":true}"#);
+        assert_eq!(
+            serde_json::to_string(&drain).unwrap(),
+            r#"{"service":"web","address":"198.18.11.1","draining":true}"#
+        );
         let set = BackendChange { service: "web".into(), address, health: Some(HealthOverride::Auto), draining: None };
-        assert_eq!(serde_json::to_string(&set).unwrap(), r#"{"service":"web","address":"198.18.11.1","health":"auto"}"#);
+        assert_eq!(
+            serde_json::to_string(&set).unwrap(),
+            r#"{"service":"web","address":"198.18.11.1","health":"auto"}"#
+        );
     }
 }

@@ -18,7 +18,11 @@ pub fn path_for(socket: &Path) -> PathBuf {
 pub fn check_dir(dir: &Path) -> Result<()> {
     let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
     if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     let meta = std::fs::metadata(dir).with_context(|| format!("the control socket's directory {}", dir.display()))?;
     if !meta.is_dir() {
@@ -45,7 +49,12 @@ pub fn check_dir(dir: &Path) -> Result<()> {
 pub fn save(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let open = || {
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp)
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
     };
     let mut file = match open() {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -56,7 +65,9 @@ pub fn save(path: &Path, text: &str) -> Result<()> {
         other => other,
     }
     .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(text.as_bytes()).and_then(|()| file.sync_data()).with_context(|| format!("writing {}", tmp.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_data())
+        .with_context(|| format!("writing {}", tmp.display()))?;
     drop(file);
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
@@ -102,7 +113,12 @@ mod tests {
         for mode in [0o777, 0o1777, 0o775] {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
             let err = format!("{:#}", check_dir(&dir).unwrap_err());
-            assert!(err.contains(&dir.display().to_string()) && err.contains("writable by group or others") && err.contains(&format!("{mode:04o}")), "{err}");
+            assert!(
+                err.contains(&dir.display().to_string())
+                    && err.contains("writable by group or others")
+                    && err.contains(&format!("{mode:04o}")),
+                "{err}"
+            );
         }
         let missing = dir.join("sub/run");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();

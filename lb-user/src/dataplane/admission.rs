@@ -55,10 +55,19 @@ impl Dataplane {
         let s = &self.sizes;
         for svc in &demand.services {
             if svc.id >= s.max_services {
-                bail!("service {:?} would get id {}; the data plane holds ids below {} (max_services)", svc.name, svc.id, s.max_services);
+                bail!(
+                    "service {:?} would get id {}; the data plane holds ids below {} (max_services)",
+                    svc.name,
+                    svc.id,
+                    s.max_services
+                );
             }
             if let Some(class) = svc.classes.iter().find(|&&c| c >= s.classes_per_service) {
-                bail!("service {:?} has client class {class}; the data plane holds {} classes per service", svc.name, s.classes_per_service);
+                bail!(
+                    "service {:?} has client class {class}; the data plane holds {} classes per service",
+                    svc.name,
+                    s.classes_per_service
+                );
             }
         }
         if let Some(id) = demand.backends.iter().find(|&&id| id >= s.max_backends) {
@@ -69,7 +78,10 @@ impl Dataplane {
         let mut free = self.free_slots.len();
         for table in &demand.table_writes {
             if free == 0 {
-                bail!("the new tables need more Maglev table slots than the {} the data plane has (table_slots)", s.table_slots);
+                bail!(
+                    "the new tables need more Maglev table slots than the {} the data plane has (table_slots)",
+                    s.table_slots
+                );
             }
             if !self.active_slots.contains_key(table) {
                 free -= 1;
@@ -88,7 +100,8 @@ impl Dataplane {
         // and the new ones at once.
         let mut prefixes = self.class_prefixes.clone();
         prefixes.extend(demand.prefixes());
-        let prefix_capacity = self.sizes.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").map_or(0, |(_, c)| *c);
+        let prefix_capacity =
+            self.sizes.map_max_entries().iter().find(|(n, _)| *n == "CLIENT_CLASS").map_or(0, |(_, c)| *c);
         if prefixes.len() > prefix_capacity as usize {
             bail!(
                 "{} client-class prefixes (installed and new while the change is applied; {} installed) exceed the {prefix_capacity} the data plane holds",
@@ -108,16 +121,19 @@ impl Dataplane {
     /// their flows go on.)
     pub fn sweep_unowned(&mut self, kept: &Demand) -> Result<(usize, usize, usize)> {
         let keys: HashSet<[u32; 5]> = kept.services.iter().flat_map(|s| s.keys.iter().map(|k| k.words())).collect();
-        let stale_keys: Vec<ServiceKey> = self.services.installed().map(|(k, _)| *k).filter(|k| !keys.contains(&k.words())).collect();
+        let stale_keys: Vec<ServiceKey> =
+            self.services.installed().map(|(k, _)| *k).filter(|k| !keys.contains(&k.words())).collect();
         if !stale_keys.is_empty() {
             self.update_services(&[], &stale_keys)?;
         }
         let prefixes: HashSet<(u32, IpNet)> = kept.prefixes().collect();
-        let stale_prefixes: Vec<(u32, IpNet)> = self.class_prefixes.iter().filter(|p| !prefixes.contains(p)).copied().collect();
+        let stale_prefixes: Vec<(u32, IpNet)> =
+            self.class_prefixes.iter().filter(|p| !prefixes.contains(p)).copied().collect();
         for (service, net) in &stale_prefixes {
             self.remove_class_prefix(*service, *net)?;
         }
-        let tables: HashSet<(u32, u32)> = kept.services.iter().flat_map(|s| s.classes.iter().map(move |c| (s.id, *c))).collect();
+        let tables: HashSet<(u32, u32)> =
+            kept.services.iter().flat_map(|s| s.classes.iter().map(move |c| (s.id, *c))).collect();
         let stale_tables: Vec<(u32, u32)> = self.active_slots.keys().filter(|p| !tables.contains(p)).copied().collect();
         for (service, class) in &stale_tables {
             self.remove_table(*service, *class)?;

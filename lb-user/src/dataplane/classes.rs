@@ -13,7 +13,9 @@ use super::Dataplane;
 /// The 128-bit trie address of a client prefix and its prefix length: IPv4 as `::ffff:a.b.c.d`.
 pub(super) fn class_prefix(net: IpNet) -> ([u32; 4], u32) {
     match net {
-        IpNet::V4(n) => ([0, 0, 0xffffu32.to_be(), u32::from_ne_bytes(n.network().octets())], 96 + n.prefix_len() as u32),
+        IpNet::V4(n) => {
+            ([0, 0, 0xffffu32.to_be(), u32::from_ne_bytes(n.network().octets())], 96 + n.prefix_len() as u32)
+        }
         IpNet::V6(n) => (addr_words(IpAddr::V6(n.network())).0, n.prefix_len() as u32),
     }
 }

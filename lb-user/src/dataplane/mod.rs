@@ -36,23 +36,24 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 use lb_common::ct_table;
 use lb_common::maps::{
-    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef, CLASS_KEY_SERVICE_BITS,
+    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef,
+    CLASS_KEY_SERVICE_BITS,
 };
 
 pub use admission::{Demand, ServiceDemand};
 pub use conntrack::{ct_seed, table_set};
 pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
-pub use programs::{Program, TestOutput};
-pub use sink::Tables;
-#[cfg(feature = "test-helpers")]
-pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
-pub use sizes::{DataplaneSizes, MAP_NAMES};
-pub use stats::{ClassStats, Stats};
-pub(crate) use programs::{attach, attach_pinned, verify};
 #[cfg(feature = "test-helpers")]
 pub(crate) use programs::run_test;
+pub(crate) use programs::{attach, attach_pinned, verify};
+pub use programs::{Program, TestOutput};
+#[cfg(feature = "test-helpers")]
+pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
+pub use sink::Tables;
+pub use sizes::{DataplaneSizes, MAP_NAMES};
 pub(crate) use stats::global_counters;
+pub use stats::{ClassStats, Stats};
 pub use sys::{load_program, ns_per_jiffy};
 
 use classes::trie_prefix;
@@ -189,7 +190,11 @@ impl Dataplane {
         seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
         Ok(Self {
             ct_seed,
-            services: ServiceTable::new(take_raw(&mut ebpf, "SERVICE_TABLE")?, take_raw(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?,
+            services: ServiceTable::new(
+                take_raw(&mut ebpf, "SERVICE_TABLE")?,
+                take_raw(&mut ebpf, "SERVICE_INDEX")?,
+                sizes.service_slots(),
+            )?,
             vips: take(&mut ebpf, "VIPS")?,
             conntrack: take(&mut ebpf, "CONNTRACK")?,
             conntrack4: take(&mut ebpf, "CONNTRACK4")?,
@@ -216,7 +221,8 @@ impl Dataplane {
 
     /// Rebuild the writer's bookkeeping from the maps (all empty on a fresh load).
     fn with_recovered_bookkeeping(mut self) -> Self {
-        self.tables_mmap = ArrayMmap::new(&self.tables, self.sizes.table_slots as usize * self.sizes.table_size_m as usize);
+        self.tables_mmap =
+            ArrayMmap::new(&self.tables, self.sizes.table_slots as usize * self.sizes.table_size_m as usize);
         let cps = self.sizes.classes_per_service;
         for index in 0..self.sizes.max_services * cps {
             if let Ok(r) = self.table_index.get(&index, 0) {
@@ -233,7 +239,9 @@ impl Dataplane {
             .client_class
             .keys()
             .filter_map(|k| k.ok())
-            .map(|k| (u32::from_be(k.data().service_be), trie_prefix(k.data().addr, k.prefix_len() - CLASS_KEY_SERVICE_BITS)))
+            .map(|k| {
+                (u32::from_be(k.data().service_be), trie_prefix(k.data().addr, k.prefix_len() - CLASS_KEY_SERVICE_BITS))
+            })
             .collect();
         self
     }

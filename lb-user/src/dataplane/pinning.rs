@@ -121,7 +121,10 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         };
         if let Some(size) = layout {
             if info.value_size() as usize != size && mismatch.is_none() {
-                mismatch = Some(format!("{name} has another layout (values of {} bytes, this version needs {size})", info.value_size()));
+                mismatch = Some(format!(
+                    "{name} has another layout (values of {} bytes, this version needs {size})",
+                    info.value_size()
+                ));
             }
         }
     }

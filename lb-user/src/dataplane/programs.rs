@@ -158,7 +158,8 @@ pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin:
             (id, XdpMode::Skb)
         }
     };
-    let link = FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+    let link =
+        FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
     link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
     Ok(mode)
 }

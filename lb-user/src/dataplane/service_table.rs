@@ -249,7 +249,12 @@ mod tests {
             2 => (((r >> 32) as u16 | 1).to_be(), lb_common::maps::PROTO_UDP),
             _ => (((r >> 32) as u16 | 1).to_be(), lb_common::maps::PROTO_TCP),
         };
-        ServiceKey { addr, port, proto, family: if v6 { lb_common::maps::FAMILY_V6 } else { lb_common::maps::FAMILY_V4 } }
+        ServiceKey {
+            addr,
+            port,
+            proto,
+            family: if v6 { lb_common::maps::FAMILY_V6 } else { lb_common::maps::FAMILY_V4 },
+        }
     }
 
     fn random_set(rng: &mut Rng, n: usize) -> BTreeMap<[u32; 5], (ServiceKey, ServiceInfo)> {
@@ -281,7 +286,8 @@ mod tests {
         let mut rng = Rng(42);
         for (slots, trials) in [(64u32, 200), (512, 50), (8192, 5), (65536, 1)] {
             for t in 0..trials {
-                let n = if t % 2 == 0 { slots as usize / 2 } else { (rng.next_u64() % (slots as u64 / 2)) as usize + 1 };
+                let n =
+                    if t % 2 == 0 { slots as usize / 2 } else { (rng.next_u64() % (slots as u64 / 2)) as usize + 1 };
                 let set = random_set(&mut rng, n);
                 let (seed, half) = build_half(set.values().map(|(k, i)| (k, i)), slots, 0).unwrap();
                 // The kernel's view: both halves in one array, this one at base `slots`.
@@ -289,7 +295,11 @@ mod tests {
                 array[slots as usize..].copy_from_slice(&half);
                 let get = |i: u32| array.get(i as usize);
                 for (k, info) in set.values() {
-                    assert_eq!(find_service(get, &k.words(), seed, slots - 1, slots), Some(info), "slots {slots}, {k:?}");
+                    assert_eq!(
+                        find_service(get, &k.words(), seed, slots - 1, slots),
+                        Some(info),
+                        "slots {slots}, {k:?}"
+                    );
                     assert_eq!(find_service(get, &k.words(), seed, slots - 1, 0), None);
                 }
                 for _ in 0..200 {

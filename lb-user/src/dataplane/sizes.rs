@@ -105,8 +105,12 @@ impl DataplaneSizes {
 
     pub(super) fn validate(&self) -> Result<()> {
         let s = self;
-        if s.table_size_m < 2 || s.conntrack_entries == 0 || s.max_services == 0 || s.classes_per_service == 0
-            || s.max_backends == 0 || s.table_slots == 0
+        if s.table_size_m < 2
+            || s.conntrack_entries == 0
+            || s.max_services == 0
+            || s.classes_per_service == 0
+            || s.max_backends == 0
+            || s.table_slots == 0
         {
             bail!("data-plane sizes must be positive (M at least 2): {s:?}");
         }

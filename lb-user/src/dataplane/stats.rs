@@ -47,11 +47,11 @@ impl Stats {
     }
 
     pub fn class(&self, service: u32, class: u32) -> ClassStats {
-        self.classes
-            .iter()
-            .find(|c| c.service == service && c.class == class)
-            .copied()
-            .unwrap_or(ClassStats { service, class, ..Default::default() })
+        self.classes.iter().find(|c| c.service == service && c.class == class).copied().unwrap_or(ClassStats {
+            service,
+            class,
+            ..Default::default()
+        })
     }
 }
 

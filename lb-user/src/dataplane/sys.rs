@@ -109,7 +109,12 @@ pub(super) fn update_batch<V: Copy>(map: &aya::maps::Map, keys: &[u32], values: 
         };
         // SAFETY: attr points at live key/value buffers of `count` elements each.
         let rc = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
         };
         if rc != 0 {
             bail!("BPF_MAP_UPDATE_BATCH: {}", std::io::Error::last_os_error());

@@ -58,7 +58,10 @@ impl Dataplane {
         if let Some(bad) = entries.iter().find(|&&b| b != BACKEND_DROP && b >= self.sizes.max_backends) {
             bail!("table names backend {bad}, beyond max_backends {}", self.sizes.max_backends);
         }
-        let slot = self.free_slots.pop_front().ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
+        let slot = self
+            .free_slots
+            .pop_front()
+            .ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
         let written = (|| -> Result<()> {
             match self.tables_mmap.as_mut() {
                 Some(mapping) => mapping.write(slot as usize * m as usize, entries),
@@ -83,7 +86,8 @@ impl Dataplane {
     /// Changes the flags of the active table of (service, class) without rewriting it.
     pub fn set_table_flags(&mut self, service: u32, class: u32, flags: u32) -> Result<()> {
         let index = self.table_index_of(service, class)?;
-        let slot = *self.active_slots.get(&(service, class)).ok_or_else(|| anyhow!("no table for ({service}, {class})"))?;
+        let slot =
+            *self.active_slots.get(&(service, class)).ok_or_else(|| anyhow!("no table for ({service}, {class})"))?;
         self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
         Ok(())
     }

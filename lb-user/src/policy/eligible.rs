@@ -103,9 +103,7 @@ pub fn base_set(failover: Option<&FailoverParams>, backends: &[BackendState]) ->
     let pool = rule.pool();
     let members = match rule.kind() {
         EligibleKind::Drop => Vec::new(),
-        EligibleKind::AllBackends | EligibleKind::AllPrimary => {
-            select(backends, |b| pool.contains(b))
-        }
+        EligibleKind::AllBackends | EligibleKind::AllPrimary => select(backends, |b| pool.contains(b)),
         EligibleKind::AllHealthy | EligibleKind::HealthyPrimary | EligibleKind::HealthyFailover => {
             select(backends, |b| b.healthy && pool.contains(b))
         }
@@ -119,11 +117,7 @@ fn match_rule(failover: Option<&FailoverParams>, backends: &[BackendState]) -> R
         return if any_healthy { Rule::E1 } else { Rule::E2 };
     };
     if !any_healthy {
-        return if fp.drop_traffic_if_unhealthy {
-            Rule::E8
-        } else {
-            Rule::E9
-        };
+        return if fp.drop_traffic_if_unhealthy { Rule::E8 } else { Rule::E9 };
     }
     let primaries = backends.iter().filter(|b| !b.failover).count();
     let healthy_primaries = backends.iter().filter(|b| !b.failover && b.healthy).count();
@@ -149,12 +143,7 @@ fn match_rule(failover: Option<&FailoverParams>, backends: &[BackendState]) -> R
 }
 
 fn select(backends: &[BackendState], keep: impl Fn(&BackendState) -> bool) -> Vec<usize> {
-    backends
-        .iter()
-        .enumerate()
-        .filter(|(_, b)| keep(b))
-        .map(|(i, _)| i)
-        .collect()
+    backends.iter().enumerate().filter(|(_, b)| keep(b)).map(|(i, _)| i).collect()
 }
 
 #[cfg(test)]
@@ -162,11 +151,7 @@ mod tests {
     use super::*;
 
     fn b(healthy: bool, failover: bool) -> BackendState {
-        BackendState {
-            zone: None,
-            failover,
-            healthy,
-        }
+        BackendState { zone: None, failover, healthy }
     }
 
     #[test]
@@ -178,10 +163,7 @@ mod tests {
 
     #[test]
     fn e9_without_primaries_is_empty() {
-        let fp = FailoverParams {
-            failover_ratio: 0.0,
-            drop_traffic_if_unhealthy: false,
-        };
+        let fp = FailoverParams { failover_ratio: 0.0, drop_traffic_if_unhealthy: false };
         let set = base_set(Some(&fp), &[b(false, true)]);
         assert_eq!(set.rule, Rule::E9);
         assert!(set.members.is_empty());
@@ -189,10 +171,7 @@ mod tests {
 
     #[test]
     fn ratio_one_needs_every_primary_healthy() {
-        let fp = FailoverParams {
-            failover_ratio: 1.0,
-            drop_traffic_if_unhealthy: false,
-        };
+        let fp = FailoverParams { failover_ratio: 1.0, drop_traffic_if_unhealthy: false };
         let all_up = base_set(Some(&fp), &[b(true, false), b(true, false), b(true, true)]);
         assert_eq!((all_up.rule, all_up.members), (Rule::E6, vec![0, 1]));
         let one_down = base_set(Some(&fp), &[b(true, false), b(false, false), b(true, true)]);
@@ -201,24 +180,9 @@ mod tests {
 
     #[test]
     fn rule_table_is_consistent() {
-        for r in [
-            Rule::E1,
-            Rule::E2,
-            Rule::E3,
-            Rule::E4,
-            Rule::E5,
-            Rule::E6,
-            Rule::E7,
-            Rule::E8,
-            Rule::E9,
-        ] {
+        for r in [Rule::E1, Rule::E2, Rule::E3, Rule::E4, Rule::E5, Rule::E6, Rule::E7, Rule::E8, Rule::E9] {
             // Failover-mode rows use the failover pool, healthy-set rows are not last resorts.
-            assert_eq!(
-                r.pool() == Pool::Failover,
-                r.kind() == EligibleKind::HealthyFailover,
-                "{}",
-                r.id()
-            );
+            assert_eq!(r.pool() == Pool::Failover, r.kind() == EligibleKind::HealthyFailover, "{}", r.id());
             assert!(r.id().starts_with("E-"));
         }
     }

@@ -75,18 +75,8 @@ pub struct ServicePolicy {
 
 impl ServicePolicy {
     /// Shorthand for the zonal routing method.
-    pub fn zonal(
-        failover: Option<FailoverParams>,
-        spillover: Spillover,
-        spillover_ratio: f64,
-    ) -> Self {
-        Self {
-            failover,
-            routing: Routing::Zonal(ZonalParams {
-                spillover,
-                spillover_ratio,
-            }),
-        }
+    pub fn zonal(failover: Option<FailoverParams>, spillover: Spillover, spillover_ratio: f64) -> Self {
+        Self { failover, routing: Routing::Zonal(ZonalParams { spillover, spillover_ratio }) }
     }
 
     pub fn from_service(svc: &Service) -> Self {
@@ -95,16 +85,9 @@ impl ServicePolicy {
             drop_traffic_if_unhealthy: fp.drop_traffic_if_unhealthy,
         });
         if svc.routing_method.is_traffic_manager() {
-            return Self {
-                failover,
-                routing: Routing::TrafficManager(svc.routing_method),
-            };
+            return Self { failover, routing: Routing::TrafficManager(svc.routing_method) };
         }
-        Self::zonal(
-            failover,
-            svc.zonal_affinity.spillover,
-            svc.zonal_affinity.spillover_ratio,
-        )
+        Self::zonal(failover, svc.zonal_affinity.spillover, svc.zonal_affinity.spillover_ratio)
     }
 }
 
@@ -135,10 +118,7 @@ impl EligibleKind {
     /// A set of healthy backends only (as opposed to a last-resort set or a drop). Only these
     /// may be refined by SPILL_CROSS_ZONE (§1.5).
     pub fn is_healthy_set(self) -> bool {
-        matches!(
-            self,
-            Self::AllHealthy | Self::HealthyPrimary | Self::HealthyFailover
-        )
+        matches!(self, Self::AllHealthy | Self::HealthyPrimary | Self::HealthyFailover)
     }
 }
 
@@ -226,23 +206,14 @@ pub struct ServicePlan {
 }
 
 /// Plan one service. `zones` is the number of configured client zones.
-pub fn plan_service(
-    params: &ServicePolicy,
-    backends: &[BackendState],
-    zones: usize,
-) -> ServicePlan {
+pub fn plan_service(params: &ServicePolicy, backends: &[BackendState], zones: usize) -> ServicePlan {
     let base = base_set(params.failover.as_ref(), backends);
     let classes = match &params.routing {
         Routing::Zonal(z) => zonal::plan_classes(z, &base, backends, zones),
         // The zonal view does not apply: the classes come from `route_service`.
         Routing::TrafficManager(_) => Vec::new(),
     };
-    ServicePlan {
-        kind: base.kind(),
-        rule: base.rule,
-        active_pool: base.pool(),
-        classes,
-    }
+    ServicePlan { kind: base.kind(), rule: base.rule, active_pool: base.pool(), classes }
 }
 
 /// Plan every service of a configuration. `healthy(service_idx, backend_idx)` is the current
@@ -262,11 +233,7 @@ pub fn plan_config(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Vec<
                     healthy: healthy(si, bi),
                 })
                 .collect();
-            plan_service(
-                &ServicePolicy::from_service(svc),
-                &backends,
-                cfg.zones.len(),
-            )
+            plan_service(&ServicePolicy::from_service(svc), &backends, cfg.zones.len())
         })
         .collect()
 }
@@ -416,10 +383,7 @@ pub fn route_service(
 
 /// Every zone's client prefixes with its class id (what a zonal service installs).
 fn zone_prefixes(cfg: &Config) -> impl Iterator<Item = (IpNet, u32)> + '_ {
-    cfg.zones
-        .iter()
-        .enumerate()
-        .flat_map(|(z, zone)| zone.client_prefixes.iter().map(move |p| (*p, zone_class(z))))
+    cfg.zones.iter().enumerate().flat_map(|(z, zone)| zone.client_prefixes.iter().map(move |p| (*p, zone_class(z))))
 }
 
 /// Client classes and client prefixes service `si` installs. Depends on the configuration only

@@ -6,12 +6,7 @@ use super::{BackendState, BaseSet, ClassPlan, EligibleKind, ZonalOutcome, ZonalP
 use crate::model::Spillover;
 
 /// One class per zone `0..zones`, then the non-compatible class (`client_zone: None`).
-pub fn plan_classes(
-    params: &ZonalParams,
-    base: &BaseSet,
-    backends: &[BackendState],
-    zones: usize,
-) -> Vec<ClassPlan> {
+pub fn plan_classes(params: &ZonalParams, base: &BaseSet, backends: &[BackendState], zones: usize) -> Vec<ClassPlan> {
     (0..zones)
         .map(Some)
         .chain(std::iter::once(None))
@@ -26,11 +21,7 @@ pub fn plan_class(
     backends: &[BackendState],
     client_zone: Option<usize>,
 ) -> ClassPlan {
-    let unchanged = |outcome| ClassPlan {
-        client_zone,
-        outcome,
-        eligible: base.members.clone(),
-    };
+    let unchanged = |outcome| ClassPlan { client_zone, outcome, eligible: base.members.clone() };
 
     // Gate, in the spec's order: option enabled, compatible client, zonal match.
     let stay_within_zone = match params.spillover {
@@ -49,24 +40,15 @@ pub fn plan_class(
     // K: configured backends of the relevant kind (= the active pool) in the client zone, any
     // health.
     let pool = base.pool();
-    let relevant_in_zone: Vec<usize> = (0..backends.len())
-        .filter(|&i| backends[i].zone == Some(zone) && pool.contains(&backends[i]))
-        .collect();
+    let relevant_in_zone: Vec<usize> =
+        (0..backends.len()).filter(|&i| backends[i].zone == Some(zone) && pool.contains(&backends[i])).collect();
     if relevant_in_zone.is_empty() {
         return unchanged(ZonalOutcome::NoZonalMatch);
     }
     // Z: eligible backends in the client zone.
-    let eligible_in_zone: Vec<usize> = base
-        .members
-        .iter()
-        .copied()
-        .filter(|&i| backends[i].zone == Some(zone))
-        .collect();
-    let refined = || ClassPlan {
-        client_zone,
-        outcome: ZonalOutcome::Refined,
-        eligible: eligible_in_zone.clone(),
-    };
+    let eligible_in_zone: Vec<usize> =
+        base.members.iter().copied().filter(|&i| backends[i].zone == Some(zone)).collect();
+    let refined = || ClassPlan { client_zone, outcome: ZonalOutcome::Refined, eligible: eligible_in_zone.clone() };
 
     if stay_within_zone {
         if !eligible_in_zone.is_empty() {
@@ -74,15 +56,8 @@ pub fn plan_class(
         }
         // Z = ∅ only happens for a healthy set, so every backend of K is unhealthy; the filter
         // keeps that explicit.
-        let eligible = relevant_in_zone
-            .into_iter()
-            .filter(|&i| !backends[i].healthy)
-            .collect();
-        return ClassPlan {
-            client_zone,
-            outcome: ZonalOutcome::Replaced,
-            eligible,
-        };
+        let eligible = relevant_in_zone.into_iter().filter(|&i| !backends[i].healthy).collect();
+        return ClassPlan { client_zone, outcome: ZonalOutcome::Replaced, eligible };
     }
     // SPILL_CROSS_ZONE. Last-resort sets (all backends / all primaries) are never refined.
     if !base.kind().is_healthy_set() || eligible_in_zone.is_empty() {
@@ -93,10 +68,7 @@ pub fn plan_class(
     }
     // r = |healthy ∩ Z| / |K|; Z is a healthy set here, so |healthy ∩ Z| = |Z|. Division is
     // correctly rounded, so e.g. 4/5 compares equal to a configured 0.8.
-    let healthy_in_zone = eligible_in_zone
-        .iter()
-        .filter(|&&i| backends[i].healthy)
-        .count();
+    let healthy_in_zone = eligible_in_zone.iter().filter(|&&i| backends[i].healthy).count();
     let r = healthy_in_zone as f64 / relevant_in_zone.len() as f64;
     if r >= params.spillover_ratio {
         refined()

@@ -38,7 +38,11 @@ fn config() -> String {
         );
         for z in 0..ZONES {
             for i in 0..PER_ZONE {
-                s += &format!("[[service.backend]]\naddress = \"198.19.{}.{}\"\nzone = \"zone-{z}\"\n\n", 10 + z, 1 + svc * PER_ZONE + i);
+                s += &format!(
+                    "[[service.backend]]\naddress = \"198.19.{}.{}\"\nzone = \"zone-{z}\"\n\n",
+                    10 + z,
+                    1 + svc * PER_ZONE + i
+                );
             }
         }
     }
@@ -54,7 +58,11 @@ fn reaction_time(cfg: &Config) -> Result<()> {
     let mut ctl = Controller::new(cfg.clone());
     let t = Instant::now();
     ctl.reconcile(&mut dp)?;
-    println!("  initial load: all {} tables written in {:.1} ms", SERVICES * (ZONES + 1), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "  initial load: all {} tables written in {:.1} ms",
+        SERVICES * (ZONES + 1),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     let addr = "198.19.13.7".parse()?; // a zone-3 backend of web0
     let mut times = Vec::new();
     let mut tables = 0;
@@ -104,17 +112,27 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
         .stderr(std::process::Stdio::null())
         .spawn()?;
     let result = (|| -> Result<()> {
-        lb_tests::e2e::wait_for("the daemon's socket", Duration::from_secs(60), || dir.join("lb.sock").exists().then_some(()))?;
+        lb_tests::e2e::wait_for("the daemon's socket", Duration::from_secs(60), || {
+            dir.join("lb.sock").exists().then_some(())
+        })?;
         std::thread::sleep(Duration::from_millis(500));
         let before = status_kib(child.id(), "VmRSS:")?;
         // IPv4 flows: the CONNTRACK4 table.
         let data = aya::maps::MapData::from_pin(pins.join("CONNTRACK4"))?;
-        let mut ct: aya::maps::Array<_, lb_common::ct_table::Bucket4> = aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
+        let mut ct: aya::maps::Array<_, lb_common::ct_table::Bucket4> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
         let seed = lb_user::dataplane::ct_seed(Some(&pins))?;
         for i in 0..CONNECTIONS {
             let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
             let key = CtKey {
-                tuple: FlowTuple { src: [src, 0, 0, 0], dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0], sport: ((i & 0xff) as u16 + 1024).to_be(), dport: 80u16.to_be(), proto: 6, _pad: [0; 3] },
+                tuple: FlowTuple {
+                    src: [src, 0, 0, 0],
+                    dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0],
+                    sport: ((i & 0xff) as u16 + 1024).to_be(),
+                    dport: 80u16.to_be(),
+                    proto: 6,
+                    _pad: [0; 3],
+                },
                 service: 0,
             };
             let entry = CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() };

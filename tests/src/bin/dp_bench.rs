@@ -50,10 +50,10 @@ use lb_common::maps::{
 };
 use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
-use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, V4, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN};
-use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP_TX};
-use lb_user::dataplane::service_table::ServiceTable;
+use lb_tests::packet::{ethernet, ipv6, tcp4, tcp6, ETH_P_IP, ETH_P_IPV6, TCP_ACK, TCP_SYN, V4};
 use lb_user::compile::maglev::{build_table, MaglevBackend};
+use lb_user::dataplane::service_table::ServiceTable;
+use lb_user::dataplane::{addr_words, DataplaneSizes, LoadSettings, XDP_PASS, XDP_TX};
 
 /// The bench build of the balancer's object (`lb` plus the bench programs), built by lb-user's
 /// build script.
@@ -164,24 +164,45 @@ impl Bench {
         // Every map sized and every load-time constant set as `Dataplane::load` does.
         let settings = LoadSettings::new(&sizes, None)?;
         let mut loader = EbpfLoader::new();
-        let mut ebpf = settings
-            .apply(&mut loader)
-            .load(object)
-            .context("loading the XDP object (needs root)")?;
-        for name in ["lb", "bench_empty", "bench_mac_swap", "bench_lb", "bench_restore_only", "bench_stage1", "bench_stage2", "bench_stage3", "bench_stage4", "bench_ct_insert", "bench_ct_lookup", "bench_ct_insert_new", "bench_helper_calls"] {
+        let mut ebpf = settings.apply(&mut loader).load(object).context("loading the XDP object (needs root)")?;
+        for name in [
+            "lb",
+            "bench_empty",
+            "bench_mac_swap",
+            "bench_lb",
+            "bench_restore_only",
+            "bench_stage1",
+            "bench_stage2",
+            "bench_stage3",
+            "bench_stage4",
+            "bench_ct_insert",
+            "bench_ct_lookup",
+            "bench_ct_insert_new",
+            "bench_helper_calls",
+        ] {
             let prog: &mut Xdp = ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
             lb_user::dataplane::load_program(prog).with_context(|| format!("verifying {name}"))?;
         }
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").ok_or_else(|| anyhow!("no STATS map"))?)?;
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| anyhow!("no {name} map"));
-        let services = ServiceTable::new(take(&mut ebpf, "SERVICE_TABLE")?, take(&mut ebpf, "SERVICE_INDEX")?, sizes.service_slots())?;
+        let services = ServiceTable::new(
+            take(&mut ebpf, "SERVICE_TABLE")?,
+            take(&mut ebpf, "SERVICE_INDEX")?,
+            sizes.service_slots(),
+        )?;
         // The ingress device's MAC, as the daemon registers it on attach (frames are sent to it).
         if let Some(map) = ebpf.map_mut("LOCAL_MACS") {
             let mut local: Array<_, LocalMac> = Array::try_from(map)?;
-            local.set(local_mac_slot(ingress_ifindex), LocalMac { ifindex: ingress_ifindex, mac: LB_MAC, _pad: [0; 2] }, 0)?;
+            local.set(
+                local_mac_slot(ingress_ifindex),
+                LocalMac { ifindex: ingress_ifindex, mac: LB_MAC, _pad: [0; 2] },
+                0,
+            )?;
         }
         let mut bench = Self { ebpf, services, stats, ingress_ifindex };
-        bench.install_service(SVC4, IpAddr::V4(VIP4), 80, forwarding::IPIP, 0, |i| IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8)))?;
+        bench.install_service(SVC4, IpAddr::V4(VIP4), 80, forwarding::IPIP, 0, |i| {
+            IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8))
+        })?;
         bench.install_service(SVC6, IpAddr::V6(VIP6), 80, forwarding::IPIP, 32, |i| {
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0x10 + i as u16))
         })?;
@@ -193,7 +214,15 @@ impl Bench {
 
     /// VIP:port/TCP, PER_CONNECTION tracking, forwarded as `fwd`; `BACKENDS_PER_SERVICE`
     /// backends with ids from `first_id`, in a Maglev table of size M.
-    fn install_service(&mut self, id: u32, vip: IpAddr, port: u16, fwd: u8, first_id: u32, addr: impl Fn(u32) -> IpAddr) -> Result<()> {
+    fn install_service(
+        &mut self,
+        id: u32,
+        vip: IpAddr,
+        port: u16,
+        fwd: u8,
+        first_id: u32,
+        addr: impl Fn(u32) -> IpAddr,
+    ) -> Result<()> {
         let mut info: ServiceInfo = service_info(id, affinity::NONE, tracking::PER_CONNECTION, fwd);
         info.encap_src = addr_words(match vip {
             IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
@@ -263,7 +292,9 @@ impl Bench {
             FrameCheck::Restored if out != frame => {
                 bail!("{prog}: the frame after {repeat} iterations differs from the input")
             }
-            FrameCheck::DestinationRewritten(mac) if out.len() != frame.len() || out[..6] != mac || out[12..] != frame[12..] => {
+            FrameCheck::DestinationRewritten(mac)
+                if out.len() != frame.len() || out[..6] != mac || out[12..] != frame[12..] =>
+            {
                 bail!("{prog}: the frame after {repeat} iterations is not the input with destination MAC {mac:02x?}")
             }
             _ => {}
@@ -464,7 +495,10 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     row("bench wrapper alone (grow head + restore)", v4.restore_only, v4.floor, v6.restore_only, v6.floor);
     row("lb, conntrack hit (TCP ACK), incl. wrapper", v4.ct_hit, v4.floor, v6.ct_hit, v6.floor);
     row("lb, new flow (TCP SYN), incl. wrapper", v4.new_flow, v4.floor, v6.new_flow, v6.floor);
-    println!("  fastest of the {} runs (least disturbed by other jobs on the machine), each minus the floor's fastest:", p.runs);
+    println!(
+        "  fastest of the {} runs (least disturbed by other jobs on the machine), each minus the floor's fastest:",
+        p.runs
+    );
     row("  lb, conntrack hit, incl. wrapper", v4.ct_hit_min, v4.floor_min, v6.ct_hit_min, v6.floor_min);
     row("  lb, new flow, incl. wrapper", v4.new_flow_min, v4.floor_min, v6.new_flow_min, v6.floor_min);
     println!();
@@ -474,7 +508,13 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
             p.single_calls
         );
         println!("  (includes the kernel's per-call timer overhead, which the floor measured the same way cancels)");
-        row("empty XDP_PASS program (single-run floor)", v4.single_floor, v4.single_floor, v6.single_floor, v6.single_floor);
+        row(
+            "empty XDP_PASS program (single-run floor)",
+            v4.single_floor,
+            v4.single_floor,
+            v6.single_floor,
+            v6.single_floor,
+        );
         row("lb, conntrack hit (TCP ACK)", v4.single_ct_hit, v4.single_floor, v6.single_ct_hit, v6.single_floor);
         row("lb, new flow (TCP SYN)", v4.single_new_flow, v4.single_floor, v6.single_new_flow, v6.single_floor);
         println!();
@@ -482,17 +522,34 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     println!("  IPv4 with L2 DSR forwarding (MAC rewrite; no head adjustment in balancer or wrapper)");
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, conntrack hit, incl. wrapper", l2.ct_hit, l2.ct_hit - v4.floor);
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, new flow, incl. wrapper", l2.new_flow, l2.new_flow - v4.floor);
-    println!("  the production program `lb` itself, no wrapper (its L2 rewrite leaves a frame that takes the same path):");
-    println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, conntrack hit, no wrapper", l2.lb_ct_hit, l2.lb_ct_hit - v4.floor);
+    println!(
+        "  the production program `lb` itself, no wrapper (its L2 rewrite leaves a frame that takes the same path):"
+    );
+    println!(
+        "  {:<44} {:>9.0} {:>+9.0}",
+        "lb L2 DSR, conntrack hit, no wrapper",
+        l2.lb_ct_hit,
+        l2.lb_ct_hit - v4.floor
+    );
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, new flow, no wrapper", l2.lb_new_flow, l2.lb_new_flow - v4.floor);
     println!();
     println!("  the connection table's work alone (IPv4 table, 16-byte key), part of the figures above");
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 lookup, entry found", ops.lookup, ops.lookup - v4.floor);
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert, replacing the entry", ops.insert, ops.insert - v4.floor);
-    println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 insert, new key, filled table", ops.insert_new, ops.insert_new - v4.floor);
+    println!(
+        "  {:<44} {:>9.0} {:>+9.0}",
+        "CONNTRACK4 insert, new key, filled table",
+        ops.insert_new,
+        ops.insert_new - v4.floor
+    );
     println!();
     println!("  the hit path's two helper calls alone (encapsulation's and wrapper's head adjustment)");
-    println!("  {:<44} {:>9.0} {:>+9.0}", "two bpf_xdp_adjust_head calls, delta 0", ops.helper_calls, ops.helper_calls - v4.floor);
+    println!(
+        "  {:<44} {:>9.0} {:>+9.0}",
+        "two bpf_xdp_adjust_head calls, delta 0",
+        ops.helper_calls,
+        ops.helper_calls - v4.floor
+    );
     println!();
     let verdict = |above: f64, target: f64| if above <= target { "met" } else { "MISSED" };
     let hit = v4.ct_hit - v4.floor;
@@ -576,7 +633,8 @@ fn profile(case: &str, secs: u64) -> Result<()> {
         let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
         let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
         // The L2 DSR cases run the production program itself (see `L2Dsr`).
-        let (prog, check) = if l2 { ("lb", FrameCheck::DestinationRewritten(BACKEND_MAC)) } else { ("bench_lb", FrameCheck::Restored) };
+        let (prog, check) =
+            if l2 { ("lb", FrameCheck::DestinationRewritten(BACKEND_MAC)) } else { ("bench_lb", FrameCheck::Restored) };
         let new = Expect { frame: check, ..new };
         let hit = Expect { frame: check, ..hit };
         // One SYN run leaves the entry the ACK runs hit.
@@ -611,7 +669,9 @@ fn stages() -> Result<()> {
         ];
         println!("ns above the floor, cumulative (each column includes the wrapper's save/restore)");
         println!("{:<10}{}", "case", PROGS.iter().map(|(_, h)| format!("{h:>19}")).collect::<String>());
-        for (family, syn, ack) in [("IPv4", frame4(TCP_SYN), frame4(TCP_ACK)), ("IPv6", frame6(TCP_SYN), frame6(TCP_ACK))] {
+        for (family, syn, ack) in
+            [("IPv4", frame4(TCP_SYN), frame4(TCP_ACK)), ("IPv6", frame6(TCP_SYN), frame6(TCP_ACK))]
+        {
             // The SYN leaves the entry the ACK runs hit.
             b.run_unchecked("bench_lb", &syn, 10)?;
             let floor = median("bench_empty", &ack)?;
@@ -640,7 +700,10 @@ fn compare(other: &str, rounds: usize) -> Result<()> {
         let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
         let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
         let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
-        println!("A = this build's object (or LB_EBPF_OBJ), B = {other}; {rounds} interleaved rounds of {} iterations", p.repeat);
+        println!(
+            "A = this build's object (or LB_EBPF_OBJ), B = {other}; {rounds} interleaved rounds of {} iterations",
+            p.repeat
+        );
         println!("ns above each object's floor: median / minimum; B - A: median of the per-round differences");
         for (name, frame, expect) in [
             ("IPv4 conntrack hit", frame4(TCP_ACK), hit),
@@ -670,7 +733,9 @@ fn compare(other: &str, rounds: usize) -> Result<()> {
             let (a_med, a_min) = stats(&mut above[0]);
             let (b_med, b_min) = stats(&mut above[1]);
             let (d_med, _) = stats(&mut diffs);
-            println!("  {name:<20} A {a_med:>+5.0} / {a_min:>+5.0}   B {b_med:>+5.0} / {b_min:>+5.0}   B - A {d_med:>+5.0}");
+            println!(
+                "  {name:<20} A {a_med:>+5.0} / {a_min:>+5.0}   B {b_med:>+5.0} / {b_min:>+5.0}   B - A {d_med:>+5.0}"
+            );
         }
         Ok(())
     })

@@ -19,7 +19,10 @@ fn main() {
             for stream in tcp.incoming().flatten() {
                 let n = n.clone();
                 std::thread::spawn(move || {
-                    let mut w = match stream.try_clone() { Ok(w) => w, Err(_) => return };
+                    let mut w = match stream.try_clone() {
+                        Ok(w) => w,
+                        Err(_) => return,
+                    };
                     if writeln!(w, "{n}").is_err() {
                         return;
                     }

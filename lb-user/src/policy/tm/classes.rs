@@ -49,11 +49,7 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
             continue;
         }
         for b in &cfg.services[s].backends {
-            if let Some(c) = b
-                .target_service
-                .as_deref()
-                .and_then(|t| cfg.service_index(t))
-            {
+            if let Some(c) = b.target_service.as_deref().and_then(|t| cfg.service_index(t)) {
                 if !seen.contains(&c) {
                     seen.push(c);
                     frontier.push((c, depth + 1));
@@ -67,20 +63,10 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
 /// Builds the prefix map of a service.
 pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     let services = reachable_services(cfg, svc);
-    let uses = |m: RoutingMethod| {
-        services
-            .iter()
-            .any(|&s| cfg.services[s].routing_method == m)
-    };
-    let (use_latency, use_geo) = (
-        uses(RoutingMethod::Performance),
-        uses(RoutingMethod::Geographic),
-    );
-    let subnet_services: Vec<usize> = services
-        .iter()
-        .copied()
-        .filter(|&s| cfg.services[s].routing_method == RoutingMethod::Subnet)
-        .collect();
+    let uses = |m: RoutingMethod| services.iter().any(|&s| cfg.services[s].routing_method == m);
+    let (use_latency, use_geo) = (uses(RoutingMethod::Performance), uses(RoutingMethod::Geographic));
+    let subnet_services: Vec<usize> =
+        services.iter().copied().filter(|&s| cfg.services[s].routing_method == RoutingMethod::Subnet).collect();
     // Per SUBNET service: (endpoint, range) of every endpoint, disabled ones included so the
     // map does not depend on administrative state.
     let subnet_ranges: Vec<(usize, Vec<(usize, AddrRange)>)> = subnet_services
@@ -90,11 +76,7 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
                 .backends
                 .iter()
                 .enumerate()
-                .flat_map(|(e, b)| {
-                    b.subnets
-                        .iter()
-                        .filter_map(move |t| Some((e, parse_subnet(t).ok()?)))
-                })
+                .flat_map(|(e, b)| b.subnets.iter().filter_map(move |t| Some((e, parse_subnet(t).ok()?))))
                 .collect();
             (s, ranges)
         })
@@ -103,54 +85,27 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     // Every input as an integer interval per family.
     let mut inputs: Vec<AddrRange> = Vec::new();
     if use_latency {
-        inputs.extend(
-            cfg.latency
-                .iter()
-                .flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)),
-        );
+        inputs.extend(cfg.latency.iter().flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)));
     }
     if use_geo {
-        inputs.extend(
-            cfg.geo
-                .iter()
-                .flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)),
-        );
+        inputs.extend(cfg.geo.iter().flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)));
     }
     for (_, ranges) in &subnet_ranges {
         inputs.extend(ranges.iter().map(|(_, r)| *r));
     }
 
     let key_of = |addr: IpAddr| ClassKey {
-        latency: if use_latency {
-            latency_entry(cfg, addr)
-        } else {
-            None
-        },
+        latency: if use_latency { latency_entry(cfg, addr) } else { None },
         geo: if use_geo { geo_entry(cfg, addr) } else { None },
         subnets: subnet_ranges
             .iter()
-            .map(|(s, ranges)| {
-                (
-                    *s,
-                    ranges
-                        .iter()
-                        .find(|(_, r)| r.contains(addr))
-                        .map(|(e, _)| *e),
-                )
-            })
+            .map(|(s, ranges)| (*s, ranges.iter().find(|(_, r)| r.contains(addr)).map(|(e, _)| *e)))
             .collect(),
     };
-    let default_key = ClassKey {
-        latency: None,
-        geo: None,
-        subnets: subnet_services.iter().map(|&s| (s, None)).collect(),
-    };
+    let default_key =
+        ClassKey { latency: None, geo: None, subnets: subnet_services.iter().map(|&s| (s, None)).collect() };
 
-    let mut map = ClassMap {
-        prefixes: Vec::new(),
-        classes: vec![default_key.clone()],
-        representatives: vec![None],
-    };
+    let mut map = ClassMap { prefixes: Vec::new(), classes: vec![default_key.clone()], representatives: vec![None] };
     let mut ids: HashMap<ClassKey, usize> = HashMap::new();
     for family in [Family::V4, Family::V6] {
         // Elementary intervals: between consecutive boundaries nothing changes.
@@ -177,18 +132,12 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
                 map.classes.len() - 1
             });
             match runs.last_mut() {
-                Some((_, run_last, run_id)) if *run_id == id && *run_last + 1 == first => {
-                    *run_last = last
-                }
+                Some((_, run_last, run_id)) if *run_id == id && *run_last + 1 == first => *run_last = last,
                 _ => runs.push((first, last, id)),
             }
         }
         for (first, last, id) in runs {
-            map.prefixes.extend(
-                int_range_to_cidrs(family, first, last)
-                    .into_iter()
-                    .map(|n| (n, id)),
-            );
+            map.prefixes.extend(int_range_to_cidrs(family, first, last).into_iter().map(|n| (n, id)));
         }
     }
     map
@@ -228,24 +177,13 @@ impl TmServicePlan {
                 .iter()
                 .map(|b| {
                     let owner = &cfg.services[b.service];
-                    format!(
-                        "{}/{} x{}",
-                        owner.name,
-                        owner.backends[b.backend].label(),
-                        b.weight
-                    )
+                    format!("{}/{} x{}", owner.name, owner.backends[b.backend].label(), b.weight)
                 })
                 .collect();
-            let which = if class.id == DEFAULT_CLASS {
-                "default class".to_string()
-            } else {
-                format!("class {}", class.id)
-            };
-            let target = if set.is_empty() {
-                "{} drop (unroutable)".to_string()
-            } else {
-                format!("{{{}}}", set.join(", "))
-            };
+            let which =
+                if class.id == DEFAULT_CLASS { "default class".to_string() } else { format!("class {}", class.id) };
+            let target =
+                if set.is_empty() { "{} drop (unroutable)".to_string() } else { format!("{{{}}}", set.join(", ")) };
             lines.push(format!("  {which}: {target} -- {}", class.reason));
         }
         lines
@@ -275,24 +213,12 @@ pub fn compile_service(cfg: &Config, svc: usize, probes: &ProbeStatuses) -> TmSe
         .map(|(id, (key, rep))| {
             let client = Client {
                 addr: *rep,
-                latency: key
-                    .latency
-                    .map(|i| cfg.latency[i].regions.clone())
-                    .unwrap_or_default(),
+                latency: key.latency.map(|i| cfg.latency[i].regions.clone()).unwrap_or_default(),
                 geo: key.geo.map(|i| cfg.geo[i].region.clone()),
             };
             let e = eligible(&st, svc, &client);
-            TmClass {
-                id,
-                eligible: e.backends,
-                reason: e.reason,
-            }
+            TmClass { id, eligible: e.backends, reason: e.reason }
         })
         .collect();
-    TmServicePlan {
-        service: svc,
-        method: cfg.services[svc].routing_method,
-        prefixes: map.prefixes,
-        classes,
-    }
+    TmServicePlan { service: svc, method: cfg.services[svc].routing_method, prefixes: map.prefixes, classes }
 }

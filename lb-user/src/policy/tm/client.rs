@@ -24,10 +24,7 @@ pub fn location_address(resolver: IpAddr, ecs: Option<IpNet>) -> IpAddr {
 
 /// Longest-prefix match over entries that each carry a list of prefixes: the index of the
 /// entry with the longest prefix containing `addr` (the first such entry on a tie).
-pub fn longest_match<'a>(
-    entries: impl IntoIterator<Item = (usize, &'a [IpNet])>,
-    addr: IpAddr,
-) -> Option<usize> {
+pub fn longest_match<'a>(entries: impl IntoIterator<Item = (usize, &'a [IpNet])>, addr: IpAddr) -> Option<usize> {
     let mut best: Option<(u8, usize)> = None;
     for (i, prefixes) in entries {
         for net in prefixes {
@@ -41,24 +38,12 @@ pub fn longest_match<'a>(
 
 /// The `[[latency]]` entry for an address (longest prefix wins).
 pub fn latency_entry(cfg: &Config, addr: IpAddr) -> Option<usize> {
-    longest_match(
-        cfg.latency
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (i, e.client_prefixes.as_slice())),
-        addr,
-    )
+    longest_match(cfg.latency.iter().enumerate().map(|(i, e)| (i, e.client_prefixes.as_slice())), addr)
 }
 
 /// The `[[geo]]` entry for an address (longest prefix wins).
 pub fn geo_entry(cfg: &Config, addr: IpAddr) -> Option<usize> {
-    longest_match(
-        cfg.geo
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (i, e.client_prefixes.as_slice())),
-        addr,
-    )
+    longest_match(cfg.geo.iter().enumerate().map(|(i, e)| (i, e.client_prefixes.as_slice())), addr)
 }
 
 impl Client {
@@ -66,9 +51,7 @@ impl Client {
     pub fn locate(cfg: &Config, addr: IpAddr) -> Client {
         Client {
             addr: Some(addr),
-            latency: latency_entry(cfg, addr)
-                .map(|i| cfg.latency[i].regions.clone())
-                .unwrap_or_default(),
+            latency: latency_entry(cfg, addr).map(|i| cfg.latency[i].regions.clone()).unwrap_or_default(),
             geo: geo_entry(cfg, addr).map(|i| cfg.geo[i].region.clone()),
         }
     }

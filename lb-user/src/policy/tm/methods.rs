@@ -26,31 +26,19 @@ pub struct Selection {
 
 impl Selection {
     fn none(reason: impl Into<String>) -> Self {
-        Self {
-            endpoints: Vec::new(),
-            reason: reason.into(),
-        }
+        Self { endpoints: Vec::new(), reason: reason.into() }
     }
 }
 
 /// Priorities in effect: the configured ones, or 1, 2, 3, ... in file order (spec §2.1).
 pub fn effective_priorities(service: &Service) -> Vec<u32> {
-    service
-        .backends
-        .iter()
-        .enumerate()
-        .map(|(i, b)| b.priority.unwrap_or(i as u32 + 1))
-        .collect()
+    service.backends.iter().enumerate().map(|(i, b)| b.priority.unwrap_or(i as u32 + 1)).collect()
 }
 
 /// The parsed SUBNET ranges of an endpoint (validated configurations parse cleanly; a broken
 /// range is skipped rather than trusted).
 fn endpoint_ranges(service: &Service, ep: usize) -> Vec<super::ranges::AddrRange> {
-    service.backends[ep]
-        .subnets
-        .iter()
-        .filter_map(|t| parse_subnet(t).ok())
-        .collect()
+    service.backends[ep].subnets.iter().filter_map(|t| parse_subnet(t).ok()).collect()
 }
 
 fn label(service: &Service, ep: usize) -> String {
@@ -64,13 +52,7 @@ fn labels(service: &Service, eps: &[usize]) -> String {
 
 /// One selection step in service `svc` for `client` (spec §2.4 pseudo-code, after the common
 /// availability rule of §2.2). `family` applies nested endpoints' per-record-type thresholds.
-pub fn select(
-    st: &Statuses,
-    svc: usize,
-    client: &Client,
-    family: Option<Family>,
-    depth: usize,
-) -> Selection {
+pub fn select(st: &Statuses, svc: usize, client: &Client, family: Option<Family>, depth: usize) -> Selection {
     st.count_work();
     let service = &st.cfg.services[svc];
     if service.profile_status() == AdminStatus::Disabled {
@@ -84,11 +66,7 @@ pub fn select(
             match available.iter().min_by_key(|&&e| prio[e]) {
                 Some(&e) => Selection {
                     endpoints: vec![(e, 1)],
-                    reason: format!(
-                        "PRIORITY: {} (priority {}) is the first available",
-                        label(service, e),
-                        prio[e]
-                    ),
+                    reason: format!("PRIORITY: {} (priority {}) is the first available", label(service, e), prio[e]),
                 },
                 None => Selection::none("PRIORITY: no endpoint available"),
             }
@@ -101,16 +79,7 @@ pub fn select(
             Selection {
                 endpoints: available
                     .iter()
-                    .map(|&e| {
-                        (
-                            e,
-                            if weighted {
-                                service.backends[e].weight
-                            } else {
-                                1
-                            },
-                        )
-                    })
+                    .map(|&e| (e, if weighted { service.backends[e].weight } else { 1 }))
                     .collect(),
                 reason: format!("{method}: available {}", labels(service, &available)),
             }
@@ -155,13 +124,7 @@ fn select_performance(service: &Service, available: &[usize], client: &Client) -
     }
 }
 
-fn select_geographic(
-    st: &Statuses,
-    svc: usize,
-    client: &Client,
-    family: Option<Family>,
-    depth: usize,
-) -> Selection {
+fn select_geographic(st: &Statuses, svc: usize, client: &Client, family: Option<Family>, depth: usize) -> Selection {
     let service = &st.cfg.services[svc];
     let Some(code) = client.geo.as_deref() else {
         return Selection::none("GEOGRAPHIC: client location unknown (NODATA)");
@@ -170,9 +133,10 @@ fn select_geographic(
     let chain = tree.ancestors_inclusive(code);
     for g in &chain {
         // Disabled endpoints are ignored as if unmapped, so a coarser mapping may match.
-        let mapped = service.backends.iter().position(|b| {
-            b.endpoint_status == AdminStatus::Enabled && b.geo_mapping.iter().any(|m| m == g)
-        });
+        let mapped = service
+            .backends
+            .iter()
+            .position(|b| b.endpoint_status == AdminStatus::Enabled && b.geo_mapping.iter().any(|m| m == g));
         if let Some(e) = mapped {
             let status = st.endpoint_status_for(svc, e, family, depth);
             if matches!(status, MonitorStatus::Stopped | MonitorStatus::Inactive) {
@@ -185,20 +149,13 @@ fn select_geographic(
             // Returned regardless of Degraded: there is no failover between mappings.
             return Selection {
                 endpoints: vec![(e, 1)],
-                reason: format!(
-                    "GEOGRAPHIC: client {code} matched {g} -> {} ({status})",
-                    label(service, e)
-                ),
+                reason: format!("GEOGRAPHIC: client {code} matched {g} -> {} ({status})", label(service, e)),
             };
         }
     }
     Selection::none(format!(
         "GEOGRAPHIC: no endpoint mapped for {} (NODATA)",
-        if chain.is_empty() {
-            format!("unknown region {code}")
-        } else {
-            chain.join(" > ")
-        }
+        if chain.is_empty() { format!("unknown region {code}") } else { chain.join(" > ") }
     ))
 }
 
@@ -218,18 +175,16 @@ fn select_subnet(service: &Service, available: &[usize], client: &Client) -> Sel
         }
     }
     let fallback = (0..service.backends.len()).find(|&e| {
-        service.backends[e].endpoint_status == AdminStatus::Enabled
-            && service.backends[e].subnets.is_empty()
+        service.backends[e].endpoint_status == AdminStatus::Enabled && service.backends[e].subnets.is_empty()
     });
     let why = match matched {
         Some(m) => format!("{} (matched) is not available", label(service, m)),
         None => "no range matches".to_string(),
     };
     match fallback {
-        Some(f) if available.contains(&f) => Selection {
-            endpoints: vec![(f, 1)],
-            reason: format!("SUBNET: {why}; fallback {}", label(service, f)),
-        },
+        Some(f) if available.contains(&f) => {
+            Selection { endpoints: vec![(f, 1)], reason: format!("SUBNET: {why}; fallback {}", label(service, f)) }
+        }
         _ => Selection::none(format!("SUBNET: {why} and no available fallback (NODATA)")),
     }
 }
@@ -284,13 +239,7 @@ pub enum DnsAnswer {
 }
 
 /// Answers one query for service `svc` (spec §2.2, §2.4, §2.5).
-pub fn resolve_dns(
-    st: &Statuses,
-    svc: usize,
-    client: &Client,
-    qtype: QueryType,
-    rng: &mut impl Rng,
-) -> DnsAnswer {
+pub fn resolve_dns(st: &Statuses, svc: usize, client: &Client, qtype: QueryType, rng: &mut impl Rng) -> DnsAnswer {
     if st.cfg.services[svc].profile_status() == AdminStatus::Disabled {
         return DnsAnswer::NxDomain;
     }
@@ -309,11 +258,7 @@ fn resolve_at(
     if depth > MAX_NESTING_DEPTH {
         return DnsAnswer::NoData;
     }
-    let record = |e: usize| Record {
-        service: svc,
-        backend: e,
-        address: service.backends[e].address,
-    };
+    let record = |e: usize| Record { service: svc, backend: e, address: service.backends[e].address };
     if service.routing_method == RoutingMethod::MultiValue {
         if qtype == QueryType::Cname {
             return DnsAnswer::NoData;
@@ -368,21 +313,13 @@ pub fn client_subnet_hash(client: &Client) -> u64 {
 /// One endpoint from a selection: PERFORMANCE spreads deterministically by client subnet
 /// (**[AMBIG]** spec §2.4: the region choice is deterministic, the spread inside it hashes the
 /// client subnet); every other method draws by weight.
-fn pick_one(
-    method: RoutingMethod,
-    endpoints: &[(usize, u32)],
-    client: &Client,
-    rng: &mut impl Rng,
-) -> Option<usize> {
+fn pick_one(method: RoutingMethod, endpoints: &[(usize, u32)], client: &Client, rng: &mut impl Rng) -> Option<usize> {
     let total: u64 = endpoints.iter().map(|&(_, w)| u64::from(w)).sum();
     if endpoints.is_empty() || total == 0 {
         return None;
     }
-    let mut ticket = if method == RoutingMethod::Performance {
-        client_subnet_hash(client) % total
-    } else {
-        rng.below(total)
-    };
+    let mut ticket =
+        if method == RoutingMethod::Performance { client_subnet_hash(client) % total } else { rng.below(total) };
     for &(e, w) in endpoints {
         if ticket < u64::from(w) {
             return Some(e);
@@ -451,33 +388,19 @@ fn eligible_at(
                         reason: format!("{child:?} as above"),
                         ..eligible_at(st, c, client, family, depth + 1, memo)
                     },
-                    Some(c) if depth < MAX_NESTING_DEPTH => {
-                        eligible_at(st, c, client, family, depth + 1, memo)
-                    }
-                    _ => Eligible {
-                        backends: Vec::new(),
-                        reason: format!("nested service {child:?} not usable"),
-                    },
+                    Some(c) if depth < MAX_NESTING_DEPTH => eligible_at(st, c, client, family, depth + 1, memo),
+                    _ => Eligible { backends: Vec::new(), reason: format!("nested service {child:?} not usable") },
                 };
                 reason.push_str(&format!("; {} -> [{}]", b.label(), child_set.reason));
                 parts.push((w, child_set.backends));
             }
-            None if Family::of(&b.address) == family => parts.push((
-                w,
-                vec![EligibleBackend {
-                    service: svc,
-                    backend: e,
-                    address: b.address,
-                    weight: 1,
-                }],
-            )),
+            None if Family::of(&b.address) == family => {
+                parts.push((w, vec![EligibleBackend { service: svc, backend: e, address: b.address, weight: 1 }]))
+            }
             None => {}
         }
     }
-    let set = Eligible {
-        backends: mix(parts),
-        reason,
-    };
+    let set = Eligible { backends: mix(parts), reason };
     memo.insert((svc, depth), set.clone());
     set
 }
@@ -495,27 +418,16 @@ fn gcd(a: u128, b: u128) -> u128 {
 /// reduced by the gcd. Only deep weighted nesting can exceed `MAX_EMITTED_WEIGHT`; then the
 /// weights are scaled down proportionally (rounded, at least 1).
 fn mix(parts: Vec<(u32, Vec<EligibleBackend>)>) -> Vec<EligibleBackend> {
-    let totals: Vec<u128> = parts
-        .iter()
-        .map(|(_, set)| set.iter().map(|b| u128::from(b.weight)).sum())
-        .collect();
-    let lcm = totals
-        .iter()
-        .filter(|&&t| t > 0)
-        .fold(1u128, |l, &t| (l / gcd(l, t)).saturating_mul(t));
+    let totals: Vec<u128> = parts.iter().map(|(_, set)| set.iter().map(|b| u128::from(b.weight)).sum()).collect();
+    let lcm = totals.iter().filter(|&&t| t > 0).fold(1u128, |l, &t| (l / gcd(l, t)).saturating_mul(t));
     let mut out: Vec<(EligibleBackend, u128)> = Vec::new();
     for ((w, set), total) in parts.into_iter().zip(totals) {
         if total == 0 {
             continue;
         }
         for b in set {
-            let weight = u128::from(w)
-                .saturating_mul(u128::from(b.weight))
-                .saturating_mul(lcm / total);
-            match out
-                .iter_mut()
-                .find(|(o, _)| o.service == b.service && o.backend == b.backend)
-            {
+            let weight = u128::from(w).saturating_mul(u128::from(b.weight)).saturating_mul(lcm / total);
+            match out.iter_mut().find(|(o, _)| o.service == b.service && o.backend == b.backend) {
                 Some((_, acc)) => *acc = acc.saturating_add(weight),
                 None => out.push((b, weight)),
             }

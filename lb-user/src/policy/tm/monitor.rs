@@ -18,10 +18,7 @@ pub struct EndpointMonitor {
 impl EndpointMonitor {
     /// A new or just enabled endpoint: CheckingEndpoint until the first result.
     pub fn new(tolerated_failures: u32) -> Self {
-        Self {
-            tolerated_failures,
-            consecutive_failures: None,
-        }
+        Self { tolerated_failures, consecutive_failures: None }
     }
 
     /// Records one probe result and returns the new status. Degraded on failure number

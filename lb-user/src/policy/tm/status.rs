@@ -21,30 +21,16 @@ pub struct ProbeStatuses {
 impl ProbeStatuses {
     /// Every endpoint of every service starts as `initial`.
     pub fn new(cfg: &Config, initial: MonitorStatus) -> Self {
-        Self {
-            by_service: cfg
-                .services
-                .iter()
-                .map(|s| vec![initial; s.backends.len()])
-                .collect(),
-        }
+        Self { by_service: cfg.services.iter().map(|s| vec![initial; s.backends.len()]).collect() }
     }
 
     pub fn get(&self, service: usize, backend: usize) -> MonitorStatus {
-        self.by_service
-            .get(service)
-            .and_then(|s| s.get(backend))
-            .copied()
-            .unwrap_or(MonitorStatus::CheckingEndpoint)
+        self.by_service.get(service).and_then(|s| s.get(backend)).copied().unwrap_or(MonitorStatus::CheckingEndpoint)
     }
 
     /// Sets one endpoint by index; false if there is no such endpoint.
     pub fn set_index(&mut self, service: usize, backend: usize, status: MonitorStatus) -> bool {
-        match self
-            .by_service
-            .get_mut(service)
-            .and_then(|s| s.get_mut(backend))
-        {
+        match self.by_service.get_mut(service).and_then(|s| s.get_mut(backend)) {
             Some(slot) => {
                 *slot = status;
                 true
@@ -54,16 +40,8 @@ impl ProbeStatuses {
     }
 
     /// Sets one endpoint by service name and endpoint label (`Backend::label`).
-    pub fn set(
-        &mut self,
-        cfg: &Config,
-        service: &str,
-        endpoint: &str,
-        status: MonitorStatus,
-    ) -> Result<(), String> {
-        let s = cfg
-            .service_index(service)
-            .ok_or_else(|| format!("no service {service:?}"))?;
+    pub fn set(&mut self, cfg: &Config, service: &str, endpoint: &str, status: MonitorStatus) -> Result<(), String> {
+        let s = cfg.service_index(service).ok_or_else(|| format!("no service {service:?}"))?;
         let b = cfg.services[s]
             .backend_index(endpoint)
             .ok_or_else(|| format!("service {service:?} has no endpoint {endpoint:?}"))?;
@@ -74,10 +52,7 @@ impl ProbeStatuses {
 
 /// Monitor statuses under which an endpoint may be returned without the all-degraded rule.
 pub fn is_routable(status: MonitorStatus) -> bool {
-    matches!(
-        status,
-        MonitorStatus::Online | MonitorStatus::CheckingEndpoint | MonitorStatus::Unmonitored
-    )
+    matches!(status, MonitorStatus::Online | MonitorStatus::CheckingEndpoint | MonitorStatus::Unmonitored)
 }
 
 /// An endpoint status memo key: (service, endpoint, record type, nesting depth).
@@ -100,13 +75,7 @@ pub struct Statuses<'a> {
 
 impl<'a> Statuses<'a> {
     pub fn new(cfg: &'a Config, probes: &'a ProbeStatuses) -> Self {
-        Self {
-            cfg,
-            probes,
-            endpoints: RefCell::default(),
-            profiles: RefCell::default(),
-            work: Cell::new(0),
-        }
+        Self { cfg, probes, endpoints: RefCell::default(), profiles: RefCell::default(), work: Cell::new(0) }
     }
 
     /// Evaluations done through this view so far: endpoint and profile statuses computed (not
@@ -130,13 +99,7 @@ impl<'a> Statuses<'a> {
 
     /// Same, with the per-record-type child thresholds of a nested endpoint applied for
     /// `family` (A = V4, AAAA = V6).
-    pub fn endpoint_status_for(
-        &self,
-        svc: usize,
-        ep: usize,
-        family: Option<Family>,
-        depth: usize,
-    ) -> MonitorStatus {
+    pub fn endpoint_status_for(&self, svc: usize, ep: usize, family: Option<Family>, depth: usize) -> MonitorStatus {
         let key = (svc, ep, family, depth);
         if let Some(&status) = self.endpoints.borrow().get(&key) {
             return status;
@@ -181,34 +144,24 @@ impl<'a> Statuses<'a> {
         depth: usize,
     ) -> MonitorStatus {
         let child_status = self.profile_status_at(child, depth);
-        let statuses: Vec<(MonitorStatus, Option<Family>)> =
-            (0..self.service(child).backends.len())
-                .map(|e| {
-                    let cb = &self.service(child).backends[e];
-                    let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
-                    (self.endpoint_status_for(child, e, family, depth), fam)
-                })
-                .collect();
+        let statuses: Vec<(MonitorStatus, Option<Family>)> = (0..self.service(child).backends.len())
+            .map(|e| {
+                let cb = &self.service(child).backends[e];
+                let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
+                (self.endpoint_status_for(child, e, family, depth), fam)
+            })
+            .collect();
         let count = |only: Option<Family>| {
-            let relevant = statuses
-                .iter()
-                .filter(|(_, f)| only.is_none() || f.is_none() || *f == only);
+            let relevant = statuses.iter().filter(|(_, f)| only.is_none() || f.is_none() || *f == only);
             let online = relevant
                 .clone()
                 .filter(|(s, _)| matches!(s, MonitorStatus::Online | MonitorStatus::Unmonitored))
                 .count();
-            let checking = relevant
-                .filter(|(s, _)| *s == MonitorStatus::CheckingEndpoint)
-                .count();
+            let checking = relevant.filter(|(s, _)| *s == MonitorStatus::CheckingEndpoint).count();
             (online, checking)
         };
         let (online, checking) = count(None);
-        let overall = nested_endpoint_status(
-            child_status,
-            online,
-            checking,
-            b.min_child_endpoints.unwrap_or(1),
-        );
+        let overall = nested_endpoint_status(child_status, online, checking, b.min_child_endpoints.unwrap_or(1));
         let family_min = match family {
             Some(Family::V4) => b.min_child_endpoints_ipv4,
             Some(Family::V6) => b.min_child_endpoints_ipv6,
@@ -250,19 +203,11 @@ impl<'a> Statuses<'a> {
         let statuses: Vec<(usize, MonitorStatus)> = (0..self.service(svc).backends.len())
             .map(|e| (e, self.endpoint_status_for(svc, e, family, depth)))
             .collect();
-        let routable: Vec<usize> = statuses
-            .iter()
-            .filter(|(_, s)| is_routable(*s))
-            .map(|(e, _)| *e)
-            .collect();
+        let routable: Vec<usize> = statuses.iter().filter(|(_, s)| is_routable(*s)).map(|(e, _)| *e).collect();
         if !routable.is_empty() {
             return routable;
         }
-        statuses
-            .iter()
-            .filter(|(_, s)| *s == MonitorStatus::Degraded)
-            .map(|(e, _)| *e)
-            .collect()
+        statuses.iter().filter(|(_, s)| *s == MonitorStatus::Degraded).map(|(e, _)| *e).collect()
     }
 }
 

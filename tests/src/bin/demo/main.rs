@@ -77,7 +77,9 @@ fn run() -> Result<()> {
         topo.backends.iter().map(|b| Ok((b.name.clone(), e2e::start_server(b, 80)?))).collect::<Result<_>>()?;
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-demo-decap"))?;
     let daemon = Daemon::start(&topo, "demo", &config(&topo))?;
-    println!("lb daemon running in demo-lb with XDP on eth0; service web = 198.18.0.100:80, SPILL_CROSS_ZONE ratio 0.8");
+    println!(
+        "lb daemon running in demo-lb with XDP on eth0; service web = 198.18.0.100:80, SPILL_CROSS_ZONE ratio 0.8"
+    );
     check_interrupt()?;
     let before = round(&topo)?;
     print_round(&format!("Before the failure ({CONNECTIONS} connections per zone):"), &before);

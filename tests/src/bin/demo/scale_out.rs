@@ -16,10 +16,18 @@ const CONNECTIONS: usize = 60;
 /// the connections the router's hash sends it.
 fn print_balancers(so: &ScaleOut, choices: &[usize]) {
     let paths = so.paths().unwrap_or_default();
-    println!("  {:<5} {:<10} {:<8} {:<22} {:<12} {:<11} {:>11}", "", "address", "lb", "announced (table 100)", "BGP session", "router path", "connections");
+    println!(
+        "  {:<5} {:<10} {:<8} {:<22} {:<12} {:<11} {:>11}",
+        "", "address", "lb", "announced (table 100)", "BGP session", "router path", "connections"
+    );
     for (i, b) in so.balancers.iter().enumerate() {
         let lb = b.daemon.as_ref().and_then(|d| d.status().ok());
-        let announced = lb.as_ref().map(|s| s.announce.as_ref().map(|a| a.announced.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")).unwrap_or_default());
+        let announced = lb.as_ref().map(|s| {
+            s.announce
+                .as_ref()
+                .map(|a| a.announced.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","))
+                .unwrap_or_default()
+        });
         let bgp = b.bird.cli(&["show", "protocols", "uplink"]).unwrap_or_default();
         let session = if bgp.contains("Established") { "Established" } else { "down" };
         println!(
@@ -46,7 +54,8 @@ fn print_route(so: &ScaleOut) -> Result<()> {
 pub fn run() -> Result<()> {
     let spec = ScaleOutSpec { prefix: "demso".into(), balancers: 3, backends: 6, clients: vec![2, 2] };
     println!("Building: a router (BIRD, ECMP with an L4 hash), 3 balancers (lb + BIRD each), 6 backends, 4 clients (namespaces demso-*)...");
-    let mut so = ScaleOut::build(&spec).context("building the scale-out topology (run as root; needs bird2: cargo xtask setup)")?;
+    let mut so = ScaleOut::build(&spec)
+        .context("building the scale-out topology (run as root; needs bird2: cargo xtask setup)")?;
     let config = so.lb_config();
     so.start_all(&config)?;
     check_interrupt()?;
@@ -60,14 +69,20 @@ pub fn run() -> Result<()> {
         let reached = so.backend_addr(&c.backend);
         (0..3).all(|i| so.explain(i, c.client, c.sport).ok() == reached)
     });
-    println!("\n  `lb explain` on each of the 3 balancers names, for every connection, the backend it reached: {}", if same { "yes" } else { "NO" });
+    println!(
+        "\n  `lb explain` on each of the 3 balancers names, for every connection, the backend it reached: {}",
+        if same { "yes" } else { "NO" }
+    );
     check_interrupt()?;
 
     let victim = 1;
     println!("\nKilling lb on {} with SIGKILL...", so.balancers[victim].host.name);
     so.balancers[victim].daemon.as_mut().expect("running").kill();
     let gone = so.wait_paths("the router to drop the killed balancer", Duration::from_secs(30), |h| h.len() == 2)?;
-    println!("  the router's route lost it {} ms after the kill (TUN device gone with the process -> BIRD withdraws)\n", gone.as_millis());
+    println!(
+        "  the router's route lost it {} ms after the kill (TUN device gone with the process -> BIRD withdraws)\n",
+        gone.as_millis()
+    );
     print_route(&so)?;
     let started = Instant::now();
     let failed = broken(&mut conns, "after the crash");

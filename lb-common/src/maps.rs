@@ -388,6 +388,18 @@ pub mod stat {
         /// Frame to a VIP whose destination MAC is not the ingress device's (broadcast, multicast,
         /// or flooded to us for another host): passed untouched, not balanced.
         PASS_NOT_OUR_MAC = "pass_not_our_mac",
+        /// Packet too big for the egress MTU once encapsulated (or, L2 DSR, as it is) that was
+        /// answered with ICMP "fragmentation needed" / ICMPv6 "packet too big" (sent with
+        /// XDP_TX from the VIP to the client, which lowers its path MTU and sends again).
+        ICMP_TOO_BIG_SENT = "icmp_too_big_sent",
+        /// Packet too big for the egress MTU and not answered: IPv4 without DF (a router
+        /// would fragment it; XDP cannot send two packets for one), or this CPU's ICMP rate
+        /// limit (`lb-ebpf` `icmp::RATE_PER_SEC`) was used up.
+        DROP_TOO_BIG = "drop_too_big",
+        /// The route to the backend was found but its next hop had no valid neighbour entry
+        /// (`BPF_FIB_LKUP_RET_NO_NEIGH`); also counted as `drop_fib`. The daemon keeps a managed
+        /// neighbour entry for every backend's next hop, so this stops within a second.
+        DROP_NO_NEIGH = "drop_no_neigh",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
@@ -535,7 +547,8 @@ mod tests {
         // The indices are ABI: a restarted daemon adopts the pinned STATS record.
         assert_eq!((stat::RX_PACKETS, stat::DECAP, stat::CT_INSERT_BUSY), (0, 20, 23));
         assert_eq!((stat::CT_EVICT_LIVE, stat::PASS_NOT_OUR_MAC), (24, 25));
-        assert_eq!(stat::NAMES.len(), 26);
+        assert_eq!((stat::ICMP_TOO_BIG_SENT, stat::DROP_TOO_BIG, stat::DROP_NO_NEIGH), (26, 27, 28));
+        assert_eq!(stat::NAMES.len(), 29);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

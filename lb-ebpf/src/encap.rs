@@ -17,6 +17,7 @@ use lb_common::maps::{stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::put_word;
 
+use crate::icmp;
 use crate::nexthop::{self, Outer, Route};
 use crate::parse::Packet;
 use crate::stats::{drop, Counters};
@@ -40,7 +41,7 @@ fn transmit(route: &Route, counters: Counters) -> u32 {
 /// sum does not depend on byte order (RFC 1071), so the little-endian words are summed as they
 /// are and the result is stored the same way.
 #[inline(always)]
-fn ipv4_checksum(w: &[u32; 5]) -> u32 {
+pub fn ipv4_checksum(w: &[u32; 5]) -> u32 {
     let sum = w[0] as u64 + w[1] as u64 + w[2] as u64 + w[3] as u64 + w[4] as u64;
     // Below 2^35; 2^16 = 1 modulo 0xffff, so its three 16-bit parts add to the same sum
     // (below 3 * 2^16), and two folds bring that to 16 bits (a shorter chain than folding
@@ -106,7 +107,7 @@ pub fn ipip_v4(
     };
     let route = match nexthop::route(ctx, backend_id, outer, now) {
         Ok(r) => r,
-        Err(reason) => return drop(reason, counters),
+        Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV4_HDR_LEN as u32, now, counters),
     };
     let p = match push_outer::<IPV4_HDR_LEN>(ctx, pkt, &route, ETH_P_IP) {
         Ok(p) => p,
@@ -158,7 +159,7 @@ pub fn ip6ip6(
     };
     let route = match nexthop::route(ctx, backend_id, outer, now) {
         Ok(r) => r,
-        Err(reason) => return drop(reason, counters),
+        Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV6_HDR_LEN as u32, now, counters),
     };
     let p = match push_outer::<IPV6_HDR_LEN>(ctx, pkt, &route, ETH_P_IPV6) {
         Ok(p) => p,
@@ -211,7 +212,7 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
         match nexthop::route(ctx, backend_id, outer, now) {
             Ok(r) if r.egress_ifindex != r.ingress_ifindex => Some(r),
             Ok(_) => None,
-            Err(reason) => return drop(reason, counters),
+            Err(reason) => return icmp::route_failed(ctx, pkt, reason, 0, now, counters),
         }
     } else {
         None

@@ -21,6 +21,7 @@ mod bench;
 mod clock;
 mod conntrack;
 mod encap;
+mod icmp;
 mod maps;
 mod nexthop;
 mod parse;

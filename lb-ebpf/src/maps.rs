@@ -70,6 +70,10 @@ pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1,
 /// own, filled before it is attached or swapped in). A fixed size: not set from the configuration.
 #[map]
 pub static LOCAL_MACS: Array<LocalMac> = Array::with_max_entries(LOCAL_MAC_SLOTS, 0);
+/// This CPU's ICMP token bucket (`icmp::take_token`): tokens left, data-plane time of the
+/// last refill.
+#[map]
+pub static ICMP_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// One slot where `clock::clock_probe` writes the data-plane clock for userspace.
 #[map]

@@ -33,6 +33,12 @@ const AF_INET6: u32 = 10;
 const FIB_FWD_DISABLED: i64 = 5;
 /// `BPF_FIB_LKUP_RET_NO_NEIGH`: routed, but no valid neighbour entry for the next hop.
 const FIB_NO_NEIGH: i64 = 7;
+/// `BPF_FIB_LKUP_RET_FRAG_NEEDED`: the datagram (`tot_len`) exceeds the route's MTU, which the
+/// kernel returns in `mtu_result` (the same 16 bits as `tot_len`).
+const FIB_FRAG_NEEDED: i64 = 8;
+/// Marks the error of `route` for a datagram longer than the route's MTU: `TOO_BIG | mtu`
+/// (the MTU in the low 16 bits). Every other error is a drop reason (`stat::*`, small).
+pub const TOO_BIG: u32 = 1 << 31;
 /// Marks an entry filled by an L2 DSR lookup in `NextHop::family`: its MACs may be zero (no
 /// neighbour entry), so an encapsulation must not use it.
 const L2_LOOKUP: u32 = 1 << 16;
@@ -107,7 +113,8 @@ fn src_fixed(o: &Outer) -> [u32; 4] {
     }
 }
 
-/// Next hop towards `backend_id`'s address `o.dst`: cached, or looked up (Err = drop reason).
+/// Next hop towards `backend_id`'s address `o.dst`: cached, or looked up (Err = a drop reason,
+/// or `TOO_BIG | mtu`).
 #[inline(always)]
 pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Route, u32> {
     // Sized like BACKENDS, so a backend that was read has a slot.
@@ -148,7 +155,7 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Ro
 pub type FibParams = [u32; 16];
 
 /// Runs `bpf_fib_lookup` from the ingress device and caches a success in `hop`; returns 0,
-/// or the drop reason. Not inlined, and its 64-byte parameter block is in a per-CPU map
+/// the drop reason, or `TOO_BIG | mtu`. Not inlined, and its 64-byte parameter block is in a per-CPU map
 /// (`FIB_PARAMS`), not on the stack: the BPF stack of the balancer plus a call's frame must
 /// fit in 512 bytes. (A BPF call takes at most five scalar or pointer arguments.)
 #[inline(never)]
@@ -198,7 +205,13 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         FIB_FWD_DISABLED if o.l2 => p[2] = ingress,
         // Blackhole, unreachable, prohibit, not forwarded: there is no route.
         1..=4 => return stat::DROP_UNROUTABLE,
-        // Forwarding disabled, unsupported lwt, no neighbour, fragmentation needed, error.
+        // Longer than the egress MTU: the caller answers with ICMP (never cached, so the next
+        // packet of the new size is looked up again).
+        FIB_FRAG_NEEDED => return TOO_BIG | p[1] >> 16,
+        // Routed, but the next hop's MAC is unknown: counted apart (and as `drop_fib`, see
+        // `icmp::route_failed`); the daemon keeps neighbour entries for the backends.
+        FIB_NO_NEIGH => return stat::DROP_NO_NEIGH,
+        // Forwarding disabled, unsupported lwt, error.
         _ => return stat::DROP_FIB,
     }
     // Bytes 52..64 are smac[6], dmac[6]; the header wants dmac, then smac.

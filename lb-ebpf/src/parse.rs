@@ -1,5 +1,6 @@
 //! Packet parsing: Ethernet (one 802.1Q tag), IPv4 (IHL honoured, fragments), IPv6 (hop-by-hop,
-//! routing, destination-options and fragment headers skipped), TCP/UDP ports and the SYN bit.
+//! routing, destination-options and fragment headers skipped), TCP/UDP ports and the SYN bit,
+//! and for an ICMP error to a VIP the flow it quotes (`quoted_flow`).
 //! A packet whose destination is not a VIP is passed untouched; a VIP packet that is truncated
 //! or malformed is dropped with the reason. The parser itself does not look up `VIPS`: the
 //! caller does, only when no exact service matched (a service key implies its VIP, see
@@ -11,6 +12,9 @@ use lb_ebpf::consts::{ETH_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::{as_key, ptr_at, read, word, Verdict};
 
 use crate::maps::{LOCAL_MACS, VIPS};
+
+const PROTO_ICMP: u8 = 1;
+const PROTO_ICMPV6: u8 = 58;
 
 /// Extension headers skipped at most; more is treated as malformed.
 const MAX_EXT_HEADERS: usize = 6;
@@ -277,6 +281,73 @@ fn parse_l4(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) ->
         pkt.tuple.sport = ports as u16;
         pkt.tuple.dport = (ports >> 16) as u16;
         pkt.ports_valid = true;
+    } else if proto == PROTO_ICMP || proto == PROTO_ICMPV6 {
+        quoted_flow(ctx, pkt, l4_off, l3_end);
     }
     Ok(())
+}
+
+/// An ICMP error addressed to a VIP (IPv4 destination unreachable, fragmentation needed
+/// included, or time exceeded; ICMPv6 destination unreachable, packet too big or time exceeded)
+/// is about a packet a backend sent from the VIP: it belongs to that flow's backend (path MTU
+/// discovery of the backends' replies needs it). When the quoted header is such a packet (source
+/// the VIP, TCP or UDP, not a later fragment, its ports quoted), the packet takes the quoted
+/// flow's tuple turned around (client to VIP), so it is looked up and hashed exactly as the
+/// flow's own packets and follows them. Anything else stays a plain ICMP packet to the VIP.
+#[inline(always)]
+fn quoted_flow(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) {
+    let v4 = pkt.family == FAMILY_V4;
+    let icmp_type = match read::<u8>(ctx, l4_off) {
+        Some(t) => t,
+        None => return,
+    };
+    let error = if v4 {
+        pkt.tuple.proto == PROTO_ICMP && (icmp_type == 3 || icmp_type == 11)
+    } else {
+        pkt.tuple.proto == PROTO_ICMPV6 && (1..=3).contains(&icmp_type)
+    };
+    if !error {
+        return;
+    }
+    let q = l4_off + 8;
+    let hdr_len = if v4 { 20 } else { IPV6_HDR_LEN };
+    if q + hdr_len + 4 > l3_end {
+        return;
+    }
+    let (client, proto, ports_off) = if v4 {
+        let h = match ptr_at::<[u32; 5]>(ctx, q) {
+            Some(h) => h as *const u32,
+            None => return,
+        };
+        let (w0, w1, w2, src, dst) = (word(h, 0), word(h, 1), word(h, 2), word(h, 3), word(h, 4));
+        let ihl = ((w0 as u8 & 0x0f) as usize) * 4;
+        // A later fragment quotes no ports.
+        if ihl < 20 || u16::from_be((w1 >> 16) as u16) & 0x1fff != 0 || src != pkt.tuple.dst[0] {
+            return;
+        }
+        ([dst, 0, 0, 0], (w2 >> 8) as u8, q + ihl)
+    } else {
+        let h = match ptr_at::<[u32; 10]>(ctx, q) {
+            Some(h) => h as *const u32,
+            None => return,
+        };
+        let src = [word(h, 2), word(h, 3), word(h, 4), word(h, 5)];
+        if src != pkt.tuple.dst {
+            return;
+        }
+        ([word(h, 6), word(h, 7), word(h, 8), word(h, 9)], (word(h, 1) >> 16) as u8, q + IPV6_HDR_LEN)
+    };
+    if !(proto == PROTO_TCP || proto == PROTO_UDP) || ports_off + 4 > l3_end {
+        return;
+    }
+    let ports = match ptr_at::<u32>(ctx, ports_off) {
+        Some(p) => word(p, 0),
+        None => return,
+    };
+    // Quoted: VIP port, client port. The flow's own packets: client port, VIP port.
+    pkt.tuple.src = client;
+    pkt.tuple.sport = (ports >> 16) as u16;
+    pkt.tuple.dport = ports as u16;
+    pkt.tuple.proto = proto;
+    pkt.ports_valid = true;
 }

@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
 use lb_user::compile::explain::{explain, ClassFacts, Flow};
+use lb_user::compile::Compiled;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
 use lb_user::daemon::sizes_for;
@@ -58,33 +59,44 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
+
+    /// A random flow of `config()`: service, client zone (1..=`zones`), host, port, protocol.
+    fn flow<'a>(&mut self, cfg: &'a Config, zones: u64) -> (&'a lb_user::config::Service, u16, u16, u16, u8) {
+        let svc = &cfg.services[(self.next() % 3) as usize];
+        let zone = 1 + (self.next() % zones) as u16;
+        let host = 1 + (self.next() % 250) as u16;
+        let sport = 1024 + (self.next() % 60000) as u16;
+        (svc, zone, host, sport, if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP })
+    }
+}
+
+/// The object loaded in a namespace of its own, with `cfg`'s tables written by the real
+/// controller (the backends of `unhealthy` failed their checks), and what it applied.
+fn loaded(cfg: &Config, unhealthy: &[(&str, &str)]) -> (Dataplane, Compiled) {
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let mut dp = lb_tests::fixture::register_interfaces(
+        Dataplane::load(sizes_for(cfg)).expect("loading the XDP object (needs root)"),
+    );
+    let mut ctl = Controller::new(cfg.clone());
+    for (svc, addr) in unhealthy {
+        ctl.set_checked(svc, addr.parse().unwrap(), false);
+    }
+    ctl.reconcile(&mut dp).unwrap();
+    (dp, ctl.applied().unwrap().clone())
 }
 
 #[test]
 fn explain_names_the_backend_the_kernel_picks() {
     let cfg = Config::parse(&config()).unwrap();
-    lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(
-        Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"),
-    );
-    let mut ctl = Controller::new(cfg.clone());
     // Some unhealthy backends so that refine/replace/spill all occur.
-    for (svc, addr) in
-        [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")]
-    {
-        ctl.set_checked(svc, addr.parse().unwrap(), false);
-    }
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
+    let unhealthy = [("web", "198.18.10.1"), ("web", "198.18.10.2"), ("dns", "198.18.10.21"), ("dns", "198.18.10.22")];
+    let (dp, applied) = loaded(&cfg, &unhealthy);
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut checked = 0;
     let mut distinct = std::collections::BTreeSet::new();
     for _ in 0..3000 {
-        let svc = &cfg.services[(rng.next() % 3) as usize];
-        let zone = 1 + (rng.next() % 4) as u16; // zone 4 = no zone prefix
-        let host = 1 + (rng.next() % 250) as u16;
-        let sport = 1024 + (rng.next() % 60000) as u16;
-        let proto = if svc.name == "dns" { PROTO_UDP } else { PROTO_TCP };
+        // Zone 4 = no zone prefix.
+        let (svc, zone, host, sport, proto) = rng.flow(&cfg, 4);
         let (client, frame) = match svc.vip {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
@@ -135,6 +147,69 @@ fn explain_names_the_backend_the_kernel_picks() {
     assert!(distinct.len() >= 12, "flows reached many backends: {distinct:?}");
 }
 
+/// An ICMP error about a backend's reply (addressed to the VIP, quoting VIP -> client) reaches
+/// the backend `explain` names for the quoted flow: IPv4 fragmentation needed and time
+/// exceeded, ICMPv6 packet too big, destination unreachable and time exceeded, TCP and UDP.
+#[test]
+fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
+    let cfg = Config::parse(&config()).unwrap();
+    let (dp, applied) = loaded(&cfg, &[]);
+    let router4 = Ipv4Addr::new(198, 18, 9, 1);
+    let router6 = Ipv6Addr::new(0x2001, 0xdb8, 9, 0, 0, 0, 0, 1);
+    let mut rng = Rng(0x1c4e_0000_0000_0007);
+    let mut forwarded = 0;
+    for n in 0..600 {
+        let (svc, zone, host, sport, proto) = rng.flow(&cfg, 3);
+        let (client, frame) = match svc.vip {
+            IpAddr::V4(vip) => {
+                let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
+                // The backend's reply, VIP:80 -> client, quoted as header + 8 bytes.
+                let l4 = if proto == PROTO_TCP {
+                    tcp4(vip, c, 80, sport, TCP_ACK, &[1; 1400])
+                } else {
+                    udp4(vip, c, 80, sport, b"answer")
+                };
+                let reply = V4::new(vip, c, proto).build(&l4);
+                let (kind, code, rest) = if n % 2 == 0 { (3, 4, 1400u32) } else { (11, 0, 0) };
+                let mut icmp = vec![kind, code, 0, 0];
+                icmp.extend_from_slice(&rest.to_be_bytes());
+                icmp.extend_from_slice(&reply[..28]);
+                let sum = checksum(&icmp);
+                icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+                (IpAddr::V4(c), ethernet(LB_MAC, CLIENT_MAC, 0x0800, &V4::new(router4, vip, 1).build(&icmp)))
+            }
+            IpAddr::V6(vip) => {
+                let c = Ipv6Addr::new(0x2001, 0xdb8, zone, 0, 0, 0, 0, host);
+                let reply = ipv6(vip, c, PROTO_TCP, 64, 0, &tcp6(vip, c, 80, sport, TCP_ACK, &[1; 1400]));
+                let (kind, rest) = [(2, 1280u32), (1, 0), (3, 0)][n % 3];
+                let mut icmp = vec![kind, 0, 0, 0];
+                icmp.extend_from_slice(&rest.to_be_bytes());
+                icmp.extend_from_slice(&reply[..1232]);
+                (IpAddr::V6(c), ethernet(LB_MAC, CLIENT_MAC, 0x86dd, &ipv6(router6, vip, 58, 64, 0, &icmp)))
+            }
+        };
+        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
+        let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
+            continue;
+        }
+        assert_eq!(out.action, XDP_TX, "{} {client}:{sport}: {predicted:?}", svc.name);
+        let want = predicted.backend.unwrap().to_string();
+        let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        assert_eq!(
+            b.mac.unwrap().to_string(),
+            format!("02:be:00:00:00:{:02x}", out.data[5]),
+            "{} {client}:{sport}: explain said {want}",
+            svc.name
+        );
+        // The error is forwarded whole, only the Ethernet addresses rewritten.
+        assert_eq!(out.data[12..], frame[12..]);
+        forwarded += 1;
+    }
+    assert!(forwarded > 400, "most errors are forwarded ({forwarded})");
+}
+
 /// The same agreement for Traffic Manager services (classes are routing-method prefix groups).
 #[test]
 fn explain_names_the_backend_the_kernel_picks_for_traffic_manager_services() {
@@ -179,13 +254,7 @@ subnets = ["198.18.2.10-198.18.2.200"]
 mac = "02:be:00:00:00:32"
 "#;
     let cfg = Config::parse(text).unwrap();
-    lb_tests::fixture_net::enter_lo_routed_netns();
-    let mut dp = lb_tests::fixture::register_interfaces(
-        Dataplane::load(sizes_for(&cfg)).expect("loading the XDP object (needs root)"),
-    );
-    let mut ctl = Controller::new(cfg.clone());
-    ctl.reconcile(&mut dp).unwrap();
-    let applied = ctl.applied().unwrap().clone();
+    let (dp, applied) = loaded(&cfg, &[]);
     let mut rng = Rng(0x7e57_0000_0000_0042);
     let (mut forwarded, mut dropped) = (0, 0);
     for _ in 0..1000 {

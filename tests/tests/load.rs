@@ -38,3 +38,14 @@ fn attaches_natively_to_a_veth_device() {
         assert!(dp.attach("nonexistent0", lb_user::dataplane::Program::Lb).is_err());
     });
 }
+
+#[test]
+fn maps_the_kernel_cannot_allocate_are_reported_as_such() {
+    // Connection tables of 2^30 flows: more memory than the kernel hands out for a map.
+    let sizes = lb_user::dataplane::DataplaneSizes { conntrack_entries: 1 << 30, ..fixture::sizes() };
+    let err = format!("{:#}", lb_user::dataplane::Dataplane::load(sizes).err().expect("refused"));
+    assert!(
+        err.contains("could not allocate its maps") && err.contains("conntrack_entries") && !err.contains("root"),
+        "{err}"
+    );
+}

@@ -29,8 +29,9 @@ fn the_production_object_holds_the_balancer_and_its_clock_probe_only() {
     assert_eq!(programs(object), set(PRODUCTION_PROGRAMS));
     let mut expected: BTreeSet<String> = set(&lb_user::dataplane::MAP_NAMES);
     // Not pinned: the next-hop cache, the route lookup's parameter block, the clock's slot,
-    // the MACs of the interfaces the balancer is attached to (each loaded object its own).
-    expected.extend(set(&["NEXT_HOPS", "FIB_PARAMS", "CLOCK_PROBE", "LOCAL_MACS"]));
+    // the MACs of the interfaces the balancer is attached to (each loaded object its own), the
+    // ICMP replies' per-CPU rate limit.
+    expected.extend(set(&["NEXT_HOPS", "FIB_PARAMS", "CLOCK_PROBE", "LOCAL_MACS", "ICMP_RATE"]));
     assert_eq!(maps(object), expected);
     assert!(!lb_user::dataplane::MAP_NAMES.contains(&"DECAP_ADDRS"));
 }

@@ -122,9 +122,20 @@ fn build() -> Result<()> {
 
 fn test(extra: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
+    lint()?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
     bpffs::guarded(|| run(&mut cmd))
+}
+
+/// Formatting and lints gate the tests: `cargo fmt --check` over the workspace and over the
+/// eBPF crate (its own workspace; rustfmt needs no target to check it), and clippy with every
+/// warning an error over the workspace's targets. The eBPF crate is not linted: clippy would
+/// need the nightly bpf target's build-std, and the verifier is its stricter lint.
+fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args(["fmt", "--manifest-path", "lb-ebpf/Cargo.toml", "--all", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
 }
 
 fn bench() -> Result<()> {

@@ -55,8 +55,8 @@ impl Decapsulator {
 
     /// Attaches `lb_decap` through a bpf_link pinned at `link_pin` (see
     /// [`dataplane::Dataplane::attach_pinned`]): it stays attached when this process exits.
-    pub fn attach_pinned(&mut self, ifname: &str, link_pin: &Path) -> Result<XdpMode> {
-        dataplane::attach_pinned(&mut self.ebpf, PROGRAM, ifname, link_pin)
+    pub fn attach_pinned(&mut self, ifname: &str, link_pin: &Path) -> Result<dataplane::Attached> {
+        dataplane::attach_pinned(&mut self.ebpf, PROGRAM, ifname, link_pin).map(|(how, _held)| how)
     }
 
     /// Runs `lb_decap` once on `packet` with `BPF_PROG_TEST_RUN` (feature `test-helpers`).
@@ -125,6 +125,8 @@ pub fn interface_addresses(ifname: &str) -> Result<Vec<IpAddr>> {
 
 pub fn attach(args: &DecapArgs) -> Result<()> {
     pinning::ensure_pin_dir(&args.pin_dir)?;
+    // The attachment outlives this command only through its pin.
+    pinning::require_shared_bpffs(&args.pin_dir, "lb decap attach")?;
     let addresses =
         if args.addresses.is_empty() { interface_addresses(&args.interface)? } else { args.addresses.clone() };
     if addresses.is_empty() {
@@ -136,9 +138,9 @@ pub fn attach(args: &DecapArgs) -> Result<()> {
     }
     let pin = link_pin(args)?;
     // A re-attach replaces the program (and so its address set) atomically.
-    let mode = decap.attach_pinned(&args.interface, &pin)?;
+    let how = decap.attach_pinned(&args.interface, &pin)?;
     let shown: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
-    println!("lb_decap on {} ({mode:?}) for {}", args.interface, shown.join(", "));
+    println!("lb_decap on {}: {how}; for {}", args.interface, shown.join(", "));
     Ok(())
 }
 

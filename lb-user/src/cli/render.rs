@@ -68,6 +68,13 @@ fn or_dash(v: &Option<String>) -> &str {
 
 pub fn status(v: &Status) -> String {
     let mut out = String::new();
+    // The data plane's attachments and pins, when something is amiss.
+    for l in v.links.iter().filter(|l| l.state != "attached") {
+        let _ = writeln!(out, "interface {}: {}", l.interface, l.state);
+    }
+    if v.pins != "ok" {
+        let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", v.pins);
+    }
     for svc in &v.services {
         let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
@@ -328,7 +335,14 @@ mod tests {
     }
 
     fn status_of(services: Vec<ServiceStatus>) -> Status {
-        Status { config: "lb.toml".into(), interfaces: vec![], services, announce: None }
+        Status {
+            config: "lb.toml".into(),
+            interfaces: vec![],
+            links: vec![],
+            pins: "ok".into(),
+            services,
+            announce: None,
+        }
     }
 
     /// A zonal service `web` (VIP 198.18.0.100, TCP 80) with these per-zone sets.

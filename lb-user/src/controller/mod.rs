@@ -52,6 +52,37 @@ struct Departed {
     deadline_ns: u64,
 }
 
+/// What a compile reads, taken from the controller ([`Controller::begin_compile`]): it runs
+/// on any thread.
+pub struct PendingCompile {
+    eff: Config,
+    health: Vec<Vec<bool>>,
+    probes: ProbeStatuses,
+    ids: Ids,
+    cache: compile::TableCache,
+    now: u64,
+}
+
+impl PendingCompile {
+    /// The pure step of a reconcile: policy and Maglev tables (the slow part of a large
+    /// configuration).
+    pub fn run(mut self) -> CompileOutput {
+        let health = self.health;
+        let result =
+            compile::compile_cached(&self.eff, &|s, b| health[s][b], &self.probes, &mut self.ids, &mut self.cache);
+        self.cache.sweep();
+        CompileOutput { result, ids: self.ids, cache: self.cache, now: self.now }
+    }
+}
+
+/// A compile's result, for [`Controller::finish_compile`].
+pub struct CompileOutput {
+    result: anyhow::Result<Compiled>,
+    ids: Ids,
+    cache: compile::TableCache,
+    now: u64,
+}
+
 #[derive(Debug)]
 pub struct Controller {
     cfg: Config,
@@ -304,10 +335,19 @@ impl Controller {
     /// and atomic); the next reconcile repairs it (see `repair_picture`).
     pub fn reconcile(&mut self, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
         let now = sink.now_ns()?;
-        let (mut new, ids) = self.next_state(now)?;
-        let (pools, pool_changed_ns) = self.pool_generations(&mut new, now);
+        let out = self.begin_compile(now).run();
+        self.finish_compile(out, sink)
+    }
+
+    /// Writes what [`PendingCompile::run`] compiled, as [`Controller::reconcile`] does. The
+    /// result is the state as of [`Controller::begin_compile`]: a caller that reconciled in
+    /// between drops it instead.
+    pub fn finish_compile(&mut self, out: CompileOutput, sink: &mut dyn Tables) -> anyhow::Result<ReconcileReport> {
+        self.table_cache = out.cache;
+        let mut new = out.result?;
+        let (pools, pool_changed_ns) = self.pool_generations(&mut new, out.now);
         sink.admit(&new.demand(self.applied.as_ref()))?;
-        self.write_next(new, ids, pools, pool_changed_ns, now, sink)
+        self.write_next(new, out.ids, pools, pool_changed_ns, out.now, sink)
     }
 
     /// What the next reconcile at `now` would write (nothing is committed). A daemon that
@@ -330,6 +370,15 @@ impl Controller {
 
     /// The compiled state for the current configuration and health, and the ids it uses.
     fn next_state(&mut self, now: u64) -> anyhow::Result<(Compiled, Ids)> {
+        let out = self.begin_compile(now).run();
+        self.table_cache = out.cache;
+        Ok((out.result?, out.ids))
+    }
+
+    /// The first step of a reconcile in two, for a caller that runs the pure one elsewhere
+    /// (the daemon, off its event loop): what the compile reads at `now`.
+    /// [`PendingCompile::run`] compiles; [`Controller::finish_compile`] writes.
+    pub fn begin_compile(&mut self, now: u64) -> PendingCompile {
         let eff = self.effective_config();
         let health: Vec<Vec<bool>> = eff
             .services
@@ -350,9 +399,9 @@ impl Controller {
                 })
         });
         let probes = self.probe_statuses(&eff);
-        let new = compile::compile_cached(&eff, &|s, b| health[s][b], &probes, &mut ids, &mut self.table_cache)?;
-        self.table_cache.sweep();
-        Ok((new, ids))
+        // Lent to the compile; a reconcile meanwhile builds its tables afresh.
+        let cache = std::mem::take(&mut self.table_cache);
+        PendingCompile { eff, health, probes, ids, cache, now }
     }
 
     fn write_next(
@@ -753,6 +802,29 @@ mod tests {
         let writes = r.writes;
         assert_eq!(c.reconcile(&mut r).unwrap(), ReconcileReport::default());
         assert_eq!(r.writes, writes, "nothing changed, nothing written");
+    }
+
+    #[test]
+    fn a_compile_run_elsewhere_writes_the_state_it_began_from() {
+        let mut c = Controller::new(Config::parse(CFG).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        // The daemon compiles off its loop; a verdict that comes in meanwhile is the next
+        // compile's, not this one's.
+        let job = c.begin_compile(0);
+        c.set_checked("web", ip("198.18.11.2"), false);
+        let out = std::thread::spawn(move || job.run()).join().unwrap();
+        assert_eq!(
+            c.finish_compile(out, &mut r).unwrap(),
+            ReconcileReport::default(),
+            "the state it began from was written already"
+        );
+        assert_eq!(members(&r, 1), BTreeSet::from([0, 1]));
+        // The next one takes it, as one reconcile would have.
+        let out = c.begin_compile(0).run();
+        let rep = c.finish_compile(out, &mut r).unwrap();
+        assert_eq!((rep.backends_written, rep.tables_written), (1, 2));
+        assert_eq!(members(&r, 1), BTreeSet::from([0]));
     }
 
     #[test]

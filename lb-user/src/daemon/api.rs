@@ -260,7 +260,14 @@ mod tests {
 
     /// What the test server answers to Status.
     fn answer() -> Status {
-        Status { config: "test.toml".into(), interfaces: vec!["eth9".into()], services: vec![], announce: None }
+        Status {
+            config: "test.toml".into(),
+            interfaces: vec!["eth9".into()],
+            links: vec![],
+            pins: "ok".into(),
+            services: vec![],
+            announce: None,
+        }
     }
 
     /// A test socket in a directory of its own; the server task answers Status and refuses

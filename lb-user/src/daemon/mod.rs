@@ -9,15 +9,18 @@ pub mod dns;
 pub mod dry_run;
 pub mod health;
 pub mod limits;
+pub mod links;
 pub mod logging;
 pub mod metrics;
+pub mod neighbours;
 pub mod notify;
 pub mod reply;
 pub mod state;
+pub mod tunnel_source;
 
 use crate::compile::explain::{self, Flow};
 use crate::config::Config;
-use crate::controller::{Controller, PersistentState};
+use crate::controller::{CompileOutput, Controller, PersistentState};
 use crate::dataplane::pinning::{self, PinState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use announce::Announcer;
@@ -25,8 +28,10 @@ use anyhow::{bail, Context, Result};
 use api::{HealthOverride, Proto, Request, Response};
 use health::HealthEvent;
 use reply::{
-    BackendChange, BackendStatus, ClassStats, ClassView, Counters, Reply, ServiceStats, ServiceStatus, ZoneView,
+    BackendChange, BackendStatus, ClassStats, ClassView, Counters, LinkStatus, Reply, ServiceStats, ServiceStatus,
+    ZoneView,
 };
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -81,6 +86,43 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
         max_backends: (backends * 2).max(256).next_power_of_two(),
         table_slots,
     }
+}
+
+/// The most kernel memory the maps of one data plane may take together. The connection tables
+/// at their largest (`dataplane.conntrack_entries` is capped at validation) fit with room for
+/// the rest; beyond it the load would fail with ENOMEM, or take the host's memory.
+pub const MAP_MEMORY_LIMIT_MIB: u64 = 4096;
+
+/// The configuration settings that drive a map's size, for the message that refuses sizes
+/// beyond [`MAP_MEMORY_LIMIT_MIB`].
+fn driven_by(map: &str) -> &'static str {
+    match map {
+        "CONNTRACK" | "CONNTRACK4" => "dataplane.conntrack_entries",
+        "TABLES" => "dataplane.maglev_table_size × (services × client classes)",
+        "CLASS_STATS" | "TABLE_INDEX" | "CLIENT_CLASS" => {
+            "services × client classes (zones, Traffic Manager classes, ports, prefixes)"
+        }
+        "BACKENDS" | "NEXT_HOPS" => "the number of backends",
+        _ => "the number of services and ports",
+    }
+}
+
+/// Refuses sizes whose maps would take more than [`MAP_MEMORY_LIMIT_MIB`] of kernel memory,
+/// naming the largest maps and the settings behind them.
+pub fn check_map_memory(sizes: &DataplaneSizes) -> Result<()> {
+    let mut maps = sizes.map_bytes();
+    let total: u64 = maps.iter().map(|(_, b)| b).sum();
+    if total >> 20 <= MAP_MEMORY_LIMIT_MIB {
+        return Ok(());
+    }
+    maps.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    let largest: Vec<String> =
+        maps.iter().take(3).map(|(name, b)| format!("{name} {} MiB ({})", b >> 20, driven_by(name))).collect();
+    bail!(
+        "this configuration needs {} MiB of BPF maps, above the limit of {MAP_MEMORY_LIMIT_MIB} MiB; the largest: {}",
+        total >> 20,
+        largest.join(", ")
+    )
 }
 
 /// Whether a reloaded configuration `cfg` can replace the running one (`running`, on a data
@@ -188,6 +230,20 @@ struct Daemon {
     announcer: Option<Announcer>,
     /// A host drain (`lb backend drain --host`): when the daemon stops.
     drain_deadline: Option<tokio::time::Instant>,
+    /// The backends whose next hops `neighbours` keeps resolved.
+    neighbours: std::sync::mpsc::Sender<std::collections::BTreeSet<std::net::IpAddr>>,
+    /// Interfaces known to be gone (logged once), until they return and are attached again.
+    detached: BTreeSet<String>,
+    /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
+    pins_lost: Vec<String>,
+    /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
+    /// of the state they started from (bumped by every reconcile on the loop, which makes a
+    /// running compile's result stale), whether one runs, and whether another change came in
+    /// since it started.
+    epoch: u64,
+    compiling: bool,
+    again: bool,
+    compiled: mpsc::UnboundedSender<(u64, CompileOutput)>,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -195,7 +251,10 @@ fn state_path(args: &RunArgs) -> PathBuf {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let cfg = Config::load(&args.config)?;
+    let mut cfg = Config::load(&args.config)?;
+    for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
+        tracing::info!("{line}");
+    }
     // Signals first: a SIGINT or SIGTERM during start-up waits for the loop below, which
     // shuts down cleanly, instead of killing the process half set up.
     let hup = signal(SignalKind::hangup())?;
@@ -205,14 +264,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // socket, or on this pin directory: refused before anything of its data plane is touched.
     state::check_dir(args.socket.parent().unwrap_or(Path::new("/run/lb")))?;
     let listener = api::bind(&args.socket)?;
-    let lock = match pinning::ensure_pin_dir(&args.pin_dir).and_then(|()| pinning::lock_pin_dir(&args.pin_dir)) {
+    // Pins that must outlive this process must not go into a bpffs only it sees.
+    let shared = |()| {
+        if args.keep_dataplane {
+            pinning::require_shared_bpffs(&args.pin_dir, "lb run --keep-dataplane")
+        } else {
+            Ok(())
+        }
+    };
+    let lock = match pinning::ensure_pin_dir(&args.pin_dir)
+        .and_then(shared)
+        .and_then(|()| pinning::lock_pin_dir(&args.pin_dir))
+    {
         Ok(lock) => lock,
         Err(e) => {
             let _ = std::fs::remove_file(&args.socket);
             return Err(e);
         }
     };
-    let (mut d, _tasks, health_rx, snapshot_rx) = match start(args.clone(), cfg).await {
+    let (mut d, (_tasks, health_rx, snapshot_rx, compiled_rx)) = match start(args.clone(), cfg).await {
         Ok(started) => started,
         Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -237,7 +307,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     d.lock = Some(lock);
-    serve(d, listener, health_rx, snapshot_rx, (hup, term, int)).await
+    serve(d, listener, (health_rx, snapshot_rx, compiled_rx), (hup, term, int)).await
 }
 
 /// What a start found in the pin directory: what its clean-up after a failure may remove.
@@ -253,14 +323,19 @@ enum Found {
     Unknown,
 }
 
-/// What a start hands to the loop: the daemon, the DNS and metrics tasks, and the receivers of
-/// health events and metrics scrapes.
-type Started = (Daemon, Vec<JoinHandle<()>>, mpsc::Receiver<HealthEvent>, mpsc::Receiver<metrics::SnapshotRequest>);
+/// What [`start`] hands the loop besides the daemon: the DNS and metrics tasks, and the
+/// receivers of health events, metrics scrapes and finished compiles.
+type Started = (
+    Vec<JoinHandle<()>>,
+    mpsc::Receiver<HealthEvent>,
+    mpsc::Receiver<metrics::SnapshotRequest>,
+    mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+);
 
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
 /// the metrics endpoint. On error also says whether it had adopted a pinned data plane (which
 /// is then left running).
-async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyhow::Error, Found)> {
+async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Started), (anyhow::Error, Found)> {
     // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
     let nofile = match limits::raise_nofile() {
         Ok(n) => n,
@@ -270,51 +345,61 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         }
     };
     let sizes = sizes_for(&cfg);
+    check_map_memory(&sizes).map_err(|e| (e, Found::Unknown))?;
     let mut ctl = Controller::new(cfg);
     let reuse = pinning::prepare_reuse(&args.pin_dir, &sizes).map_err(|e| (e, Found::Unknown))?;
     let found = match reuse {
         PinState::Fresh => Found::Nothing,
         PinState::Reused => Found::Adopted,
-        PinState::Discarded(_) => Found::Discarded,
+        PinState::Discarded { .. } => Found::Discarded,
     };
     let fail = |e: anyhow::Error| (e, found);
+    // What the discarded maps had that the new ones take over: the connection tables, and the
+    // backend records their entries point at (ids and generations come from the state file).
+    let mut carried = None;
     match reuse {
         PinState::Fresh => {}
         PinState::Reused => {
             tracing::info!("adopting the pinned data plane in {} (connections are kept)", args.pin_dir.display());
-            if let Ok(text) = std::fs::read_to_string(state_path(&args)) {
-                let st: PersistentState =
-                    serde_json::from_str(&text).context("reading the previous daemon's state").map_err(fail)?;
-                ctl.restore(&st);
-            }
+            restore_state(&args, &mut ctl).map_err(fail)?;
         }
-        PinState::Discarded(why) => {
+        PinState::Discarded { why, carried: None } => {
             tracing::warn!(
                 "the pinned data plane has other sizes or layout ({why}); starting fresh, tracked connections are lost"
             );
+        }
+        PinState::Discarded { why, carried: Some(old) } => {
+            tracing::warn!("the pinned data plane has other sizes or layout ({why}); loading new maps, tracked connections are carried over");
+            restore_state(&args, &mut ctl).map_err(fail)?;
+            carried = Some(old);
         }
     }
     let mut dp = Dataplane::load_with(sizes, Some(&args.pin_dir)).map_err(fail)?;
     // An older version's maps: the program that still uses them keeps them alive until it is
     // replaced below; the pins themselves would only leak.
     pinning::remove_legacy_pins(&args.pin_dir).map_err(fail)?;
-    let adopted_at = match found {
-        Found::Adopted => {
-            // What the predecessor's configuration had and this one does not: removed first, so
-            // that it neither stays live nor takes room the new tables need.
-            let now = dp.now_ns().map_err(fail)?;
-            ctl.depart_unconfigured(now);
-            let next = ctl.preview(now).map_err(fail)?;
-            let (keys, prefixes, tables) = dp
-                .sweep_unowned(&next.demand(None))
-                .context("removing what the previous configuration left")
-                .map_err(fail)?;
-            if keys + prefixes + tables > 0 {
-                tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
-            }
-            Some(now)
+    if let Some(old) = &carried {
+        dp.carry_backends(old).context("copying the backend records of the discarded maps").map_err(fail)?;
+    }
+    // Maps taken over (adopted, or the connection tables carried into new ones) hold flows
+    // of the previous daemon's backend ids: the ids are restored, and those the configuration
+    // dropped drain.
+    let adopted_at = if matches!(found, Found::Adopted) || carried.is_some() {
+        // What the predecessor's configuration had and this one does not: removed first, so
+        // that it neither stays live nor takes room the new tables need.
+        let now = dp.now_ns().map_err(fail)?;
+        ctl.depart_unconfigured(now);
+        let next = ctl.preview(now).map_err(fail)?;
+        let (keys, prefixes, tables) = dp
+            .sweep_unowned(&next.demand(None))
+            .context("removing what the previous configuration left")
+            .map_err(fail)?;
+        if keys + prefixes + tables > 0 {
+            tracing::info!("removed what the previous configuration left: {keys} service keys, {prefixes} client prefixes, {tables} tables");
         }
-        _ => None,
+        Some(now)
+    } else {
+        None
     };
     // Tables first, then attach: the first packet already finds them.
     let initial = ctl.reconcile(&mut dp).context("writing the initial tables").map_err(fail)?;
@@ -328,20 +413,23 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
             tracing::info!("{backends} backends the configuration no longer has are draining");
         }
     }
+    // Last before the program is swapped: the old one adds flows until then.
+    if let Some(old) = carried {
+        let (copied, lost) =
+            dp.carry_conntrack(&old).context("copying the connection tables into the new maps").map_err(fail)?;
+        let lost = if lost > 0 { format!(" ({lost} did not fit and are lost)") } else { String::new() };
+        tracing::info!("{copied} tracked connections carried over into the new connection tables{lost}");
+    }
     for ifname in &args.interfaces {
         warn_if_forwarding_disabled(ifname);
-        let mode = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
-        match mode {
-            aya::programs::XdpMode::Skb => {
-                tracing::warn!("{ifname} refused native XDP; attached in generic (skb) mode, which is slower")
-            }
-            aya::programs::XdpMode::Default => {
-                tracing::info!("replaced the program on {ifname} (kept attached across the restart)")
-            }
-            _ => tracing::info!("attached to {ifname} (native XDP)"),
+        let how = dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&args.pin_dir, ifname)).map_err(fail)?;
+        match how.mode() {
+            Some(aya::programs::XdpMode::Skb) => tracing::warn!("{ifname}: {how}"),
+            _ => tracing::info!("{ifname}: {how}"),
         }
     }
     let (health_events, health_rx) = mpsc::channel(1024);
+    let (compiled, compiled_rx) = mpsc::unbounded_channel();
     let (dns_view, dns_rx) =
         tokio::sync::watch::channel(std::sync::Arc::new(crate::daemon::dns::RoutingView::of(&ctl)));
     let counts = metrics::Metrics::default();
@@ -392,11 +480,29 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<Started, (anyh
         lock: None,
         announcer,
         drain_deadline: None,
+        neighbours: neighbours::spawn(),
+        detached: BTreeSet::new(),
+        pins_lost: Vec::new(),
+        epoch: 0,
+        compiling: false,
+        again: false,
+        compiled,
     };
     d.announce();
+    d.keep_neighbours();
     d.save_state();
     d.start_checkers();
-    Ok((d, tasks, health_rx, snapshot_rx))
+    Ok((d, (tasks, health_rx, snapshot_rx, compiled_rx)))
+}
+
+/// Resumes from the previous daemon's state file (ids, generations, health, overrides,
+/// drains), when there is one.
+fn restore_state(args: &RunArgs, ctl: &mut Controller) -> Result<()> {
+    if let Ok(text) = std::fs::read_to_string(state_path(args)) {
+        let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
+        ctl.restore(&st);
+    }
+    Ok(())
 }
 
 /// The audit line of an operator action: `reload accepted (SIGHUP)`, `drain refused (service
@@ -409,16 +515,16 @@ fn audit<T>(verb: &str, what: &str, result: &Result<T>) {
 }
 
 type Signals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+type Events = (
+    mpsc::Receiver<HealthEvent>,
+    mpsc::Receiver<metrics::SnapshotRequest>,
+    mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+);
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
-async fn serve(
-    mut d: Daemon,
-    listener: tokio::net::UnixListener,
-    mut health_rx: mpsc::Receiver<HealthEvent>,
-    mut snapshot_rx: mpsc::Receiver<metrics::SnapshotRequest>,
-    signals: Signals,
-) -> Result<()> {
+async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events, signals: Signals) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
+    let (mut health_rx, mut snapshot_rx, mut compiled_rx) = events;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -427,6 +533,14 @@ async fn serve(
     // requests reach this loop.
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
     let control = api::spawn_server(listener, requests);
+    // Interfaces that go and come back; without the watcher the tick still notices.
+    let (mut link_rx, link_task) = match links::watch() {
+        Ok((rx, task)) => (rx, Some(task)),
+        Err(e) => {
+            tracing::warn!("cannot watch interface events ({e:#}); interfaces are checked every few seconds instead");
+            (mpsc::channel(1).1, None)
+        }
+    };
     tracing::info!("running; control socket {}", d.args.socket.display());
     // `start` has written the tables and attached: only now is the unit started.
     tracing::info!("ready: notifying the service manager");
@@ -436,10 +550,16 @@ async fn serve(
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
+            Some((epoch, out)) = compiled_rx.recv() => d.on_compiled(epoch, out),
+            Some(ev) = link_rx.recv() => d.on_link(ev),
             Some(reply) = snapshot_rx.recv() => {
                 let _ = reply.send(metrics::snapshot(&d.ctl, &d.dp).map_err(|e| format!("{e:#}")));
             }
-            _ = tick.tick() => d.on_tick(),
+            _ = tick.tick() => {
+                d.on_tick();
+                d.check_links();
+                d.check_pins();
+            }
             Some(pending) = request_rx.recv() => {
                 let resp = d.handle(pending.request);
                 let _ = pending.reply.send(resp);
@@ -461,6 +581,9 @@ async fn serve(
     }
     notify::stopping();
     control.abort();
+    if let Some(task) = link_task {
+        task.abort();
+    }
     d.shutdown()
 }
 
@@ -503,10 +626,60 @@ impl Daemon {
         Ok(reply::HostDrain { host_draining: true, stop_in_sec: grace })
     }
 
+    /// Reconciles now, on the loop (operator actions, reloads, ends of pool drains: their
+    /// answer says how it went). A compile still running off the loop is stale after it.
     fn reconcile(&mut self) -> Result<()> {
+        self.supersede_compile();
         let result = self.ctl.reconcile(&mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.map(|_| ())
+    }
+
+    /// A reconcile on the loop covers every change so far: a compile running off the loop is
+    /// discarded when it ends, and none needs to follow it.
+    fn supersede_compile(&mut self) {
+        self.epoch += 1;
+        self.again = false;
+    }
+
+    /// Reconciles for a health change with the compile (policy, Maglev tables) off the loop,
+    /// so that health events, control requests and signals are served meanwhile. One compile
+    /// runs at a time, in order: changes that come in while it runs are taken by one more
+    /// compile after it (a newer one supersedes the pending ones).
+    fn reconcile_soon(&mut self) {
+        if self.compiling {
+            self.again = true;
+            return;
+        }
+        let now = match self.dp.now_ns() {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::error!("error applying a health change: {e:#}");
+                return;
+            }
+        };
+        let job = self.ctl.begin_compile(now);
+        let (epoch, done) = (self.epoch, self.compiled.clone());
+        self.compiling = true;
+        tokio::task::spawn_blocking(move || {
+            let _ = done.send((epoch, job.run()));
+        });
+    }
+
+    /// A compile off the loop ended: written unless a reconcile on the loop came since; then
+    /// the next one starts if changes came in meanwhile.
+    fn on_compiled(&mut self, epoch: u64, out: CompileOutput) {
+        self.compiling = false;
+        if epoch == self.epoch {
+            let result = self.ctl.finish_compile(out, &mut self.dp);
+            self.after_reconcile(result.as_ref().ok());
+            if let Err(e) = result {
+                tracing::error!("error applying a health change: {e:#}");
+            }
+        }
+        if std::mem::take(&mut self.again) {
+            self.reconcile_soon();
+        }
     }
 
     /// Republishes the DNS view, logs what was written and saves the state.
@@ -516,6 +689,7 @@ impl Daemon {
             self.metrics.tables_swapped(report.tables_written);
         }
         self.announce();
+        self.keep_neighbours();
         if let Some(report) = report.filter(|r| **r != Default::default()) {
             tracing::info!(
                 "tables updated: {} backend records, {} tables, {} services, {} removed, {} departed",
@@ -527,6 +701,12 @@ impl Daemon {
             );
         }
         self.save_state();
+    }
+
+    /// Hands the configured backends to the neighbour keeper (see `neighbours`).
+    fn keep_neighbours(&self) {
+        let backends = self.ctl.config().services.iter().flat_map(|s| s.backends.iter().map(|b| b.address)).collect();
+        let _ = self.neighbours.send(backends);
     }
 
     fn save_state(&self) {
@@ -585,6 +765,91 @@ impl Daemon {
         }
     }
 
+    /// An interface event: one of ours removed is logged (once) and shows as detached in
+    /// `lb status`; when an interface of that name exists again, the balancer is attached to it.
+    fn on_link(&mut self, ev: links::LinkEvent) {
+        match ev {
+            links::LinkEvent::Removed { ifname, .. } if self.args.interfaces.contains(&ifname) => {
+                self.note_removed(&ifname)
+            }
+            links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => {
+                self.attach_again(&ifname)
+            }
+            links::LinkEvent::Overrun => self.check_links(),
+            _ => {}
+        }
+    }
+
+    fn note_removed(&mut self, ifname: &str) {
+        if self.detached.insert(ifname.to_owned()) {
+            tracing::warn!("interface {ifname} was removed: the balancer is detached from it until an interface of that name returns");
+        }
+    }
+
+    /// Attaches to `ifname` again if its link was severed (a new link replaces the pinned one).
+    fn attach_again(&mut self, ifname: &str) {
+        if self.dp.link_attached(ifname) {
+            self.detached.remove(ifname);
+            return;
+        }
+        match self.dp.attach_pinned(ifname, Program::Lb, &pinning::link_pin(&self.args.pin_dir, ifname)) {
+            Ok(how) => {
+                self.detached.remove(ifname);
+                tracing::info!("interface {ifname} is back: {how}");
+            }
+            Err(e) => tracing::error!("interface {ifname} is back, but attaching to it failed (retried at its next change and every few seconds): {e:#}"),
+        }
+    }
+
+    /// Every interface's link, looked at again (after lost events, and at every tick).
+    fn check_links(&mut self) {
+        for ifname in self.args.interfaces.clone() {
+            if self.dp.link_attached(&ifname) {
+                continue;
+            }
+            if links::exists(&ifname) {
+                self.attach_again(&ifname);
+            } else {
+                self.note_removed(&ifname);
+            }
+        }
+    }
+
+    /// Pins removed from the pin directory (by hand, or the directory itself): the program
+    /// stays attached while this daemon holds its link, but it stops when the daemon exits, and
+    /// a restart could not adopt the maps. Logged once per loss; shown by `lb status`.
+    fn check_pins(&mut self) {
+        let missing = pinning::missing_pins(&self.args.pin_dir, &self.args.interfaces);
+        if missing.is_empty() && !self.pins_lost.is_empty() {
+            tracing::info!("the pins in {} are complete again", self.args.pin_dir.display());
+        } else if !missing.is_empty() && missing != self.pins_lost {
+            tracing::error!(
+                "pins in {} were removed ({}): the balancer stays attached while this daemon runs, but it stops when the daemon exits and a restart cannot adopt its maps (tracked connections would be lost); restart the daemon to pin them again",
+                self.args.pin_dir.display(),
+                missing.join(", ")
+            );
+        }
+        self.pins_lost = missing;
+    }
+
+    /// Each interface's attachment, for `lb status`.
+    fn link_status(&self) -> Vec<LinkStatus> {
+        self.args
+            .interfaces
+            .iter()
+            .map(|ifname| {
+                let state = if self.dp.link_attached(ifname) {
+                    "attached"
+                } else if links::exists(ifname) {
+                    "detached"
+                } else {
+                    "detached (interface removed)"
+                };
+                LinkStatus { interface: ifname.clone(), state: state.to_owned() }
+            })
+            .collect()
+    }
+
     fn on_health(&mut self, ev: HealthEvent) {
         // A report of a probe stopped since (a reload changed it) is stale: its replacement
         // started from the verdict known then and reports changes from there.
@@ -595,9 +860,7 @@ impl Daemon {
         tracing::info!(target: "audit", "health: service {} backend {} is now {verdict} (last probe: {})", ev.service, ev.backend, ev.reason);
         self.metrics.health_change(&ev.service, ev.backend, ev.healthy);
         self.ctl.set_checked(&ev.service, ev.backend, ev.healthy);
-        if let Err(e) = self.reconcile() {
-            tracing::error!("error applying a health change: {e:#}");
-        }
+        self.reconcile_soon();
     }
 
     /// One line for `systemctl status`.
@@ -618,8 +881,12 @@ impl Daemon {
     }
 
     fn try_reload(&mut self) -> Result<reply::Reloaded> {
-        let cfg = Config::load(&self.args.config)?;
+        let mut cfg = Config::load(&self.args.config)?;
+        for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
+            tracing::debug!("{line}");
+        }
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
+        self.supersede_compile();
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.context("applying the new configuration")?;
@@ -747,9 +1014,13 @@ impl Daemon {
             draining: a.draining(),
             announced: a.announced().iter().copied().collect(),
         });
+        let pins =
+            if self.pins_lost.is_empty() { "ok".to_owned() } else { format!("lost: {}", self.pins_lost.join(", ")) };
         reply::Status {
             config: self.args.config.display().to_string(),
             interfaces: self.args.interfaces.clone(),
+            links: self.link_status(),
+            pins,
             services,
             announce,
         }
@@ -840,7 +1111,16 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.args.socket);
         if self.args.keep_dataplane {
             self.save_state();
-            tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            let missing = pinning::missing_pins(&self.args.pin_dir, &self.args.interfaces);
+            if missing.is_empty() {
+                tracing::info!("exiting; the data plane keeps running (pinned in {})", self.args.pin_dir.display());
+            } else {
+                tracing::error!(
+                    "exiting; pins in {} were removed ({}): the data plane stops with this daemon",
+                    self.args.pin_dir.display(),
+                    missing.join(", ")
+                );
+            }
             return Ok(());
         }
         for ifname in &self.args.interfaces {
@@ -886,6 +1166,27 @@ mod tests {
         assert!(fits(&sizes, &with_metrics, &with_metrics).is_ok());
         let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
         assert!(fits(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
+    }
+
+    #[test]
+    fn sizes_beyond_the_map_memory_limit_are_refused_naming_what_drives_them() {
+        let cfg = Config::parse(&service(1)).unwrap();
+        assert!(check_map_memory(&sizes_for(&cfg)).is_ok());
+        // The largest connection tables validation allows still fit.
+        let most = Config::parse(&format!(
+            "[dataplane]\nconntrack_entries = {}\n{}",
+            crate::config::MAX_CONNTRACK_ENTRIES,
+            service(1)
+        ))
+        .unwrap();
+        assert!(check_map_memory(&sizes_for(&most)).is_ok(), "{:?}", check_map_memory(&sizes_for(&most)));
+        // 8192 tables of M = 65537 (8 bytes per cell): 4 GiB of TABLES alone.
+        let big = DataplaneSizes { table_slots: 8192, table_size_m: 65537, ..sizes_for(&cfg) };
+        let err = check_map_memory(&big).unwrap_err().to_string();
+        assert!(
+            err.contains("MiB") && err.contains("TABLES 4096 MiB") && err.contains("dataplane.maglev_table_size"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -13,9 +13,20 @@ pub use crate::compile::explain::{ClassFacts, Explanation};
 pub struct Status {
     pub config: String,
     pub interfaces: Vec<String>,
+    /// Each `--interface`'s attachment: `attached`, `detached`, `detached (interface removed)`.
+    pub links: Vec<LinkStatus>,
+    /// The data plane's pins: `ok`, or `lost: <what>` when someone removed them.
+    pub pins: String,
     pub services: Vec<ServiceStatus>,
     /// The VIP announcement (`[announce]`), if configured.
     pub announce: Option<AnnounceStatus>,
+}
+
+/// One interface's XDP attachment (`lb status`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    pub interface: String,
+    pub state: String,
 }
 
 /// What the balancer announces (`lb status`, `[announce]`).

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, MapData};
 use lb_common::ct_table;
-use lb_common::maps::{CtEntry, CtKey, CtKey4, FAMILY_V4, FAMILY_V6};
+use lb_common::maps::{Backend, CtEntry, CtKey, CtKey4, FAMILY_V4, FAMILY_V6};
 
 use super::Dataplane;
 
@@ -161,4 +161,97 @@ pub fn ct_seed(pin_dir: Option<&Path>) -> Result<u64> {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(std::process::id() as u64);
     Ok(h.finish() | 1)
+}
+
+/// What a start takes over from pinned maps of other sizes, which it cannot adopt: the
+/// connection tables, and the backend records their entries point at (ids
+/// and generations are the previous daemon's, restored from its state file). Opened from the
+/// pins before they are removed; the maps live as long as these descriptors (and the
+/// previous program, until it is replaced).
+pub struct Carried {
+    conntrack4: Array<MapData, ct_table::Bucket4>,
+    conntrack: Array<MapData, ct_table::Bucket6>,
+    backends: Array<MapData, Backend>,
+}
+
+impl Carried {
+    /// The connection tables and backend records pinned in `pin_dir`; None if one is
+    /// missing or has another layout than this version's (then there is nothing to carry).
+    pub fn open(pin_dir: &Path) -> Option<Self> {
+        let open = |name: &str| MapData::from_pin(pin_dir.join(name)).ok().map(aya::maps::Map::Array);
+        Some(Self {
+            conntrack4: Array::try_from(open("CONNTRACK4")?).ok()?,
+            conntrack: Array::try_from(open("CONNTRACK")?).ok()?,
+            backends: Array::try_from(open("BACKENDS")?).ok()?,
+        })
+    }
+}
+
+impl std::fmt::Debug for Carried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Carried")
+            .field("buckets", &self.conntrack.len())
+            .field("backends", &self.backends.len())
+            .finish()
+    }
+}
+
+impl Dataplane {
+    /// Copies the backend records of `old` (those this data plane has room for) into
+    /// `BACKENDS`, before the first reconcile: it rewrites the configured ones, and those the
+    /// configuration dropped then drain ([`Dataplane::depart_unused_backends`]), as on adoption.
+    pub fn carry_backends(&mut self, old: &Carried) -> Result<()> {
+        for id in 0..old.backends.len().min(self.sizes.max_backends) {
+            let b = old.backends.get(&id, 0)?;
+            if b.family != 0 {
+                self.backends.set(id, b, 0).context("writing BACKENDS")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every live entry of `old`'s connection tables into this data plane's, each placed
+    /// by the new tables' bucket hash (seed and size). Only before this data plane's program is
+    /// attached: buckets are written whole. Returns (entries copied, entries that found no room:
+    /// both their buckets full).
+    pub fn carry_conntrack(&mut self, old: &Carried) -> Result<(usize, usize)> {
+        let (a, b) = copy_table(&old.conntrack4, &mut self.conntrack4, self.ct_seed).context("copying CONNTRACK4")?;
+        let (c, d) = copy_table(&old.conntrack, &mut self.conntrack, self.ct_seed).context("copying CONNTRACK")?;
+        Ok((a + c, b + d))
+    }
+}
+
+/// Inserts the live slots of `from` into `to` (empty, not in use), placed by `to`'s hash.
+fn copy_table<S: ct_table::Slot + Default>(
+    from: &Array<MapData, ct_table::Bucket<S>>,
+    to: &mut Array<MapData, ct_table::Bucket<S>>,
+    seed: u64,
+) -> Result<(usize, usize)>
+where
+    ct_table::Bucket<S>: aya::Pod,
+{
+    let mask = to.len() - 1;
+    let mut buckets: std::collections::HashMap<u32, ct_table::Bucket<S>> = std::collections::HashMap::new();
+    let (mut copied, mut lost) = (0, 0);
+    for slot in live_slots(from) {
+        let index = ct_table::buckets::<S>(slot.key(), seed, mask);
+        let pair = [*buckets.entry(index[0]).or_default(), *buckets.entry(index[1]).or_default()];
+        let victim = ct_table::victim([&pair[0], &pair[1]], slot.key(), &mut ct_table::Search::default());
+        let k = victim.index as usize;
+        let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
+        let target = &mut buckets.get_mut(&index[which]).expect("inserted above").slots[way];
+        if victim.evicts {
+            // Both buckets full: the least recently seen of them gives way, as in the kernel.
+            lost += 1;
+        } else {
+            copied += 1;
+        }
+        target.set(slot.key(), slot.entry());
+        // SAFETY: a plain store into our own copy of the bucket.
+        unsafe { core::ptr::write(target.state_mut(), ct_table::next_state(0, true)) };
+    }
+    for (index, bucket) in buckets {
+        to.set(index, bucket, 0)?;
+    }
+    Ok((copied, lost))
 }

@@ -27,6 +27,7 @@ mod sys;
 mod tables;
 
 use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
@@ -41,13 +42,13 @@ use lb_common::maps::{
 };
 
 pub use admission::{Demand, ServiceDemand};
-pub use conntrack::{ct_seed, table_set};
+pub use conntrack::{ct_seed, table_set, Carried};
 pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
 #[cfg(feature = "test-helpers")]
 pub(crate) use programs::run_test;
 pub(crate) use programs::{attach, attach_pinned, verify};
-pub use programs::{Program, TestOutput};
+pub use programs::{Attached, Program, TestOutput};
 #[cfg(feature = "test-helpers")]
 pub use programs::{XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX};
 pub use sink::Tables;
@@ -103,6 +104,9 @@ pub struct Dataplane {
     /// FIFO: a freed slot is reused as late as possible, so a packet that read the old
     /// `TABLE_INDEX` just before a flip never sees that slot being rewritten.
     free_slots: VecDeque<u32>,
+    /// The bpf_links of [`Dataplane::attach_pinned`] by interface, held: the program stays
+    /// attached while this data plane lives, whatever happens to the pins.
+    links: StdHashMap<String, OwnedFd>,
 }
 
 pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
@@ -179,10 +183,7 @@ impl Dataplane {
         }
         let settings = LoadSettings::new(&sizes, pin_dir)?;
         let ct_seed = settings.ct_seed;
-        let mut ebpf = settings
-            .apply(&mut loader)
-            .load(EBPF_OBJECT)
-            .context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+        let mut ebpf = settings.apply(&mut loader).load(EBPF_OBJECT).map_err(|e| load_error(e, &sizes))?;
         for p in [Program::Lb, Program::ClockProbe] {
             verify(&mut ebpf, p.name())?;
         }
@@ -215,6 +216,7 @@ impl Dataplane {
             vip_refs: StdHashMap::new(),
             active_slots: StdHashMap::new(),
             free_slots: VecDeque::new(),
+            links: StdHashMap::new(),
         }
         .with_recovered_bookkeeping())
     }
@@ -248,5 +250,30 @@ impl Dataplane {
 
     pub fn sizes(&self) -> &DataplaneSizes {
         &self.sizes
+    }
+}
+
+/// What a failed load of the balancer's object says: a map the kernel could not allocate
+/// (ENOMEM, E2BIG) is a matter of sizes, not of privileges.
+fn load_error(e: aya::EbpfError, sizes: &DataplaneSizes) -> anyhow::Error {
+    let errno = {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        let mut errno = None;
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                errno = io.raw_os_error();
+            }
+            source = err.source();
+        }
+        errno
+    };
+    match errno {
+        Some(libc::ENOMEM) | Some(libc::E2BIG) => {
+            let mib = sizes.map_bytes().iter().map(|(_, b)| b).sum::<u64>() >> 20;
+            anyhow::Error::new(e).context(format!(
+                "loading the XDP object: the kernel could not allocate its maps (about {mib} MiB; see dataplane.conntrack_entries and dataplane.maglev_table_size, and the memory cgroup's or RLIMIT_MEMLOCK's limit)"
+            ))
+        }
+        _ => anyhow::Error::new(e).context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)"),
     }
 }

@@ -6,7 +6,7 @@
 //! a table of another size M would be read wrongly), so a mismatch discards the old pins with a
 //! warning and starts fresh.
 
-use super::{DataplaneSizes, MAP_NAMES};
+use super::{Carried, DataplaneSizes, MAP_NAMES};
 use anyhow::{bail, Context, Result};
 use aya::programs::links::PinnedLink;
 use std::ffi::CString;
@@ -88,14 +88,15 @@ pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
 }
 
 /// What `prepare_reuse` found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum PinState {
     /// Nothing pinned: a fresh data plane.
     Fresh,
     /// Pinned maps match and will be reused (connections survive).
     Reused,
-    /// Pinned maps had other sizes or another layout and were removed; the reason says which.
-    Discarded(String),
+    /// Pinned maps had other sizes or another layout and were removed; `why` says which.
+    /// `carried` holds what of them the new maps take over (None: another layout).
+    Discarded { why: String, carried: Option<Box<Carried>> },
 }
 
 /// Check the maps pinned in `pin_dir` against `sizes`; remove them all if any differs.
@@ -139,8 +140,10 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
     match mismatch {
         None => Ok(PinState::Reused),
         Some(why) => {
+            // Opened before the pins go: the connection tables move into the new maps.
+            let carried = Carried::open(pin_dir).map(Box::new);
             remove_map_pins(pin_dir)?;
-            Ok(PinState::Discarded(why))
+            Ok(PinState::Discarded { why, carried })
         }
     }
 }
@@ -188,4 +191,43 @@ pub fn detach_pinned(link_pin: &Path) -> Result<bool> {
     let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
     drop(pinned.unpin().with_context(|| format!("removing {}", link_pin.display()))?);
     Ok(true)
+}
+
+/// Refuses pins that must outlive this command (`what`) in a bpffs private to its mount
+/// namespace: `ip netns exec` unshares the mount namespace and mounts its own /sys (and
+/// bpffs), so everything pinned there vanishes when the command exits. The reference is PID
+/// 1's mount namespace, or where that cannot be read (a sandbox), the parent's: shared means
+/// the same namespace, or `pin_dir` is the same filesystem seen from the reference's root.
+pub fn require_shared_bpffs(pin_dir: &Path, what: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |pid: &str| std::fs::metadata(format!("/proc/{pid}/ns/mnt")).map(|m| (m.dev(), m.ino()));
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() }.to_string();
+    let Some((reference, theirs)) = ["1", parent.as_str()].into_iter().find_map(|pid| ns(pid).ok().map(|n| (pid, n)))
+    else {
+        // No process to compare with: nothing to say.
+        return Ok(());
+    };
+    if ns("self").is_ok_and(|ours| ours == theirs) {
+        return Ok(());
+    }
+    let ours = std::fs::metadata(pin_dir).with_context(|| format!("reading {}", pin_dir.display()))?.dev();
+    let seen = Path::new("/proc").join(reference).join("root").join(pin_dir.strip_prefix("/").unwrap_or(pin_dir));
+    if std::fs::metadata(&seen).is_ok_and(|m| m.dev() == ours) {
+        return Ok(());
+    }
+    bail!(
+        "{what}: {} is on a bpffs private to this command's mount namespace (as under `ip netns exec`, which mounts its own /sys), so the pins would vanish when it exits; run it with `nsenter --net=/run/netns/NAME` instead, which enters only the network namespace and keeps the host's bpffs",
+        pin_dir.display()
+    )
+}
+
+/// The pins of a running daemon (its maps, and the links of `interfaces`) missing from
+/// `pin_dir`: removed by hand, or with the directory.
+pub fn missing_pins(pin_dir: &Path, interfaces: &[String]) -> Vec<String> {
+    let maps = MAP_NAMES.iter().map(|n| n.to_string());
+    let links = interfaces
+        .iter()
+        .map(|i| link_pin(pin_dir, i).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    maps.chain(links).filter(|name| !pin_dir.join(name).exists()).collect()
 }

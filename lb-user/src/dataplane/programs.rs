@@ -2,6 +2,7 @@
 //! bpf_link, each interface registered in `LOCAL_MACS` first), and running them once with
 //! `BPF_PROG_TEST_RUN` (the clock probe, tests).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,7 +12,7 @@ use aya::programs::{TestRun, TestRunOptions, Xdp, XdpMode};
 use aya::Ebpf;
 use lb_common::maps::{local_mac_slot, LocalMac, LOCAL_MAC_SLOTS};
 
-use super::sys::{interface_mac, load_program};
+use super::sys::{interface_mac, link_fd_by_id, load_program, xdp_link_ifindex};
 use super::Dataplane;
 
 /// The programs of the balancer's object. (The backend-side decapsulator is an object of its
@@ -92,9 +93,17 @@ impl Dataplane {
     /// Attaches a program to an interface through a bpf_link pinned at `link_pin`, so that it
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
-    pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<XdpMode> {
+    pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<Attached> {
         self.register_interface(ifname)?;
-        attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)
+        let (how, link) = attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)?;
+        self.links.insert(ifname.to_owned(), link);
+        Ok(how)
+    }
+
+    /// Whether the link [`Dataplane::attach_pinned`] made on `ifname` is attached: false if
+    /// there is none, or it was severed (its interface was removed).
+    pub fn link_attached(&self, ifname: &str) -> bool {
+        self.links.get(ifname).is_some_and(|fd| xdp_link_ifindex(fd.as_fd()).is_ok_and(|i| i != 0))
     }
 
     /// The data-plane clock now (ns; jiffies times the tick length, the kernel's jiffies epoch),
@@ -136,18 +145,77 @@ pub(crate) fn attach(ebpf: &mut Ebpf, name: &str, ifname: &str) -> Result<XdpMod
     }
 }
 
+/// How [`attach_pinned`] attached a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// A new link in this mode (`Driver`: native XDP; `Skb`: generic, slower).
+    New(XdpMode),
+    /// The program was swapped into the link pinned there (kept attached across a restart).
+    Replaced,
+    /// The link pinned there was severed (its interface had been removed): a new link in this
+    /// mode took its place.
+    Renewed(XdpMode),
+}
+
+impl Attached {
+    /// The mode of a new link; None when the program went into an existing one.
+    pub fn mode(self) -> Option<XdpMode> {
+        match self {
+            Attached::New(m) | Attached::Renewed(m) => Some(m),
+            Attached::Replaced => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = |m: &XdpMode| {
+            if *m == XdpMode::Skb {
+                "generic (skb) mode, which is slower: the driver refused native XDP"
+            } else {
+                "native XDP"
+            }
+        };
+        match self {
+            Attached::New(m) => write!(f, "attached ({})", mode(m)),
+            Attached::Replaced => {
+                write!(f, "replaced the program in its pinned link (kept attached across the restart)")
+            }
+            Attached::Renewed(m) => {
+                write!(f, "the pinned link was severed (its interface had been removed); attached anew ({})", mode(m))
+            }
+        }
+    }
+}
+
 /// Attaches the program `name` of `ebpf` to an interface through a bpf_link pinned at
 /// `link_pin`, so that it stays attached when this process exits. If a link is already pinned
-/// there, its program is replaced atomically: no packet sees the interface without XDP.
-pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin: &Path) -> Result<XdpMode> {
+/// there, its program is replaced atomically: no packet sees the interface without XDP; if
+/// that link was severed (its interface was removed since), a new one replaces its pin.
+/// Returns how, and a descriptor of the link that keeps it alive while held, also if its pin
+/// is removed.
+pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin: &Path) -> Result<(Attached, OwnedFd)> {
     let prog = xdp_mut(ebpf, name)?;
+    let mut severed = false;
     if link_pin.exists() {
-        let pinned = PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?;
-        let link = XdpLink::try_from(FdLink::from(pinned)).context("pinned link is not an XDP link")?;
-        let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
-        // The pin keeps the link (and so the attachment); our fd to it can go.
-        drop(prog.take_link(id)?);
-        return Ok(XdpMode::Default);
+        let pinned =
+            FdLink::from(PinnedLink::from_pin(link_pin).with_context(|| format!("opening {}", link_pin.display()))?);
+        let held = held_fd(&pinned)?;
+        if xdp_link_ifindex(held.as_fd())
+            .with_context(|| format!("reading the link pinned at {}", link_pin.display()))?
+            != 0
+        {
+            let link = XdpLink::try_from(pinned).context("pinned link is not an XDP link")?;
+            let id = prog.attach_to_link(link).with_context(|| format!("replacing the program on {ifname}"))?;
+            // The pin and `held` keep the link (and so the attachment); aya's fd to it can go.
+            drop(prog.take_link(id)?);
+            return Ok((Attached::Replaced, held));
+        }
+        // Severed: bpf_link_update would fail with ENOLINK. The pin goes; the link itself
+        // goes with its last descriptor.
+        std::fs::remove_file(link_pin)
+            .with_context(|| format!("removing the severed link pinned at {}", link_pin.display()))?;
+        severed = true;
     }
     let (id, mode) = match prog.attach(ifname, XdpMode::Driver) {
         Ok(id) => (id, XdpMode::Driver),
@@ -160,8 +228,15 @@ pub(crate) fn attach_pinned(ebpf: &mut Ebpf, name: &str, ifname: &str, link_pin:
     };
     let link =
         FdLink::try_from(prog.take_link(id)?).context("the kernel gave no bpf_link for XDP (needs Linux 5.9+)")?;
+    let held = held_fd(&link)?;
     link.pin(link_pin).with_context(|| format!("pinning the XDP link at {}", link_pin.display()))?;
-    Ok(mode)
+    Ok((if severed { Attached::Renewed(mode) } else { Attached::New(mode) }, held))
+}
+
+/// A descriptor of `link` of our own (aya does not lend its descriptor out).
+fn held_fd(link: &FdLink) -> Result<OwnedFd> {
+    let id = link.info().context("reading a bpf_link's id")?.id();
+    link_fd_by_id(id).with_context(|| format!("opening bpf_link {id}"))
 }
 
 /// Runs the program `name` of `ebpf` once on `packet` with `BPF_PROG_TEST_RUN`.

@@ -2,7 +2,10 @@
 
 use anyhow::{bail, Result};
 use lb_common::ct_table;
-use lb_common::maps::{LOCAL_MAC_SLOTS, MAX_SERVICE_ID};
+use lb_common::maps::{
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID,
+};
+use std::mem::size_of;
 
 use super::service_table;
 
@@ -11,34 +14,122 @@ struct SizedMap {
     name: &'static str,
     /// Pinned (by its name) under the daemon's pin directory.
     pinned: bool,
+    /// One value per possible CPU for each entry.
+    per_cpu: bool,
+    /// Kernel memory per entry (and CPU), about: the value in an 8-byte aligned slot; a hash
+    /// or trie entry also holds its key and the element's overhead.
+    entry_bytes: usize,
     max_entries: fn(&DataplaneSizes) -> u32,
 }
+
+/// A hash or trie element's own overhead (list links, hash, lock; about).
+const HASHED: usize = 48;
+/// `NEXT_HOPS`' value: a route cached per backend and CPU (the data plane's `NextHop`).
+const NEXT_HOP_BYTES: usize = 80;
 
 /// Every map of the object that is sized at load time: the one list that names them, their
 /// sizes and which are pinned. `NEXT_HOPS`, a per-CPU cache of route lookups that refills
 /// itself within a second, is not pinned.
 const SIZED_MAPS: &[SizedMap] = &[
     // Two halves of S slots, S >= twice the key capacity (16 keys per service).
-    SizedMap { name: "SERVICE_TABLE", pinned: true, max_entries: |s| 2 * s.service_slots() },
-    SizedMap { name: "SERVICE_INDEX", pinned: true, max_entries: |_| 1 },
-    SizedMap { name: "VIPS", pinned: true, max_entries: |s| s.max_services.saturating_mul(4) },
-    SizedMap { name: "CONNTRACK", pinned: true, max_entries: |s| s.conntrack_buckets() },
-    SizedMap { name: "CONNTRACK4", pinned: true, max_entries: |s| s.conntrack_buckets() },
-    SizedMap { name: "CT_SEED_STORE", pinned: true, max_entries: |_| 1 },
-    SizedMap { name: "CLIENT_CLASS", pinned: true, max_entries: |s| s.class_pairs().saturating_mul(16).max(16) },
-    SizedMap { name: "CLASSED_SERVICES", pinned: true, max_entries: |s| s.max_services },
-    SizedMap { name: "TABLE_INDEX", pinned: true, max_entries: |s| s.class_pairs() },
-    SizedMap { name: "TABLES", pinned: true, max_entries: |s| s.table_slots * s.table_size_m },
-    SizedMap { name: "BACKENDS", pinned: true, max_entries: |s| s.max_backends },
+    SizedMap {
+        name: "SERVICE_TABLE",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<lb_common::maps::ServiceSlot>(),
+        max_entries: |s| 2 * s.service_slots(),
+    },
+    SizedMap { name: "SERVICE_INDEX", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
+    SizedMap {
+        name: "VIPS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<AddrKey>() + 4,
+        max_entries: |s| s.max_services.saturating_mul(4),
+    },
+    SizedMap {
+        name: "CONNTRACK",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<ct_table::Bucket6>(),
+        max_entries: |s| s.conntrack_buckets(),
+    },
+    SizedMap {
+        name: "CONNTRACK4",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<ct_table::Bucket4>(),
+        max_entries: |s| s.conntrack_buckets(),
+    },
+    SizedMap { name: "CT_SEED_STORE", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
+    SizedMap {
+        name: "CLIENT_CLASS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<ClassKey>() + 4,
+        max_entries: |s| s.class_pairs().saturating_mul(16).max(16),
+    },
+    SizedMap {
+        name: "CLASSED_SERVICES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |s| s.max_services,
+    },
+    SizedMap {
+        name: "TABLE_INDEX",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<TableRef>(),
+        max_entries: |s| s.class_pairs(),
+    },
+    SizedMap {
+        name: "TABLES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |s| s.table_slots * s.table_size_m,
+    },
+    SizedMap {
+        name: "BACKENDS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<Backend>(),
+        max_entries: |s| s.max_backends,
+    },
     // One record of global counters; one record per (service, class).
-    SizedMap { name: "STATS", pinned: true, max_entries: |_| 1 },
-    SizedMap { name: "CLASS_STATS", pinned: true, max_entries: |s| s.class_pairs() },
+    SizedMap { name: "STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<GlobalStats>(), max_entries: |_| 1 },
+    SizedMap {
+        name: "CLASS_STATS",
+        pinned: true,
+        per_cpu: true,
+        entry_bytes: size_of::<ClassCounters>(),
+        max_entries: |s| s.class_pairs(),
+    },
     // One record per backend id (metrics per backend).
-    SizedMap { name: "BACKEND_STATS", pinned: true, max_entries: |s| s.max_backends },
-    SizedMap { name: "NEXT_HOPS", pinned: false, max_entries: |s| s.max_backends },
+    SizedMap {
+        name: "BACKEND_STATS",
+        pinned: true,
+        per_cpu: true,
+        entry_bytes: size_of::<BackendCounters>(),
+        max_entries: |s| s.max_backends,
+    },
+    SizedMap {
+        name: "NEXT_HOPS",
+        pinned: false,
+        per_cpu: true,
+        entry_bytes: NEXT_HOP_BYTES,
+        max_entries: |s| s.max_backends,
+    },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.
-    SizedMap { name: "LOCAL_MACS", pinned: false, max_entries: |_| LOCAL_MAC_SLOTS },
+    SizedMap {
+        name: "LOCAL_MACS",
+        pinned: false,
+        per_cpu: false,
+        entry_bytes: size_of::<lb_common::maps::LocalMac>(),
+        max_entries: |_| LOCAL_MAC_SLOTS,
+    },
 ];
 
 const fn pinned_count() -> usize {
@@ -86,6 +177,20 @@ impl DataplaneSizes {
     /// Every map's max_entries for these sizes (also how pinned maps are checked for reuse).
     pub fn map_max_entries(&self) -> Vec<(&'static str, u32)> {
         SIZED_MAPS.iter().map(|m| (m.name, (m.max_entries)(self))).collect()
+    }
+
+    /// Each map's kernel memory for these sizes (bytes, about: values rounded up to 8 bytes,
+    /// per-CPU maps times the possible CPUs).
+    pub fn map_bytes(&self) -> Vec<(&'static str, u64)> {
+        // SAFETY: sysconf reads a system setting.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as u64;
+        SIZED_MAPS
+            .iter()
+            .map(|m| {
+                let entry = m.entry_bytes.div_ceil(8) as u64 * 8 * if m.per_cpu { cpus } else { 1 };
+                (m.name, u64::from((m.max_entries)(self)) * entry)
+            })
+            .collect()
     }
 
     /// (service, class) pairs: the rows of `TABLE_INDEX` and `CLASS_STATS`.

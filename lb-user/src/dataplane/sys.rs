@@ -194,3 +194,56 @@ pub(super) fn interface_mac(ifname: &str) -> Result<(u32, [u8; 6])> {
         Ok((ifindex, std::array::from_fn(|i| data[i] as u8)))
     }
 }
+
+/// The interface index a bpf_link of XDP is attached to, from `BPF_OBJ_GET_INFO_BY_FD`:
+/// 0 once the link is severed (its interface was removed).
+pub(crate) fn xdp_link_ifindex(link: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    /// `union bpf_attr`'s `info` member.
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // `struct bpf_link_info`: type, id, prog_id, then (8-aligned) the union whose `xdp` member
+    // starts with the ifindex. A larger buffer than the kernel fills is fine (zeroed).
+    let mut info = [0u64; 8];
+    let mut attr = InfoAttr {
+        bpf_fd: link.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: attr points at a live buffer of info_len bytes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((info[2] & 0xffff_ffff) as u32)
+}
+
+/// A descriptor of the bpf_link with this id (`BPF_LINK_GET_FD_BY_ID`): as long as it is
+/// open, the link (and so its attachment) lives, whatever happens to its pin.
+pub(crate) fn link_fd_by_id(id: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+    // `union bpf_attr`'s `*_get_fd_by_id` members: the id, next_id, open_flags.
+    let mut attr = [id, 0u32, 0u32];
+    // SAFETY: attr is a live buffer of the size given.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_LINK_GET_FD_BY_ID, attr.as_mut_ptr(), std::mem::size_of_val(&attr) as u32)
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}

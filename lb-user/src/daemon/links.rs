@@ -1,0 +1,203 @@
+//! Interface events for the daemon's loop: an rtnetlink socket subscribed to `RTMGRP_LINK`
+//! reports interfaces that appear (or change) and disappear, by name and index, so the daemon
+//! can say that an interface it is attached to went away and attach again when it returns.
+
+use anyhow::{bail, Context, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+/// What happened to an interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// `RTM_NEWLINK`: the interface exists (created, or one of its attributes changed).
+    Present { ifname: String, ifindex: u32 },
+    /// `RTM_DELLINK`: the interface is gone.
+    Removed { ifname: String, ifindex: u32 },
+    /// The kernel dropped messages (the socket's buffer overflowed): the receiver should look
+    /// at its interfaces again instead of trusting the events it got.
+    Overrun,
+}
+
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const RTMGRP_LINK: u32 = 1;
+const IFLA_IFNAME: u16 = 3;
+/// `struct nlmsghdr` and `struct ifinfomsg`.
+const NLMSG_HDRLEN: usize = 16;
+const IFINFOMSG_LEN: usize = 16;
+
+/// The link events of one netlink datagram (several messages may share one).
+pub fn parse(buf: &[u8]) -> Vec<LinkEvent> {
+    let mut events = Vec::new();
+    let mut at = 0;
+    while at + NLMSG_HDRLEN <= buf.len() {
+        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
+        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap());
+        if len < NLMSG_HDRLEN || at + len > buf.len() {
+            break;
+        }
+        let msg = &buf[at + NLMSG_HDRLEN..at + len];
+        if (kind == RTM_NEWLINK || kind == RTM_DELLINK) && msg.len() >= IFINFOMSG_LEN {
+            let ifindex = i32::from_ne_bytes(msg[4..8].try_into().unwrap()) as u32;
+            if let Some(ifname) = ifname_attr(&msg[IFINFOMSG_LEN..]) {
+                events.push(match kind {
+                    RTM_NEWLINK => LinkEvent::Present { ifname, ifindex },
+                    _ => LinkEvent::Removed { ifname, ifindex },
+                });
+            }
+        }
+        at += len.div_ceil(4) * 4;
+    }
+    events
+}
+
+/// `IFLA_IFNAME` among the attributes (`struct rtattr`: length, type, payload, 4-aligned).
+fn ifname_attr(mut attrs: &[u8]) -> Option<String> {
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        if kind == IFLA_IFNAME {
+            let name = &attrs[4..len];
+            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            return Some(String::from_utf8_lossy(&name[..end]).into_owned());
+        }
+        attrs = &attrs[(len.div_ceil(4) * 4).min(attrs.len())..];
+    }
+    None
+}
+
+/// A NETLINK_ROUTE socket of the calling thread's network namespace, in the link group.
+fn open() -> Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+    };
+    if fd < 0 {
+        bail!("socket(NETLINK_ROUTE): {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_groups = RTMGRP_LINK;
+    // SAFETY: binding our socket to an address struct of the size given.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if rc != 0 {
+        bail!("binding the rtnetlink socket to RTMGRP_LINK: {}", std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Starts a task that sends every link event of this network namespace to the returned
+/// receiver. The socket is subscribed before this returns: no event after it is missed
+/// (except on an overrun, which is reported as such).
+pub fn watch() -> Result<(mpsc::Receiver<LinkEvent>, tokio::task::JoinHandle<()>)> {
+    // SAFETY: the descriptor is owned by the AsyncFd, which deregisters it before closing it.
+    let socket = unsafe { AsyncFd::register_with_interest(open()?, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+        .context("registering the rtnetlink socket")?;
+    let (tx, rx) = mpsc::channel(64);
+    let task = tokio::spawn(async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let Ok(mut ready) = socket.readable().await else { return };
+            // SAFETY: recv into a buffer we own, of its length.
+            let n = unsafe {
+                libc::recv(socket.get_ref().as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0)
+            };
+            let events = if n < 0 {
+                let err = std::io::Error::last_os_error();
+                match err.raw_os_error() {
+                    Some(libc::EAGAIN) => {
+                        ready.clear_ready();
+                        continue;
+                    }
+                    Some(libc::ENOBUFS) => vec![LinkEvent::Overrun],
+                    Some(libc::EINTR) => continue,
+                    _ => {
+                        tracing::error!("reading interface events: {err}; interfaces are no longer watched");
+                        return;
+                    }
+                }
+            } else {
+                parse(&buf[..n as usize])
+            };
+            for ev in events {
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok((rx, task))
+}
+
+/// Whether an interface of this name exists in the calling thread's network namespace.
+pub fn exists(ifname: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(ifname) else { return false };
+    // SAFETY: if_nametoindex reads a valid C string.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One RTM_*LINK message for `name` (index `index`), with an attribute before the name.
+    fn message(kind: u16, index: i32, name: &str) -> Vec<u8> {
+        let mut attrs = Vec::new();
+        // IFLA_MTU (4), 4 bytes of payload.
+        attrs.extend_from_slice(&8u16.to_ne_bytes());
+        attrs.extend_from_slice(&4u16.to_ne_bytes());
+        attrs.extend_from_slice(&1500u32.to_ne_bytes());
+        let name_len = 4 + name.len() + 1;
+        attrs.extend_from_slice(&(name_len as u16).to_ne_bytes());
+        attrs.extend_from_slice(&IFLA_IFNAME.to_ne_bytes());
+        attrs.extend_from_slice(name.as_bytes());
+        attrs.push(0);
+        attrs.resize(attrs.len().div_ceil(4) * 4, 0);
+        let mut ifinfo = vec![0u8; IFINFOMSG_LEN];
+        ifinfo[4..8].copy_from_slice(&index.to_ne_bytes());
+        let len = NLMSG_HDRLEN + ifinfo.len() + attrs.len();
+        let mut m = Vec::new();
+        m.extend_from_slice(&(len as u32).to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 10]);
+        m.extend(ifinfo);
+        m.extend(attrs);
+        m
+    }
+
+    #[test]
+    fn parses_new_and_removed_links_of_one_datagram() {
+        let mut buf = message(RTM_DELLINK, 7, "eth0");
+        buf.extend(message(RTM_NEWLINK, 9, "eth0"));
+        // Another message type is skipped.
+        buf.extend(message(20, 9, "ignored"));
+        assert_eq!(
+            parse(&buf),
+            vec![
+                LinkEvent::Removed { ifname: "eth0".into(), ifindex: 7 },
+                LinkEvent::Present { ifname: "eth0".into(), ifindex: 9 },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_truncated_message_ends_the_parse() {
+        let buf = message(RTM_NEWLINK, 3, "veth1");
+        assert!(parse(&buf[..buf.len() - 8]).is_empty());
+        assert!(parse(&buf[..10]).is_empty());
+    }
+}

@@ -1,0 +1,187 @@
+//! End to end: the daemon keeps its data plane through interface and pin changes.
+//!
+//! - The balancer's interface is deleted under a running daemon: the log says so, `lb status`
+//!   reports it detached, and when it is created again the daemon attaches to it again and
+//!   traffic flows; a start over the severed link a kept data plane left pinned replaces it.
+//! - The pin directory is removed under a running daemon: the daemon holds its link, so the
+//!   program stays attached; it notices the lost pins, says so in the log and `lb status`, and
+//!   does not claim at exit that the data plane keeps running.
+//! - `lb run --keep-dataplane` and `lb decap attach` under `ip netns exec` (a bpffs private to
+//!   the command) are refused with a message that says why and what to use instead.
+use lb_tests::e2e::*;
+use lb_tests::netns::ChildGuard;
+use lb_tests::topology::{napi_peer, Topology, TopologySpec};
+use std::time::Duration;
+
+fn config(topo: &Topology) -> String {
+    format!(
+        "{}[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\n{}",
+        zones_toml(1),
+        backends_toml(topo, false, &|_| false)
+    )
+}
+
+/// Deletes the balancer's eth0 (and its peer on the switch).
+fn delete_lb_link(topo: &Topology) {
+    topo.lb.ns.ip(&["link", "del", "eth0"]).unwrap();
+}
+
+/// Creates the balancer's eth0 again as the topology made it (same MAC, so the clients'
+/// neighbour entries stay right): veth to the switch's bridge, addresses, neighbours, and
+/// `lb_decap` on the switch-side peer (XDP_TX needs a NAPI peer, see `topology`).
+fn recreate_lb_link(topo: &Topology, prefix: &str) {
+    let peer = format!("{prefix}p1");
+    let ns = &topo.lb.ns;
+    ns.ip(&[
+        "link",
+        "add",
+        "eth0",
+        "address",
+        &topo.lb.mac,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer,
+        "netns",
+        topo.switch.name(),
+    ])
+    .unwrap();
+    topo.switch.ip(&["link", "set", &peer, "master", "br0", "up"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{}/16", topo.lb.v4), "dev", "eth0"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{}/48", topo.lb.v6), "dev", "eth0", "nodad"]).unwrap();
+    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
+    for b in &topo.backends {
+        ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"]).unwrap();
+    }
+    // The peer's link pin is the one the topology made: severed now, and replaced.
+    napi_peer(&topo.switch, &peer, std::path::Path::new(&format!("/sys/fs/bpf/lb-topo-{prefix}"))).unwrap();
+}
+
+/// A balancer with two backends serving port 80, and a daemon keeping its data plane.
+fn balancer(prefix: &str) -> (Topology, Vec<ChildGuard>, DecapGuard, Daemon) {
+    let topo = Topology::build(&TopologySpec { prefix: prefix.into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
+    let decap =
+        DecapGuard::attach(&topo, std::path::Path::new(&format!("/sys/fs/bpf/lb-test-{prefix}-decap"))).unwrap();
+    let d = Daemon::start_keeping(&topo, prefix, &config(&topo)).unwrap();
+    (topo, servers, decap, d)
+}
+
+fn link_state(d: &Daemon) -> Option<String> {
+    let st = d.status().ok()?;
+    st.links.into_iter().find(|l| l.interface == "eth0").map(|l| l.state)
+}
+
+#[test]
+fn interface_deleted_and_recreated_under_the_daemon_and_at_start() {
+    let (topo, _servers, _decap, mut d) = balancer("ln1");
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let client = topo.clients_in_zone(1).next().unwrap();
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
+    assert_eq!(link_state(&d).as_deref(), Some("attached"));
+
+    // Deleted under the running daemon: logged, and `lb status` says detached.
+    delete_lb_link(&topo);
+    wait_for("the daemon to notice eth0 is gone", Duration::from_secs(10), || {
+        link_state(&d).filter(|s| s.starts_with("detached"))
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert!(d.log().contains("interface eth0 was removed"), "{}", d.log());
+
+    // Back: attached again, traffic flows.
+    recreate_lb_link(&topo, "ln1");
+    wait_for("the daemon to attach to eth0 again", Duration::from_secs(10), || {
+        link_state(&d).filter(|s| s == "attached")
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert!(d.log().contains("interface eth0 is back"), "{}", d.log());
+    let back = wait_for("traffic through the new eth0", Duration::from_secs(20), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(back.len(), 4);
+
+    // The daemon exits keeping the data plane; the interface goes and comes back while none
+    // runs, severing the pinned link: the next start replaces it.
+    d.stop().unwrap();
+    delete_lb_link(&topo);
+    recreate_lb_link(&topo, "ln1");
+    d.restart().unwrap_or_else(|e| fail(e, &d));
+    assert!(d.log().contains("severed"), "{}", d.log());
+    assert_eq!(link_state(&d).as_deref(), Some("attached"));
+    let after = wait_for("traffic after a start over a severed link", Duration::from_secs(20), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(after.len(), 4);
+}
+
+#[test]
+fn pins_removed_under_the_daemon_are_reported_and_the_program_stays() {
+    let (topo, _servers, _decap, mut d) = balancer("ln2");
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let client = topo.clients_in_zone(1).next().unwrap();
+    let mut s = Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(d.status().unwrap().pins, "ok");
+
+    std::fs::remove_dir_all(&d.pin_dir).unwrap();
+    // The daemon holds the link: the program stays attached and keeps the connection.
+    assert_eq!(s.ask("after the pins went").unwrap_or_else(|e| fail(e, &d)), s.greeting);
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
+    let pins = wait_for("the daemon to notice the lost pins", Duration::from_secs(15), || {
+        d.status().ok().map(|st| st.pins).filter(|p| p != "ok")
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert!(pins.contains("lost"), "{pins}");
+    assert!(d.log().contains("pins") && d.log().contains("were removed"), "{}", d.log());
+
+    // Exiting cannot keep the data plane any more: the daemon says so.
+    d.stop().unwrap();
+    assert!(d.log().contains("the data plane stops with this daemon"), "{}", d.log());
+    assert!(!d.log().contains("the data plane keeps running"), "{}", d.log());
+}
+
+#[test]
+fn commands_that_pin_into_a_private_bpffs_are_refused() {
+    let topo = Topology::build(&TopologySpec { prefix: "ln3".into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let dir = std::path::PathBuf::from("/run/lb-test-ln3");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("lb.toml");
+    std::fs::write(&cfg, config(&topo)).unwrap();
+    let ip_netns_exec = |ns: &str, args: &[&str]| {
+        // A regression would run the daemon: bounded, it fails instead of hanging.
+        std::process::Command::new("timeout")
+            .args(["30", "ip", "netns", "exec", ns])
+            .arg(bin("lb"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = ip_netns_exec(
+        topo.lb.ns.name(),
+        &[
+            "run",
+            "--keep-dataplane",
+            "--interface",
+            "eth0",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--socket",
+            dir.join("lb.sock").to_str().unwrap(),
+            "--pin-dir",
+            "/sys/fs/bpf/lb-test-ln3",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
+    let out = ip_netns_exec(
+        topo.backends[0].ns.name(),
+        &["decap", "attach", "--interface", "eth0", "--pin-dir", "/sys/fs/bpf/lb-test-ln3-decap"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -117,7 +117,7 @@ fn ready_comes_after_attach_and_tables_then_watchdog_reload_and_stop() {
         seen.len() == 1 && seen[0].contains("STATUS=1 services on eth0"),
         "READY=1 is the first notification: {seen:?}"
     );
-    let attached = log.find("attached to eth0").unwrap_or_else(|| panic!("READY=1 before the attach; log:\n{log}"));
+    let attached = log.find("eth0: attached").unwrap_or_else(|| panic!("READY=1 before the attach; log:\n{log}"));
     let ready =
         log.find("ready: notifying the service manager").unwrap_or_else(|| panic!("no ready line; log:\n{log}"));
     assert!(attached < ready, "the attach is logged before READY=1; log:\n{log}");

@@ -119,7 +119,7 @@ fn a_thousand_connections_survive_flaps_reloads_drains_sighup_swaps_and_a_restar
     d.sighup().unwrap();
     wait_for("the SIGHUP reload", Duration::from_secs(30), || {
         let st = d.status().ok()?;
-        (st["services"][0]["backends"].as_array()?.len() == 8).then_some(())
+        (st.services.first()?.backends.len() == 8).then_some(())
     })
     .unwrap_or_else(|e| fail(e, &d));
     settle();

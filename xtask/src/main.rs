@@ -4,6 +4,7 @@
 //! is in place, so that a fresh machine needs nothing but this repository.
 
 mod bpffs;
+mod package;
 mod setup;
 
 use anyhow::{bail, Context, Result};
@@ -39,6 +40,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, requires = "live")]
         args: Vec<String>,
     },
+    /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
+    Package,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -59,6 +62,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Bench { live: false, .. } => bench(),
         Cmd::Bench { live: true, args } => bench_live(&args),
+        Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }
@@ -120,7 +124,7 @@ extern "C" {
 
 fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
-    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    println!("built target/release/lb (the eBPF objects are embedded; `lb --version` names their hash)");
     Ok(())
 }
 

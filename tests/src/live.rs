@@ -448,7 +448,7 @@ fn generator_program(case: Case, counter: &OwnedFd, frame: &[u8]) -> Vec<Insn> {
         insn(op::SUB_X, 2, 1, 0, 0),
         insn(op::MOV_K, 3, 0, 0, 0xffff),
         insn(op::SUB_X, 3, 9, 0, 0),
-        // bounds: data + 54 <= data_end
+        // bounds: data + FRAME_LEN <= data_end
         insn(op::LDX_W, 4, 6, 0, 0),
         insn(op::LDX_W, 5, 6, 4, 0),
         insn(op::MOV_X, 0, 4, 0, 0),

@@ -6,6 +6,8 @@ pub mod bgp;
 pub mod e2e;
 pub mod fixture;
 pub mod fixture_net;
+pub mod live;
 pub mod netns;
 pub mod packet;
+pub mod rawbpf;
 pub mod topology;

@@ -23,9 +23,15 @@ const LLVM_PREFIX: &str = "/opt/lb-toolchain/llvm";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages and a command each provides, checked before installing.
 /// (`bird2`: the scale-out tests; `prometheus`: the metrics test scrapes the daemon with the
-/// real server.)
-const DEBIAN_PACKAGES: &[(&str, &str)] =
-    &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("bird2", "bird"), ("prometheus", "prometheus")];
+/// real server; `nftables`: the live bench's nftables DNAT side and its smoke test.)
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip"),
+    ("ethtool", "ethtool"),
+    ("dnsutils", "dig"),
+    ("bird2", "bird"),
+    ("prometheus", "prometheus"),
+    ("nftables", "nft"),
+];
 
 pub fn ensure() -> Result<()> {
     pinned_nightly()?;

@@ -34,7 +34,14 @@ enum Cmd {
     /// The long reliability runs (minutes each; CI runs the short versions in `test`).
     Soak,
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
-    Bench,
+    Bench {
+        /// Instead: live traffic through `lb` against nftables DNAT in namespaces (BENCHMARKS.md).
+        #[arg(long)]
+        live: bool,
+        /// Extra arguments for `live_bench` (`--quick`, `--rounds N`, `--secs S`).
+        #[arg(trailing_var_arg = true, requires = "live")]
+        args: Vec<String>,
+    },
     /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
     Package,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
@@ -56,7 +63,8 @@ fn main() -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
         Cmd::Soak => soak(),
-        Cmd::Bench => bench(),
+        Cmd::Bench { live: false, .. } => bench(),
+        Cmd::Bench { live: true, args } => bench_live(&args),
         Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
@@ -170,6 +178,16 @@ fn bench() -> Result<()> {
         run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
         run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))
     })
+}
+
+/// Live traffic, `lb` against nftables DNAT (`tests/src/bin/live_bench.rs`). The dev profile
+/// suffices: the kernel does all the per-packet work, and it reuses the test build's cache.
+fn bench_live(args: &[String]) -> Result<()> {
+    require_root("cargo xtask bench --live")?;
+    // The bench starts the `lb` daemon, built next to it.
+    run(cargo().args(["build", "-q", "-p", "lb-user", "--bin", "lb"]))?;
+    run(cargo().args(["build", "-q", "-p", "lb-tests", "--bin", "live_bench"]))?;
+    bpffs::guarded(|| run(Command::new(workspace_root().join("target/debug/live_bench")).args(args)))
 }
 
 /// Scenes of the demo.

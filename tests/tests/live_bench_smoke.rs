@@ -1,0 +1,25 @@
+//! The live-traffic bench's harness works (`live_bench`, BENCHMARKS.md "Live traffic"): one
+//! tiny round of each system through the same namespaces. Asserts that frames reached the
+//! sinks and that `lb` forwarded them as new flows and connection-table hits; no speed.
+//! Needs root and `nft` (Debian `nftables`, installed by `cargo xtask setup`).
+
+use lb_tests::live::{round, Case, Flows, LiveTopology, Proto, System};
+
+#[test]
+fn both_systems_forward_generated_flows_to_the_sinks() {
+    let topo = LiveTopology::build("lvs", 4).expect("live topology (needs root and nftables)");
+    for proto in [Proto::Udp, Proto::Tcp] {
+        let case = Case { proto, flows: Flows::Established(100) };
+        let g = topo.generator(case).expect("generator");
+        for system in [System::Lb, System::Nft] {
+            let r = round(&topo, &g, case, system, 0.2).expect("round");
+            assert!(r.forwarded > 0, "{} {}: nothing reached the sinks: {r:?}", system.name(), case.name());
+            if let Some(c) = &r.lb_counters {
+                let n = |k: &str| c[k].as_u64().unwrap_or(0);
+                assert!(n("new_flow") >= 100, "{}: lb counted no new flows: {c}", case.name());
+                assert!(n("ct_hit") > 0, "{}: lb counted no connection-table hits: {c}", case.name());
+                assert!(n("tx") + n("redirect") > 0, "{}: lb forwarded nothing: {c}", case.name());
+            }
+        }
+    }
+}

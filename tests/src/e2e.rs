@@ -190,10 +190,31 @@ impl Daemon {
 
     /// The daemon's resident set size in KiB (`VmRSS`).
     pub fn rss_kib(&self) -> Result<u64> {
-        let pid = self.pid().ok_or_else(|| anyhow::anyhow!("daemon not running"))?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).ok_or_else(|| anyhow::anyhow!("no VmRSS"))?;
-        Ok(line.split_whitespace().nth(1).unwrap_or("0").parse()?)
+        Ok(self.usage()?.0)
+    }
+
+    /// The daemon's resident set size in KiB and its open descriptors.
+    pub fn usage(&self) -> Result<(u64, usize)> {
+        crate::load::usage(self.pid().ok_or_else(|| anyhow::anyhow!("daemon not running"))?)
+    }
+
+    /// Sends `bytes` to the control socket (then half-closes) and returns the reply line as
+    /// JSON: a request without starting the CLI, or a malformed one.
+    pub fn raw(&self, bytes: &[u8]) -> Result<serde_json::Value> {
+        let mut s = std::os::unix::net::UnixStream::connect(&self.socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        // The daemon answers (and closes) once it has seen too much: a failed write is expected.
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        serde_json::from_str(&line).with_context(|| format!("reply {line:?}"))
+    }
+
+    /// The state of eth0 in `lb status` ("attached", "detached: ...").
+    pub fn link_state(&self) -> Option<String> {
+        let st = self.status().ok()?;
+        st.links.into_iter().find(|l| l.interface == "eth0").map(|l| l.state)
     }
 
     pub fn log(&self) -> String {

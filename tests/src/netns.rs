@@ -61,8 +61,18 @@ impl Netns {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
+        self.spawn_thread(f).join().map_err(|_| anyhow::anyhow!("thread in namespace panicked"))?
+    }
+
+    /// Start `f` on a fresh thread that has entered this namespace, without waiting for it
+    /// (a load generator running while the test goes on).
+    pub fn spawn_thread<F, R>(&self, f: F) -> std::thread::JoinHandle<Result<R>>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
         let path = format!("/run/netns/{}", self.name);
-        let handle = std::thread::spawn(move || -> Result<R> {
+        std::thread::spawn(move || -> Result<R> {
             let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
             use std::os::fd::AsRawFd;
             // SAFETY: setns on a valid namespace fd; affects only this thread.
@@ -70,8 +80,7 @@ impl Netns {
                 bail!("setns({path}): {}", std::io::Error::last_os_error());
             }
             Ok(f())
-        });
-        handle.join().map_err(|_| anyhow::anyhow!("thread in namespace panicked"))?
+        })
     }
 }
 

@@ -214,6 +214,44 @@ impl Topology {
         Ok(Topology { lb, clients, backends, switch, _peer_pins: peer_pins })
     }
 
+    /// Deletes the balancer's eth0 (and its peer on the switch).
+    pub fn delete_lb_link(&self) {
+        self.lb.ns.ip(&["link", "del", "eth0"]).unwrap();
+    }
+
+    /// Creates the balancer's eth0 again as [`Topology::build`] made it (`prefix` of its spec;
+    /// same MAC, so the clients' neighbour entries stay right): veth to the switch's bridge,
+    /// addresses, neighbours, and `lb_decap` on the switch-side peer (XDP_TX needs a NAPI peer).
+    pub fn recreate_lb_link(&self, prefix: &str) {
+        let peer = format!("{prefix}p1");
+        let ns = &self.lb.ns;
+        ns.ip(&[
+            "link",
+            "add",
+            "eth0",
+            "address",
+            &self.lb.mac,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+            "netns",
+            self.switch.name(),
+        ])
+        .unwrap();
+        self.switch.ip(&["link", "set", &peer, "master", "br0", "up"]).unwrap();
+        ns.ip(&["addr", "add", &format!("{}/16", self.lb.v4), "dev", "eth0"]).unwrap();
+        ns.ip(&["addr", "add", &format!("{}/48", self.lb.v6), "dev", "eth0", "nodad"]).unwrap();
+        ns.ip(&["link", "set", "eth0", "up"]).unwrap();
+        for b in &self.backends {
+            ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"])
+                .unwrap();
+        }
+        // The peer's link pin is the one the topology made: severed now, and replaced.
+        napi_peer(&self.switch, &peer, &self._peer_pins.0).unwrap();
+    }
+
     pub fn clients_in_zone(&self, zone: usize) -> impl Iterator<Item = &Host> {
         self.clients.iter().filter(move |c| c.zone == zone)
     }

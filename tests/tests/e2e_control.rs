@@ -8,18 +8,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-/// Sends `bytes` (then half-closes) and returns the reply line as JSON.
-fn raw(socket: &std::path::Path, bytes: &[u8]) -> serde_json::Value {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    // The daemon answers (and closes) once it has seen too much: a failed write is expected.
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-}
-
 #[test]
 fn stalled_oversized_and_non_utf8_clients() {
     let topo = Topology::build(&TopologySpec { prefix: "ctl".into(), zones: vec![(1, 2)], outside_clients: 0 })
@@ -64,10 +52,10 @@ fn stalled_oversized_and_non_utf8_clients() {
     let after = d.rss_kib().unwrap();
     assert!(after < before + 16 * 1024, "RSS {before} KiB -> {after} KiB after an oversized request");
 
-    let resp = raw(&d.socket, b"\xff\xfe{\"request\":\"status\"}\n");
+    let resp = d.raw(b"\xff\xfe{\"request\":\"status\"}\n").unwrap();
     assert_eq!(resp["ok"], false, "{resp}");
     assert!(resp["error"].as_str().unwrap().contains("not UTF-8"), "{resp}");
-    let resp = raw(&d.socket, b"{\"request\":\"status\"}\n");
+    let resp = d.raw(b"{\"request\":\"status\"}\n").unwrap();
     assert_eq!(resp["ok"], true, "{resp}");
 
     // Audit lines: operator actions, accepted and refused, and a health change with the

@@ -10,7 +10,7 @@
 //!   the command) are refused with a message that says why and what to use instead.
 use lb_tests::e2e::*;
 use lb_tests::netns::ChildGuard;
-use lb_tests::topology::{napi_peer, Topology, TopologySpec};
+use lb_tests::topology::{Topology, TopologySpec};
 use std::time::Duration;
 
 fn config(topo: &Topology) -> String {
@@ -19,43 +19,6 @@ fn config(topo: &Topology) -> String {
         zones_toml(1),
         backends_toml(topo, false, &|_| false)
     )
-}
-
-/// Deletes the balancer's eth0 (and its peer on the switch).
-fn delete_lb_link(topo: &Topology) {
-    topo.lb.ns.ip(&["link", "del", "eth0"]).unwrap();
-}
-
-/// Creates the balancer's eth0 again as the topology made it (same MAC, so the clients'
-/// neighbour entries stay right): veth to the switch's bridge, addresses, neighbours, and
-/// `lb_decap` on the switch-side peer (XDP_TX needs a NAPI peer, see `topology`).
-fn recreate_lb_link(topo: &Topology, prefix: &str) {
-    let peer = format!("{prefix}p1");
-    let ns = &topo.lb.ns;
-    ns.ip(&[
-        "link",
-        "add",
-        "eth0",
-        "address",
-        &topo.lb.mac,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &peer,
-        "netns",
-        topo.switch.name(),
-    ])
-    .unwrap();
-    topo.switch.ip(&["link", "set", &peer, "master", "br0", "up"]).unwrap();
-    ns.ip(&["addr", "add", &format!("{}/16", topo.lb.v4), "dev", "eth0"]).unwrap();
-    ns.ip(&["addr", "add", &format!("{}/48", topo.lb.v6), "dev", "eth0", "nodad"]).unwrap();
-    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
-    for b in &topo.backends {
-        ns.ip(&["neigh", "replace", &b.v4.to_string(), "lladdr", &b.mac, "dev", "eth0", "nud", "permanent"]).unwrap();
-    }
-    // The peer's link pin is the one the topology made: severed now, and replaced.
-    napi_peer(&topo.switch, &peer, std::path::Path::new(&format!("/sys/fs/bpf/lb-topo-{prefix}"))).unwrap();
 }
 
 /// A balancer with two backends serving port 80, and a daemon keeping its data plane.
@@ -69,31 +32,26 @@ fn balancer(prefix: &str) -> (Topology, Vec<ChildGuard>, DecapGuard, Daemon) {
     (topo, servers, decap, d)
 }
 
-fn link_state(d: &Daemon) -> Option<String> {
-    let st = d.status().ok()?;
-    st.links.into_iter().find(|l| l.interface == "eth0").map(|l| l.state)
-}
-
 #[test]
 fn interface_deleted_and_recreated_under_the_daemon_and_at_start() {
     let (topo, _servers, _decap, mut d) = balancer("ln1");
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
     let client = topo.clients_in_zone(1).next().unwrap();
     assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
-    assert_eq!(link_state(&d).as_deref(), Some("attached"));
+    assert_eq!(d.link_state().as_deref(), Some("attached"));
 
     // Deleted under the running daemon: logged, and `lb status` says detached.
-    delete_lb_link(&topo);
+    topo.delete_lb_link();
     wait_for("the daemon to notice eth0 is gone", Duration::from_secs(10), || {
-        link_state(&d).filter(|s| s.starts_with("detached"))
+        d.link_state().filter(|s| s.starts_with("detached"))
     })
     .unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("interface eth0 was removed"), "{}", d.log());
 
     // Back: attached again, traffic flows.
-    recreate_lb_link(&topo, "ln1");
+    topo.recreate_lb_link("ln1");
     wait_for("the daemon to attach to eth0 again", Duration::from_secs(10), || {
-        link_state(&d).filter(|s| s == "attached")
+        d.link_state().filter(|s| s == "attached")
     })
     .unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("interface eth0 is back"), "{}", d.log());
@@ -106,11 +64,11 @@ fn interface_deleted_and_recreated_under_the_daemon_and_at_start() {
     // The daemon exits keeping the data plane; the interface goes and comes back while none
     // runs, severing the pinned link: the next start replaces it.
     d.stop().unwrap();
-    delete_lb_link(&topo);
-    recreate_lb_link(&topo, "ln1");
+    topo.delete_lb_link();
+    topo.recreate_lb_link("ln1");
     d.restart().unwrap_or_else(|e| fail(e, &d));
     assert!(d.log().contains("severed"), "{}", d.log());
-    assert_eq!(link_state(&d).as_deref(), Some("attached"));
+    assert_eq!(d.link_state().as_deref(), Some("attached"));
     let after = wait_for("traffic after a start over a severed link", Duration::from_secs(20), || {
         tcp_spread(client, vip(false, 80), 4).ok()
     })

@@ -797,6 +797,9 @@ impl Daemon {
                 self.detached.remove(ifname);
                 tracing::info!("interface {ifname} is back: {how}");
             }
+            // Gone again by now: a link going away is first reported changed (down), then
+            // removed; that is no failed return.
+            Err(_) if !links::exists(ifname) => self.note_removed(ifname),
             Err(e) => tracing::error!("interface {ifname} is back, but attaching to it failed (retried at its next change and every few seconds): {e:#}"),
         }
     }

@@ -224,6 +224,11 @@ fn names_a_field(err: &anyhow::Error, key: Option<&str>) -> bool {
         .is_some_and(|c| !c.violations().is_empty() && c.violations().iter().all(|v| !v.field.is_empty()))
 }
 
+/// `LB_FUZZ_CASES`, else the CI's number.
+fn cases() -> u64 {
+    std::env::var("LB_FUZZ_CASES").ok().map(|c| c.parse().expect("LB_FUZZ_CASES")).unwrap_or(CI_CASES)
+}
+
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -243,7 +248,7 @@ impl Drop for TempDir {
 #[test]
 fn mutated_examples_load_or_fail_naming_the_field() {
     let seed = fuzz::seed_from_env(fuzz::DEFAULT_SEED);
-    let cases: u64 = std::env::var("LB_FUZZ_CASES").ok().map(|c| c.parse().expect("LB_FUZZ_CASES")).unwrap_or(CI_CASES);
+    let cases = cases();
     eprintln!("hostile config: LB_FUZZ_SEED={seed:#x} LB_FUZZ_CASES={cases}");
     let examples = examples();
     let tmp = TempDir::new("hostile-config");
@@ -285,7 +290,7 @@ fn raw_byte_mutations_never_panic_or_hang() {
     let tmp = TempDir::new("hostile-config-raw");
     let mut rng = SplitMix64(seed ^ 0x5a5a);
     let texts: Vec<Vec<u8>> = examples().iter().map(|(p, _)| std::fs::read(p).unwrap()).collect();
-    for n in 0..CI_CASES {
+    for n in 0..cases() {
         let mut t = texts[rng.below(texts.len() as u64) as usize].clone();
         for _ in 0..1 + rng.below(4) {
             let i = rng.below(t.len() as u64) as usize;

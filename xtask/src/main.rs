@@ -1,10 +1,11 @@
-//! `cargo xtask setup|build|test|bench|demo`: the project's one entry point for tooling.
+//! `cargo xtask setup|build|test|soak|bench|demo`: the project's one entry point for tooling.
 //!
 //! Every command first runs `setup`, which is idempotent and takes seconds once the toolchain
 //! is in place, so that a fresh machine needs nothing but this repository.
 
 mod bpffs;
 mod setup;
+mod soak;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// The long versions of the reliability tests (needs root; run under the suite lock).
+    Soak(soak::Args),
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
     Bench,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
@@ -50,6 +53,7 @@ fn main() -> Result<()> {
         Cmd::Setup => Ok(()),
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
+        Cmd::Soak(args) => soak::soak(&args),
         Cmd::Bench => bench(),
         Cmd::Demo { scene } => demo(scene),
     }

@@ -4,6 +4,7 @@
 //! is in place, so that a fresh machine needs nothing but this repository.
 
 mod bpffs;
+mod package;
 mod setup;
 mod soak;
 
@@ -35,6 +36,8 @@ enum Cmd {
     Soak(soak::Args),
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
     Bench,
+    /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
+    Package,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -55,6 +58,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Soak(args) => soak::soak(&args),
         Cmd::Bench => bench(),
+        Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }
@@ -116,7 +120,7 @@ extern "C" {
 
 fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
-    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    println!("built target/release/lb (the eBPF objects are embedded; `lb --version` names their hash)");
     Ok(())
 }
 

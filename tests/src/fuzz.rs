@@ -573,72 +573,66 @@ pub fn check_forwarded(e: &Expect, input: &[u8], out: &[u8], redirect: bool) -> 
     let out_et = u16::from_be_bytes([out[12], out[13]]);
     let macs = if redirect { e.redirect_macs } else { e.tx_macs };
     let ip = &out[14..];
-    match out_et {
-        ETH_P_IP if ip.len() >= 20 && ip[9] == 4 => {
-            if et != ETH_P_IP {
-                return Err("IPIP of a non-IPv4 frame".into());
-            }
-            if (out[..6] != macs.0) || out[6..12] != macs.1 {
-                return Err(format!("IPIP with MACs {:02x?}", &out[..12]));
-            }
-            let inner = &input[l3..];
-            let len = datagram_len(inner, false)?;
-            let want_hdr = {
-                let mut h = V4::new(e.encap_src4, Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]), 4);
-                h.id = u16::from_be_bytes([inner[4], inner[5]]);
-                h.tos = inner[1];
-                h.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
-                h.build(&[])
-            };
-            let mut got_hdr = ip[..20].to_vec();
-            got_hdr[2..4].copy_from_slice(&[0, 20]);
-            got_hdr[10..12].copy_from_slice(&[0, 0]);
-            let mut want = want_hdr.clone();
-            want[10..12].copy_from_slice(&[0, 0]);
-            if got_hdr != want || !ipv4_checksum_ok(ip) || u16::from_be_bytes([ip[2], ip[3]]) as usize != 20 + len {
-                return Err(format!("outer IPv4 header {:02x?} wrong (inner length {len})", &ip[..20]));
-            }
-            if ip[20..] != *inner {
-                return Err("inner datagram changed".into());
-            }
-            let dst = IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
-            if !e.backends.contains(&dst) {
-                return Err(format!("IPIP to {dst}, not a backend"));
-            }
-            Ok(Forwarded::Encap(dst))
-        }
-        ETH_P_IPV6 if ip.len() >= 40 && ip[6] == 41 => {
-            if et != ETH_P_IPV6 {
-                return Err("IP6IP6 of a non-IPv6 frame".into());
-            }
-            if (out[..6] != macs.0) || out[6..12] != macs.1 {
-                return Err(format!("IP6IP6 with MACs {:02x?}", &out[..12]));
-            }
-            let inner = &input[l3..];
-            let len = datagram_len(inner, true)?;
-            let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).expect("16 bytes"));
-            let dst = IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).expect("16 bytes")));
-            let tclass = ((u16::from_be_bytes([ip[0], ip[1]]) >> 4) & 0xff) as u8;
-            let inner_tclass = ((u16::from_be_bytes([inner[0], inner[1]]) >> 4) & 0xff) as u8;
-            if ip[0] >> 4 != 6
-                || tclass != inner_tclass
-                || u16::from_be_bytes([ip[4], ip[5]]) as usize != len
-                || ip[7] != 64
-                || src != e.encap_src6
-            {
-                return Err(format!("outer IPv6 header {:02x?} wrong (inner length {len})", &ip[..40]));
-            }
-            if ip[40..] != *inner {
-                return Err("inner datagram changed".into());
-            }
-            if !e.backends.contains(&dst) {
-                return Err(format!("IP6IP6 to {dst}, not a backend"));
-            }
-            Ok(Forwarded::Encap(dst))
-        }
-        ETH_P_IP | ETH_P_IPV6 if !redirect => check_too_big(input, out).map(|_| Forwarded::TooBig),
-        _ => Err(format!("unrecognised output (ethertype {out_et:#06x})")),
+    let v6 = match out_et {
+        ETH_P_IP if ip.len() >= 20 && ip[9] == 4 => false,
+        ETH_P_IPV6 if ip.len() >= 40 && ip[6] == 41 => true,
+        ETH_P_IP | ETH_P_IPV6 if !redirect => return check_too_big(input, out).map(|_| Forwarded::TooBig),
+        _ => return Err(format!("unrecognised output (ethertype {out_et:#06x})")),
+    };
+    if et != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
+        return Err(format!("encapsulation (IPv6 outer: {v6}) of a frame of ethertype {et:#06x}"));
     }
+    if out[..6] != macs.0 || out[6..12] != macs.1 {
+        return Err(format!("encapsulation with MACs {:02x?}", &out[..12]));
+    }
+    let inner = &input[l3..];
+    let len = datagram_len(inner, v6)?;
+    let (hdr_len, dst) = if v6 { outer6(e, ip, inner, len)? } else { outer4(e, ip, inner, len)? };
+    if ip[hdr_len..] != *inner {
+        return Err("inner datagram changed".into());
+    }
+    if !e.backends.contains(&dst) {
+        return Err(format!("encapsulated to {dst}, not a backend"));
+    }
+    Ok(Forwarded::Encap(dst))
+}
+
+/// The outer IPv4 header of an IPIP packet carrying `inner` (`len` bytes): source, TTL 64,
+/// TOS, identification and DF from the inner header, length and checksum. Returns its length
+/// and destination.
+fn outer4(e: &Expect, ip: &[u8], inner: &[u8], len: usize) -> Result<(usize, IpAddr), String> {
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let mut want = V4::new(e.encap_src4, dst, 4);
+    want.id = u16::from_be_bytes([inner[4], inner[5]]);
+    want.tos = inner[1];
+    want.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
+    let mut want = want.build(&[]);
+    let mut got = ip[..20].to_vec();
+    got[2..4].copy_from_slice(&[0, 20]);
+    for h in [&mut got, &mut want] {
+        h[10..12].copy_from_slice(&[0, 0]);
+    }
+    if got != want || !ipv4_checksum_ok(ip) || u16::from_be_bytes([ip[2], ip[3]]) as usize != 20 + len {
+        return Err(format!("outer IPv4 header {:02x?} wrong (inner length {len})", &ip[..20]));
+    }
+    Ok((20, dst.into()))
+}
+
+/// The outer IPv6 header of an IP6IP6 packet carrying `inner` (`len` bytes): source, hop limit
+/// 64, the inner traffic class, payload length.
+fn outer6(e: &Expect, ip: &[u8], inner: &[u8], len: usize) -> Result<(usize, IpAddr), String> {
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).expect("16 bytes"));
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).expect("16 bytes"));
+    let tclass = |h: &[u8]| ((u16::from_be_bytes([h[0], h[1]]) >> 4) & 0xff) as u8;
+    if ip[0] >> 4 != 6
+        || tclass(ip) != tclass(inner)
+        || u16::from_be_bytes([ip[4], ip[5]]) as usize != len
+        || ip[7] != 64
+        || src != e.encap_src6
+    {
+        return Err(format!("outer IPv6 header {:02x?} wrong (inner length {len})", &ip[..40]));
+    }
+    Ok((40, dst.into()))
 }
 
 /// An ICMP "fragmentation needed" / ICMPv6 "packet too big" for the untagged `input`: MACs

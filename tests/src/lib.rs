@@ -9,4 +9,5 @@ pub mod fixture_net;
 pub mod fuzz;
 pub mod netns;
 pub mod packet;
+pub mod pinned;
 pub mod topology;

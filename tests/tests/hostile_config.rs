@@ -342,3 +342,78 @@ fn a_hundred_thousand_backends_load_and_plan() {
         Err(e) => assert!(names_a_field(&e, Some("backend")), "refused without naming the field: {e:#}"),
     }
 }
+
+/// Maps a refused reload must leave as they were: all pinned maps but the counters (`STATS`,
+/// `CLASS_STATS`, `BACKEND_STATS`: the health checks' replies cross the program) and the
+/// connection tables (written per packet by the kernel, not by a reload; this test sends no
+/// traffic to the VIP, and their dump would be the bulk of the time).
+const NOT_COMPARED: [&str; 5] = ["STATS", "CLASS_STATS", "BACKEND_STATS", "CONNTRACK", "CONNTRACK4"];
+
+/// A running daemon refuses hostile reloads (mutations of its own configuration that the
+/// loader refuses, and broken TOML), by `lb reload` and by SIGHUP in turn; afterwards
+/// `lb status --json` is the same text, byte for byte, and the pinned maps hold the same
+/// bytes. (`lb status` carries no counters or clocks, so nothing in it is masked.)
+#[test]
+#[ignore = "not yet green: its first run timed out waiting for the backends' health (rel-fuzz report)"]
+fn refused_reloads_leave_status_and_tables_byte_for_byte() {
+    use lb_tests::e2e::{service_toml, start_server, wait_for, zones_toml, Daemon};
+    use lb_tests::topology::{Topology, TopologySpec};
+
+    let seed = fuzz::seed_from_env(fuzz::DEFAULT_SEED);
+    eprintln!("hostile reload: LB_FUZZ_SEED={seed:#x}");
+    let topo = Topology::build(&TopologySpec { prefix: "hc1".into(), zones: vec![(1, 2), (1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
+    let stay = "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_STAY_WITHIN_ZONE\"\n";
+    let good = zones_toml(2) + &service_toml(&topo, "web", false, "", stay, 80, &|_| false);
+    let d = Daemon::start(&topo, "hc1", &good).unwrap();
+    let fail = |e: anyhow::Error| -> ! { panic!("LB_FUZZ_SEED={seed:#x}: {e:#}\n{}", d.diagnostics()) };
+    // Health settles first (backends start healthy; their checks must keep them so).
+    let status = || d.cli(&["status", "--json"]).unwrap_or_else(|e| fail(e));
+    wait_for("every backend healthy", Duration::from_secs(60), || {
+        let s: serde_json::Value = serde_json::from_str(&status()).ok()?;
+        let backends = s["services"][0]["backends"].as_array()?.clone();
+        backends.iter().all(|b| b["health"] == "healthy").then_some(())
+    })
+    .unwrap_or_else(|e| fail(e));
+    let status_before = status();
+    let maps_before = lb_tests::pinned::dump(&d.pin_dir, &NOT_COMPARED).unwrap_or_else(|e| fail(e));
+    assert!(maps_before.contains_key("TABLES") && maps_before.contains_key("BACKENDS"), "{:?}", maps_before.keys());
+
+    // Bad files: mutations of the running configuration the loader refuses, then broken TOML.
+    let base: Value = good.parse().expect("the running configuration is TOML");
+    let mut rng = SplitMix64(seed);
+    let mut bad = Vec::new();
+    while bad.len() < 10 {
+        let mut doc = base.clone();
+        let (what, key) = mutate(&mut rng, &mut doc);
+        if let Ok(text) = toml::to_string(&doc) {
+            if Config::parse(&text).is_err() {
+                bad.push((format!("{what} at {key:?}"), text));
+            }
+        }
+    }
+    bad.push(("broken TOML".into(), good.replacen("protocol = \"TCP\"", "protocol = \"TCP", 1)));
+    for (i, (what, text)) in bad.iter().enumerate() {
+        d.rewrite_config(text).unwrap();
+        if i % 2 == 0 {
+            if let Ok(out) = d.cli(&["reload"]) {
+                panic!("LB_FUZZ_SEED={seed:#x}: reload of a bad file ({what}) succeeded: {out}\n{text}");
+            }
+        } else {
+            let refusals = || d.log().matches("reload refused").count();
+            let before = refusals();
+            d.sighup().unwrap();
+            wait_for(&format!("SIGHUP refusal of {what} in the log"), Duration::from_secs(30), || {
+                (refusals() > before).then_some(())
+            })
+            .unwrap_or_else(|e| fail(e));
+        }
+        assert_eq!(status(), status_before, "LB_FUZZ_SEED={seed:#x}: status changed by refusing {what}");
+        let maps = lb_tests::pinned::dump(&d.pin_dir, &NOT_COMPARED).unwrap_or_else(|e| fail(e));
+        for (name, pairs) in &maps_before {
+            assert!(maps.get(name) == Some(pairs), "LB_FUZZ_SEED={seed:#x}: map {name} changed by refusing {what}");
+        }
+        assert_eq!(maps.len(), maps_before.len(), "the same maps are pinned");
+    }
+}

@@ -6,6 +6,7 @@
 mod bpffs;
 mod package;
 mod setup;
+mod soak;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -31,8 +32,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// The long reliability runs (minutes each; CI runs the short versions in `test`).
-    Soak,
+    /// The long versions of the reliability tests (needs root; run under the suite lock).
+    Soak(soak::Args),
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
     Bench {
         /// Instead: live traffic through `lb` against nftables DNAT in namespaces (BENCHMARKS.md).
@@ -62,7 +63,7 @@ fn main() -> Result<()> {
         Cmd::Setup => Ok(()),
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
-        Cmd::Soak => soak(),
+        Cmd::Soak(args) => soak::soak(&args),
         Cmd::Bench { live: false, .. } => bench(),
         Cmd::Bench { live: true, args } => bench_live(&args),
         Cmd::Package => package::package(&root),
@@ -147,25 +148,6 @@ fn lint() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args(["fmt", "--manifest-path", "lb-ebpf/Cargo.toml", "--all", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
-}
-
-fn soak() -> Result<()> {
-    require_root("cargo xtask soak")?;
-    soak_load()
-}
-
-/// Change under load, the DNS front under garbage, the daemon under churn (issue 19 items 3-5):
-/// the same tests CI runs, at their soak sizes (`LB_SOAK=1`: 500 reloads and 10 health flaps
-/// under 1,000 connections; 200,000 garbage messages; 1,000 reloads, 100,000 control requests
-/// and 20 interface cycles), one at a time, printing their tables and measurements.
-fn soak_load() -> Result<()> {
-    let mut cmd = cargo();
-    cmd.env("LB_SOAK", "1").args(["test", "-p", "lb-tests"]);
-    for t in ["e2e_change_under_load", "e2e_dns_garbage", "e2e_churn"] {
-        cmd.args(["--test", t]);
-    }
-    cmd.args(["--", "--nocapture", "--test-threads=1"]);
-    bpffs::guarded(|| run(&mut cmd))
 }
 
 fn bench() -> Result<()> {

@@ -47,10 +47,15 @@ pub fn dump(dir: &Path, skip: &[&str]) -> Result<Dump> {
         if skip.contains(&name.as_str()) || !path.is_file() {
             continue;
         }
-        // Links and programs are pinned there too: only maps have map info.
-        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else { continue };
-        let data = aya::maps::MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        // Links and programs are pinned there too, and the kernel answers a map-info request
+        // on a link's descriptor as well: a map's fdinfo is what tells them apart.
+        let Ok(data) = aya::maps::MapData::from_pin(&path) else { continue };
         let fd = data.fd().as_fd().as_raw_fd() as u32;
+        let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+        if !fdinfo.lines().any(|l| l.starts_with("map_type:")) {
+            continue;
+        }
+        let info = data.info().with_context(|| format!("reading the map info of {}", path.display()))?;
         let key_size = info.key_size() as usize;
         let mut value_size = info.value_size() as usize;
         if PERCPU_TYPES.contains(&(info.map_type().map(|t| t as u32).unwrap_or(0))) {

@@ -8,9 +8,8 @@
 //! recently seen of the 16, so the table behaves like an LRU per pair of buckets. Closed
 //! connections are not removed (as with the LRU hash before), so a busy table fills up and
 //! every new flow then evicts: the least recently seen of its 16 candidates, which keeps active
-//! flows as long as the table has at least a third more slots than flows are active
-//! ([`buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
-//! candidates all taken by live flows, BENCHMARKS.md).
+//! flows as long as they fill at most half the slots ([`buckets_for`] sizes tables so: filled
+//! that far, no bucket in a simulation of 2^20 flows was even full).
 //!
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
 //! takes the slot by setting [`state::WRITING`] with a compare-and-swap, writes, then
@@ -168,11 +167,17 @@ pub fn buckets<S: Slot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 
-/// Buckets for a table of `entries` flows: at least a third more slots, rounded up to a power
-/// of two buckets (so 4/3 to 8/3 slots per flow; 2^21 slots for 2^20 flows).
+/// Buckets for a table of `entries` flows: at least twice as many slots, rounded up to a power
+/// of two buckets (so 2 to 4 slots per flow; 2^21 slots for 2^20 flows).
+///
+/// Twice, not a third more: filled with its configured number of flows a table is then at most
+/// half full, where the two-choice placement of [`victim`] leaves no bucket even full (unit
+/// test `no_flow_is_evicted_at_the_worst_case_configured_size`), so no flow can meet two full
+/// buckets. At 3/4 of the slots (the fullest the former 4/3 rule made a table) a few flows in
+/// 10^5 did and were evicted while alive (issue 17). The power-of-two sizes are the worst case
+/// and cost what they did before (2^20 flows: 2^18 buckets).
 pub const fn buckets_for(entries: u32) -> u32 {
-    let slots = (entries as u64 * 4).div_ceil(3);
-    let buckets = slots.div_ceil(WAYS as u64);
+    let buckets = (entries as u64 * 2).div_ceil(WAYS as u64);
     let mut b = 1u64;
     while b < buckets {
         b *= 2;
@@ -279,9 +284,9 @@ pub struct Victim {
 /// The less loaded bucket, not simply the first with room: with the first-fit rule the first
 /// buckets fill up and a table below capacity already evicts live flows (0.69 % of the flows
 /// at 71.5 % of slots); choosing the less loaded of two keeps the buckets even (two choices).
-/// Filled with its configured number of flows, a table (see [`buckets_for`]) then evicts
-/// none at half its slots (a power-of-two capacity) and about 1.5e-5 of them at 3/4 of its
-/// slots, the fullest a configured number makes it (unit tests below).
+/// Filled with its configured number of flows, a table (see [`buckets_for`]: at most half its
+/// slots) then evicts none; at 3/4 of its slots it would evict about 1.5e-5 of them (unit tests
+/// below).
 #[inline(always)]
 pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Victim {
     let st = search;
@@ -355,16 +360,19 @@ mod tests {
     }
 
     #[test]
-    fn sizing_leaves_a_quarter_free_and_is_a_power_of_two() {
+    fn sizing_leaves_half_free_and_is_a_power_of_two() {
         assert_eq!(buckets_for(1), 1);
-        assert_eq!(buckets_for(6), 1);
-        assert_eq!(buckets_for(7), 2);
-        // 2^20 flows: 2^20 * 4/3 / 8 = 174763 buckets -> 2^18.
+        assert_eq!(buckets_for(4), 1);
+        assert_eq!(buckets_for(5), 2);
+        // 2^20 flows: 2^21 slots, 2^18 buckets (as with the former 4/3 rule).
         assert_eq!(buckets_for(1 << 20), 1 << 18);
+        assert_eq!(buckets_for((1 << 20) + 1), 1 << 19);
+        // The largest configurable size (lb-user MAX_CONNTRACK_ENTRIES) takes no more than before.
+        assert_eq!(buckets_for(1 << 24), 1 << 22);
         for n in [1, 100, 65536, 1_000_000, u32::MAX] {
             let b = buckets_for(n) as u64;
             assert!(b.is_power_of_two());
-            assert!(b * WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
+            assert!(b * WAYS as u64 >= n as u64 * 2 || b == 1 << 31, "{n}");
         }
     }
 
@@ -461,16 +469,15 @@ mod tests {
         assert_eq!(victim([&b0, &b1], &key4(99), st).index, 11);
     }
 
-    /// Fills a table of `buckets_for(flows)` buckets with `flows` distinct flows through
-    /// `victim` and returns the number of flows evicted.
-    fn fill(flows: u32, configured: u32) -> usize {
-        let n = buckets_for(configured);
-        let mut table = vec![Bucket4::default(); n as usize];
+    /// Fills a table of `buckets` buckets with `flows` distinct flows through `victim`; returns
+    /// the number of flows evicted and the number of full buckets.
+    fn fill(flows: u32, buckets: u32) -> (usize, usize) {
+        let mut table = vec![Bucket4::default(); buckets as usize];
         let mut st = Search::default();
         let mut evicted = 0;
         for i in 0..flows {
             let key = CtKey4 { src: i.wrapping_mul(0x9e37_79b9), ..key4(0) };
-            let [a, b] = buckets::<Slot4>(&key, 0x5eed, n - 1);
+            let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
             let (ba, bb) = (table[a as usize], table[b as usize]);
             let v = victim([&ba, &bb], &key, &mut st);
             evicted += v.evicts as usize;
@@ -478,17 +485,29 @@ mod tests {
                 if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
             table[which as usize].slots[way] = live(key, i as u64);
         }
-        evicted
+        let full = table.iter().filter(|b| b.slots.iter().all(|s| s.state & state::LIVE != 0)).count();
+        (evicted, full)
     }
 
     #[test]
     fn the_configured_number_of_flows_fits_without_eviction() {
-        // 2^18 flows in 2^16 buckets: half the slots, as for every power-of-two capacity.
-        assert_eq!(fill(1 << 18, 1 << 18), 0);
-        // The most flows that size is made for, 3/4 of the slots: a few flows meet two full
+        // A power-of-two capacity fills half the slots.
+        assert_eq!(fill(1 << 18, buckets_for(1 << 18)).0, 0);
+        // At 3/4 of the slots (what the former 4/3 rule allowed) a few flows meet two full
         // buckets (6 of 393,216 here, 1.5e-5; first fit lost 0.69 % at 71.5 %, issue 17).
-        assert_eq!(buckets_for(6 << 16), 1 << 16);
-        assert!(fill(6 << 16, 6 << 16) <= 8);
+        assert!(fill(6 << 16, 1 << 16).0 <= 8);
+    }
+
+    /// Issue 17.1 at the worst case: the configured sizes that fill a table the most are the
+    /// powers of two (half the slots; every other size fills less, a size just above a power
+    /// of two a quarter). Filled with the default 2^20 flows, the table has not one full
+    /// bucket, so no flow met two.
+    #[test]
+    fn no_flow_is_evicted_at_the_worst_case_configured_size() {
+        for configured in (1..=1 << 12).chain([(1 << 20) - 1, 1 << 20, (1 << 20) + 1, 1 << 24]) {
+            assert!(buckets_for(configured) as u64 * WAYS as u64 >= 2 * configured as u64, "{configured}");
+        }
+        assert_eq!(fill(1 << 20, buckets_for(1 << 20)), (0, 0));
     }
 
     #[test]

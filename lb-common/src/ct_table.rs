@@ -8,9 +8,8 @@
 //! recently seen of the 16, so the table behaves like an LRU per pair of buckets. Closed
 //! connections are not removed (as with the LRU hash before), so a busy table fills up and
 //! every new flow then evicts: the least recently seen of its 16 candidates, which keeps active
-//! flows as long as the table has at least a third more slots than flows are active
-//! ([`buckets_for`]; in a simulation of that load, one new flow in 10^5 found its 16
-//! candidates all taken by live flows, BENCHMARKS.md).
+//! flows as long as they fill at most half the slots ([`buckets_for`] sizes tables so: filled
+//! that far, no bucket in a simulation of 2^20 flows was even full).
 //!
 //! Each slot's `state` word guards it against concurrent writers on other CPUs: a writer
 //! takes the slot by setting [`state::WRITING`] with a compare-and-swap, writes, then
@@ -168,11 +167,17 @@ pub fn buckets<S: Slot>(key: &S::Key, seed: u64, mask: u32) -> [u32; 2] {
     [h as u32 & mask, (h >> 32) as u32 & mask]
 }
 
-/// Buckets for a table of `entries` flows: at least a third more slots, rounded up to a power
-/// of two buckets (so 4/3 to 8/3 slots per flow; 2^21 slots for 2^20 flows).
+/// Buckets for a table of `entries` flows: at least twice as many slots, rounded up to a power
+/// of two buckets (so 2 to 4 slots per flow; 2^21 slots for 2^20 flows).
+///
+/// Twice, not a third more: filled with its configured number of flows a table is then at most
+/// half full, where the two-choice placement of [`victim`] leaves no bucket even full (unit
+/// test `no_flow_is_evicted_at_the_worst_case_configured_size`), so no flow can meet two full
+/// buckets. At 3/4 of the slots (the fullest the former 4/3 rule made a table) a few flows in
+/// 10^5 did and were evicted while alive (issue 17). The power-of-two sizes are the worst case
+/// and cost what they did before (2^20 flows: 2^18 buckets).
 pub const fn buckets_for(entries: u32) -> u32 {
-    let slots = (entries as u64 * 4).div_ceil(3);
-    let buckets = slots.div_ceil(WAYS as u64);
+    let buckets = (entries as u64 * 2).div_ceil(WAYS as u64);
     let mut b = 1u64;
     while b < buckets {
         b *= 2;
@@ -202,10 +207,10 @@ pub struct Search {
     /// That slot's state when the search saw it: a writer takes the slot only from this state,
     /// so a slot another CPU wrote since the search is left alone.
     pub state: u32,
-    /// Per candidate bucket: its first slot without a flow and without a writer, or
-    /// [`NO_SLOT`].
+    /// Per candidate bucket: its first slot without a writer and without a live flow (empty,
+    /// or its flow idle: see [`victim`]), or [`NO_SLOT`].
     pub free: [u8; 2],
-    /// Per candidate bucket: its slots without a flow and without a writer.
+    /// Per candidate bucket: its slots without a writer and without a live flow.
     pub free_count: [u8; 2],
     pub _pad: u32,
     /// `last_seen_ns` of the least recently seen flow so far.
@@ -266,24 +271,29 @@ pub fn find<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search
 pub struct Victim {
     /// The slot, `candidate * WAYS + way` (at most 15).
     pub index: u32,
-    /// The slot holds another key's flow, which the insert evicts (`search.oldest` is its
-    /// `last_seen_ns`).
+    /// Both buckets had only live flows: the insert evicts the least recently seen
+    /// (`search.oldest` is its `last_seen_ns`). Not set for a slot of an idle flow.
     pub evicts: bool,
 }
 
-/// The slot an insert of `key` writes: the key's own slot; else a slot without a flow (and
-/// without a writer) of the less loaded candidate bucket, the one with more such slots (the
-/// first bucket on a tie); else the least recently seen flow of the two buckets. The chosen
-/// slot's state as seen is left in `search.state`.
+/// The slot an insert of `key` writes: the key's own slot; else a slot without a live flow
+/// (empty, or holding a flow last seen before `fresh_after`, idle; and without a writer) of the
+/// less loaded candidate bucket, the one with more such slots (the first bucket on a tie); else
+/// the least recently seen flow of the two buckets. The chosen slot's state as seen is left in
+/// `search.state`. `fresh_after`: the insert's time minus the idle timeout (0: no flow counts
+/// as idle, as for a table with no idle timeout, or a copy of all flows).
 ///
 /// The less loaded bucket, not simply the first with room: with the first-fit rule the first
 /// buckets fill up and a table below capacity already evicts live flows (0.69 % of the flows
 /// at 71.5 % of slots); choosing the less loaded of two keeps the buckets even (two choices).
-/// Filled with its configured number of flows, a table (see [`buckets_for`]) then evicts
-/// none at half its slots (a power-of-two capacity) and about 1.5e-5 of them at 3/4 of its
-/// slots, the fullest a configured number makes it (unit tests below).
+/// Filled with its configured number of flows, a table (see [`buckets_for`]: at most half its
+/// slots) then evicts none; at 3/4 of its slots it would evict about 1.5e-5 of them (unit tests
+/// below). Load counts live flows only: closed connections are not removed, so a busy table is
+/// full of idle flows, and if they counted every bucket would look full and a new flow would
+/// go wherever the oldest flow is, not to the bucket with fewer live flows (in a simulation at
+/// half the slots live, 4e-5 of the new flows then evicted a live one; none with this rule).
 #[inline(always)]
-pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Search) -> Victim {
+pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64, search: *mut Search) -> Victim {
     let st = search;
     put(unsafe { &mut (*st).index }, 0);
     put(unsafe { &mut (*st).state }, state::WRITING);
@@ -297,21 +307,21 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Sear
         let bits = slot_state(slot);
         // Key and last-seen time are read after the state (see `find`).
         compiler_barrier();
-        if bits & state::LIVE == 0 {
-            // Counted and remembered; the key's own slot, if further on, still wins.
-            if bits & state::WRITING == 0 {
+        let seen = slot.entry().last_seen_ns;
+        if bits & state::LIVE != 0 && slot.key_is(key) {
+            put(unsafe { &mut (*st).state }, bits);
+            return Victim { index: k as u32, evicts: false };
+        }
+        // (A slot another CPU is writing is no candidate: taking it would fail.)
+        if bits & state::WRITING == 0 {
+            if bits & state::LIVE == 0 || seen < fresh_after {
+                // Counted and remembered; the key's own slot, if further on, still wins.
                 if get(unsafe { &(*st).free[c] }) == NO_SLOT {
                     put(unsafe { &mut (*st).free[c] }, k as u8);
                 }
                 put(unsafe { &mut (*st).free_count[c] }, get(unsafe { &(*st).free_count[c] }) + 1);
             }
-        } else if slot.key_is(key) {
-            put(unsafe { &mut (*st).state }, bits);
-            return Victim { index: k as u32, evicts: false };
-        } else if bits & state::WRITING == 0 {
-            // (A slot another CPU is rewriting is not a candidate: taking it would fail.)
-            let seen = slot.entry().last_seen_ns;
-            if seen < get(unsafe { &(*st).oldest }) {
+            if bits & state::LIVE != 0 && seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);
                 put(unsafe { &mut (*st).index }, k as u32);
                 put(unsafe { &mut (*st).state }, bits);
@@ -323,17 +333,29 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, search: *mut Sear
     let free = get(unsafe { &(*st).free[(count_b > count_a) as usize] });
     if free != NO_SLOT {
         let k = free as usize & (2 * WAYS - 1);
-        // Its state now (not remembered per bucket): if another CPU has written a flow there
-        // or is writing since, the insert must fail, as from any outdated state.
+        // Its state now (not remembered per bucket): if another CPU has written a live flow
+        // there or is writing since, the insert must fail, as from any outdated state.
         // A branch, not `buckets[k / WAYS]`: an array on the stack indexed by an unknown
         // value loses its pointers' type for the verifier.
-        let bucket = if k < WAYS { buckets[0] } else { buckets[1] };
-        let bits = slot_state(&bucket.slots[k % WAYS]);
-        let taken = state::LIVE | state::WRITING;
-        put(unsafe { &mut (*st).state }, if bits & taken == 0 { bits } else { state::WRITING });
+        let slot = &(if k < WAYS { buckets[0] } else { buckets[1] }).slots[k % WAYS];
+        let bits = slot_state(slot);
+        compiler_barrier();
+        let idle = bits & state::LIVE == 0 || slot.entry().last_seen_ns < fresh_after;
+        put(unsafe { &mut (*st).state }, if bits & state::WRITING == 0 && idle { bits } else { state::WRITING });
         return Victim { index: k as u32, evicts: false };
     }
     Victim { index: get(unsafe { &(*st).index }), evicts: true }
+}
+
+/// The `fresh_after` of [`victim`] for an insert at `now_ns`: flows last seen before it are
+/// idle, as [`evicted_live`] counts them (0 for no idle timeout: every flow is live).
+#[inline(always)]
+pub fn fresh_after(now_ns: u64, idle_timeout_ns: u64) -> u64 {
+    if idle_timeout_ns == 0 {
+        0
+    } else {
+        now_ns.saturating_sub(idle_timeout_ns)
+    }
 }
 
 /// Whether an evicted flow last seen at `last_seen_ns` was live at `now_ns`: seen within
@@ -355,16 +377,19 @@ mod tests {
     }
 
     #[test]
-    fn sizing_leaves_a_quarter_free_and_is_a_power_of_two() {
+    fn sizing_leaves_half_free_and_is_a_power_of_two() {
         assert_eq!(buckets_for(1), 1);
-        assert_eq!(buckets_for(6), 1);
-        assert_eq!(buckets_for(7), 2);
-        // 2^20 flows: 2^20 * 4/3 / 8 = 174763 buckets -> 2^18.
+        assert_eq!(buckets_for(4), 1);
+        assert_eq!(buckets_for(5), 2);
+        // 2^20 flows: 2^21 slots, 2^18 buckets (as with the former 4/3 rule).
         assert_eq!(buckets_for(1 << 20), 1 << 18);
+        assert_eq!(buckets_for((1 << 20) + 1), 1 << 19);
+        // The largest configurable size (lb-user MAX_CONNTRACK_ENTRIES) takes no more than before.
+        assert_eq!(buckets_for(1 << 24), 1 << 22);
         for n in [1, 100, 65536, 1_000_000, u32::MAX] {
             let b = buckets_for(n) as u64;
             assert!(b.is_power_of_two());
-            assert!(b * WAYS as u64 * 3 >= n as u64 * 4 || b == 1 << 31, "{n}");
+            assert!(b * WAYS as u64 >= n as u64 * 2 || b == 1 << 31, "{n}");
         }
     }
 
@@ -407,7 +432,7 @@ mod tests {
         let find = |b0: &Bucket4, b1: &Bucket4, k: u32| {
             super::find([b0, b1], &key4(k), st).map(|s| (unsafe { (*st).index }, s))
         };
-        let victim = |b0: &Bucket4, b1: &Bucket4, k: u32| victim([b0, b1], &key4(k), st).index;
+        let victim = |b0: &Bucket4, b1: &Bucket4, k: u32| victim([b0, b1], &key4(k), 0, st).index;
         // The second bucket holds two flows, so the first stays the less loaded one below.
         b1.slots[0] = live(key4(30), 60);
         b1.slots[1] = live(key4(31), 60);
@@ -434,8 +459,8 @@ mod tests {
         }
         b1.slots[5].entry.last_seen_ns = 3;
         assert_eq!(victim(&b0, &b1, 99), 13);
-        assert!(super::victim([&b0, &b1], &key4(99), st).evicts);
-        assert!(!super::victim([&b0, &b1], &key4(25), st).evicts, "its own slot");
+        assert!(super::victim([&b0, &b1], &key4(99), 0, st).evicts);
+        assert!(!super::victim([&b0, &b1], &key4(25), 0, st).evicts, "its own slot");
         assert_eq!(unsafe { (*st).state }, state::LIVE);
         assert_eq!(find(&b0, &b1, 25), Some((13, state::LIVE)));
     }
@@ -451,44 +476,134 @@ mod tests {
         b1.slots[0] = live(key4(20), 100);
         b1.slots[2] = live(key4(21), 100);
         // 5 free slots in the first bucket, 6 in the second: the second's first free one.
-        let v = victim([&b0, &b1], &key4(99), st);
+        let v = victim([&b0, &b1], &key4(99), 0, st);
         assert_eq!((v, unsafe { (*st).state }), (Victim { index: 9, evicts: false }, 0));
         // A tie: the first bucket.
         b1.slots[1] = live(key4(22), 100);
-        assert_eq!(victim([&b0, &b1], &key4(99), st).index, 3);
+        assert_eq!(victim([&b0, &b1], &key4(99), 0, st).index, 3);
         // A slot being written is not free.
         b0.slots[3].state = state::WRITING;
-        assert_eq!(victim([&b0, &b1], &key4(99), st).index, 11);
+        assert_eq!(victim([&b0, &b1], &key4(99), 0, st).index, 11);
     }
 
-    /// Fills a table of `buckets_for(flows)` buckets with `flows` distinct flows through
-    /// `victim` and returns the number of flows evicted.
-    fn fill(flows: u32, configured: u32) -> usize {
-        let n = buckets_for(configured);
-        let mut table = vec![Bucket4::default(); n as usize];
+    /// Fills a table of `buckets` buckets with `flows` distinct flows through `victim`; returns
+    /// the number of flows evicted and the number of full buckets.
+    fn fill(flows: u32, buckets: u32) -> (usize, usize) {
+        let mut table = vec![Bucket4::default(); buckets as usize];
         let mut st = Search::default();
         let mut evicted = 0;
         for i in 0..flows {
             let key = CtKey4 { src: i.wrapping_mul(0x9e37_79b9), ..key4(0) };
-            let [a, b] = buckets::<Slot4>(&key, 0x5eed, n - 1);
+            let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
             let (ba, bb) = (table[a as usize], table[b as usize]);
-            let v = victim([&ba, &bb], &key, &mut st);
+            let v = victim([&ba, &bb], &key, 0, &mut st);
             evicted += v.evicts as usize;
             let (which, way) =
                 if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
             table[which as usize].slots[way] = live(key, i as u64);
         }
-        evicted
+        let full = table.iter().filter(|b| b.slots.iter().all(|s| s.state & state::LIVE != 0)).count();
+        (evicted, full)
     }
 
     #[test]
     fn the_configured_number_of_flows_fits_without_eviction() {
-        // 2^18 flows in 2^16 buckets: half the slots, as for every power-of-two capacity.
-        assert_eq!(fill(1 << 18, 1 << 18), 0);
-        // The most flows that size is made for, 3/4 of the slots: a few flows meet two full
+        // A power-of-two capacity fills half the slots.
+        assert_eq!(fill(1 << 18, buckets_for(1 << 18)).0, 0);
+        // At 3/4 of the slots (what the former 4/3 rule allowed) a few flows meet two full
         // buckets (6 of 393,216 here, 1.5e-5; first fit lost 0.69 % at 71.5 %, issue 17).
-        assert_eq!(buckets_for(6 << 16), 1 << 16);
-        assert!(fill(6 << 16, 6 << 16) <= 8);
+        assert!(fill(6 << 16, 1 << 16).0 <= 8);
+    }
+
+    /// Issue 17.1 at the worst case: the configured sizes that fill a table the most are the
+    /// powers of two (half the slots; every other size fills less, a size just above a power
+    /// of two a quarter). Filled with the default 2^20 flows, the table has not one full
+    /// bucket, so no flow met two.
+    #[test]
+    fn no_flow_is_evicted_at_the_worst_case_configured_size() {
+        for configured in (1..=1 << 12).chain([(1 << 20) - 1, 1 << 20, (1 << 20) + 1, 1 << 24]) {
+            assert!(buckets_for(configured) as u64 * WAYS as u64 >= 2 * configured as u64, "{configured}");
+        }
+        assert_eq!(fill(1 << 20, buckets_for(1 << 20)), (0, 0));
+    }
+
+    #[test]
+    fn an_idle_flow_leaves_its_slot_to_a_new_one() {
+        let (mut b0, mut b1) = (Bucket4::default(), Bucket4::default());
+        let mut st = Search::default();
+        let st: *mut Search = &mut st;
+        // Both buckets full; the first holds three idle flows (seen before 100), the second two.
+        for w in 0..WAYS {
+            b0.slots[w] = live(key4(10 + w as u32), if w >= 5 { 50 + w as u64 } else { 200 });
+            b1.slots[w] = live(key4(20 + w as u32), if w == 1 || w == 4 { 10 } else { 300 });
+        }
+        // Without an idle time, the least recently seen of the 16 goes.
+        assert_eq!(victim([&b0, &b1], &key4(99), 0, st), Victim { index: 9, evicts: true });
+        // Idle before 100: the first idle slot of the bucket with more of them, no eviction.
+        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 5, evicts: false });
+        assert_eq!(unsafe { (*st).state }, state::LIVE, "taken from the state it was seen in");
+        // An empty slot and an idle one count alike.
+        b1.slots[6].state = next_state(state::LIVE, false);
+        b1.slots[7].state = next_state(state::LIVE, false);
+        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 9, evicts: false });
+        // A flow's own slot still wins, idle or not.
+        assert_eq!(victim([&b0, &b1], &key4(20), 400, st), Victim { index: 8, evicts: false });
+    }
+
+    /// Issue 17.1 in a busy table: closed flows stay until evicted, so the table is full of
+    /// idle flows and live ones are half of the slots (the configured number). One live flow
+    /// ends and a new one arrives per step; no live flow may be evicted. Counting idle flows
+    /// as load (`fresh_after` 0, the rule before) evicted live flows here (18 of 524,288 new
+    /// flows; 4e-5 at 2^18 live flows).
+    #[test]
+    fn a_table_full_of_idle_flows_evicts_no_live_one() {
+        // Live flows are seen after LIVE; a flow that ends keeps its last time, before it.
+        const LIVE: u64 = 1 << 60;
+        let steady = |fresh_after: u64| {
+            let buckets = 1u32 << 14;
+            let live_flows = 2 * buckets as usize * WAYS / 4;
+            let mut table = vec![Bucket4::default(); buckets as usize];
+            let mut st = Search::default();
+            // The live flows' slots (`bucket * WAYS + way`) and each slot's place in that list.
+            let mut live_slots: vec::Vec<u32> = vec::Vec::new();
+            let mut place = vec![u32::MAX; buckets as usize * WAYS];
+            let mut rng = 0x1234_5678u64;
+            let mut evicted = 0;
+            let forget = |live_slots: &mut vec::Vec<u32>, place: &mut vec::Vec<u32>, i: usize| {
+                let s = live_slots.swap_remove(i);
+                if i < live_slots.len() {
+                    place[live_slots[i] as usize] = i as u32;
+                }
+                place[s as usize] = u32::MAX;
+                s
+            };
+            for t in 0..live_flows as u64 * 8 {
+                if live_slots.len() == live_flows {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let s = forget(&mut live_slots, &mut place, (rng % live_flows as u64) as usize);
+                    table[s as usize / WAYS].slots[s as usize % WAYS].entry.last_seen_ns = t;
+                }
+                let key = CtKey4 { src: (t as u32).wrapping_mul(0x9e37_79b9), dst: t as u32, ..key4(0) };
+                let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
+                let v = victim([&table[a as usize], &table[b as usize]], &key, fresh_after, &mut st);
+                let (which, way) =
+                    if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
+                let s = which * WAYS as u32 + way as u32;
+                let i = place[s as usize];
+                if i != u32::MAX {
+                    evicted += 1;
+                    forget(&mut live_slots, &mut place, i as usize);
+                }
+                table[which as usize].slots[way] = live(key, LIVE + t);
+                place[s as usize] = live_slots.len() as u32;
+                live_slots.push(s);
+            }
+            evicted
+        };
+        assert_eq!(steady(LIVE), 0);
+        assert!(steady(0) > 0, "the rule before evicted live flows here");
     }
 
     #[test]

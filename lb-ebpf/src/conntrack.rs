@@ -39,9 +39,10 @@ impl FlowKey<'_> {
     #[inline(always)]
     pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         let Some(st) = counters.ct_search() else { return false };
+        let fresh_after = ct_table::fresh_after(entry.last_seen_ns, idle_timeout_ns);
         let evicted = match self {
-            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, st),
-            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, st),
+            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, fresh_after, st),
+            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, fresh_after, st),
         };
         match evicted {
             Some(Some(last_seen)) if ct_table::evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
@@ -143,19 +144,21 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
     unsafe { core::ptr::write_volatile(slot.state_mut(), ct_table::next_state(observed, live)) };
 }
 
-/// Writes `key`'s entry into its own slot, a free one of the less loaded bucket, or the least
-/// recently seen one (`ct_table::victim`). If another CPU is writing that slot at this instant the
-/// flow goes untracked for this packet (None); its next packet makes the entry. Written:
+/// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`)
+/// of the less loaded bucket, or the least recently seen one (`ct_table::victim`). If another
+/// CPU is writing that slot at this instant the flow goes untracked for this packet (None); its
+/// next packet makes the entry. Written:
 /// `Some(last_seen_ns of the flow it evicted)`, or `Some(None)`.
 #[inline(always)]
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
     entry: &CtEntry,
+    fresh_after: u64,
     st: *mut ct_table::Search,
 ) -> Option<Option<u64>> {
     let b = buckets(map, key)?;
-    let victim = ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, st);
+    let victim = ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
     let slot = unsafe { &mut *slot_at(b, victim.index) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };

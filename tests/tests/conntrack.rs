@@ -507,15 +507,15 @@ fn entries_are_stamped_with_the_clock_userspace_reads() {
     assert!(before > 0);
 }
 
-/// The connection table is set-associative (`lb_common::ct_table`): with room for 6 flows it is
+/// The connection table is set-associative (`lb_common::ct_table`): with room for 4 flows it is
 /// one bucket of 8 slots, which both of every key's candidate buckets are. A ninth flow takes
 /// the slot of the least recently seen flow; the other eight keep their entries.
 #[test]
 fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
-    assert_eq!(lb_common::ct_table::buckets_for(6), 1);
+    assert_eq!(lb_common::ct_table::buckets_for(4), 1);
     lb_tests::fixture_net::enter_lo_routed_netns();
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
-    let sizes = DataplaneSizes { conntrack_entries: 6, ..fixture::sizes() };
+    let sizes = DataplaneSizes { conntrack_entries: 4, ..fixture::sizes() };
     let mut dp = install(Dataplane::load(sizes).unwrap(), info);
     let ports: Vec<u16> = (41000..41008).collect();
     for &p in &ports {
@@ -542,8 +542,51 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
 }
 
+/// Issue 17.1 in a busy table: closed flows stay until evicted, so a new flow finds both its
+/// buckets full. It takes a slot of an idle flow (seen before the idle timeout) in the bucket
+/// with fewer live flows, not the least recently seen of the 16, which would keep filling the
+/// bucket with more live flows (in a long run, until a live flow is evicted).
+#[test]
+fn a_new_flow_replaces_an_idle_flow_of_the_bucket_with_fewer_live_flows() {
+    assert_eq!(lb_common::ct_table::buckets_for(8), 2);
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = install(Dataplane::load(DataplaneSizes { conntrack_entries: 8, ..fixture::sizes() }).unwrap(), info);
+    let key = |p: u16| ct_key(&info, PROTO_TCP, p, 80);
+    let buckets = |p: u16| dp.conntrack_buckets_of(FAMILY_V4, &key(p));
+    // Flows whose two candidates are both bucket 0 (or 1) fill that bucket; the new flow has
+    // one candidate of each.
+    let only = |b: u32| (42000..44000).filter(|&p| buckets(p) == [b, b]).take(8).collect::<Vec<u16>>();
+    let (a, b) = (only(0), only(1));
+    let new = (42000..44000).find(|&p| buckets(p)[0] != buckets(p)[1]).unwrap();
+    assert_eq!((a.len(), b.len()), (8, 8));
+    for &p in a.iter().chain(&b) {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
+    }
+    assert_eq!(dp.conntrack_entries().len(), 16, "both buckets full");
+    // Bucket 0: one idle flow, seen longest ago of all; bucket 1: four idle flows.
+    let now = dp.conntrack_get(FAMILY_V4, &key(a[0])).unwrap().last_seen_ns;
+    let mut age = |p: u16, ago: u64| {
+        let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
+        dp.conntrack_set(FAMILY_V4, &key(p), lb_common::maps::CtEntry { last_seen_ns: now - ago, ..e }).unwrap();
+    };
+    age(a[7], IDLE_NS + 2_000_000_000);
+    for &p in &b[4..] {
+        age(p, IDLE_NS + 1_000_000_000);
+    }
+    assert_eq!(backend_of(&dp, &tcp(new, TCP_SYN)), B1);
+    let tracked = |p: u16| dp.conntrack_get(FAMILY_V4, &key(p)).is_some();
+    assert!(tracked(new));
+    assert!(tracked(a[7]), "the bucket with seven live flows keeps its idle one");
+    assert_eq!(b[4..].iter().filter(|&&p| !tracked(p)).count(), 1, "one idle flow of the other bucket gave way");
+    assert!(a[..7].iter().chain(&b[..4]).all(|&p| tracked(p)), "every live flow stays");
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::CT_EVICT_LIVE), s.get(stat::CT_INSERT_BUSY)), (0, 0));
+}
+
 /// Issue 17.1: a table configured for 2^16 flows takes exactly that many new flows, one per
 /// program run, without evicting any: every flow is read back, and no live eviction counted.
+/// A power of two is the worst case of the sizing (`ct_table::buckets_for`): half the slots.
 #[test]
 fn the_configured_number_of_flows_fits_without_eviction() {
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);

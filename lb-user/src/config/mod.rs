@@ -137,7 +137,7 @@ pub struct Dataplane {
     /// Maglev table size M; must be prime.
     pub maglev_table_size: u32,
     /// Active flows each connection table is sized for (IPv4 and IPv6 flows have one table
-    /// each): 4/3 to 8/3 slots per flow, a power of two buckets of 8 (`lb_common::ct_table`).
+    /// each): 2 to 4 slots per flow, a power of two buckets of 8 (`lb_common::ct_table`).
     /// A new flow whose two buckets are full evicts the least recently seen of their flows.
     pub conntrack_entries: u32,
     /// Outer source of IPIP packets: an address, or a prefix whose host bits vary by flow hash.

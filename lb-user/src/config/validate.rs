@@ -22,7 +22,7 @@ pub const MAX_MAGLEV_TABLE_SIZE: u32 = 1_000_003;
 /// Spec §1.4: 10 min .. 16 h.
 pub const MIN_IDLE_TIMEOUT_SEC: u32 = 600;
 pub const MAX_IDLE_TIMEOUT_SEC: u32 = 57_600;
-/// Flows per connection table: 2^24 flows take 2^23 buckets of 8 slots per address family, a few
+/// Flows per connection table: 2^24 flows take 2^22 buckets of 8 slots per address family, a few
 /// GiB of kernel memory in all; more fails at load time with ENOMEM.
 pub const MAX_CONNTRACK_ENTRIES: u32 = 1 << 24;
 /// Spec §1.4: `drainingTimeoutSec` ∈ [0, 3600].

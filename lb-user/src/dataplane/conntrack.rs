@@ -37,6 +37,19 @@ impl Dataplane {
         }
     }
 
+    /// The two candidate buckets of a flow of `family` (`FAMILY_V4` or `FAMILY_V6`), for tests
+    /// that place flows in known buckets.
+    #[cfg(feature = "test-helpers")]
+    pub fn conntrack_buckets_of(&self, family: u8, key: &CtKey) -> [u32; 2] {
+        let mask = self.sizes.conntrack_buckets() - 1;
+        match family {
+            FAMILY_V4 => {
+                ct_table::buckets::<ct_table::Slot4>(&CtKey4::new(&key.tuple, key.service), self.ct_seed, mask)
+            }
+            _ => ct_table::buckets::<ct_table::Slot6>(key, self.ct_seed, mask),
+        }
+    }
+
     /// Every connection-table entry of both families: (family, key, entry).
     pub fn conntrack_entries(&self) -> Vec<(u8, CtKey, CtEntry)> {
         let v4 = live_slots(&self.conntrack4).map(|s| (FAMILY_V4, s.key.to_key(), s.entry));
@@ -94,7 +107,7 @@ where
     ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_table::victim([&b[0], &b[1]], key, &mut ct_table::Search::default()).index as usize;
+    let k = ct_table::victim([&b[0], &b[1]], key, 0, &mut ct_table::Search::default()).index as usize;
     let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).
@@ -236,7 +249,8 @@ where
     for slot in live_slots(from) {
         let index = ct_table::buckets::<S>(slot.key(), seed, mask);
         let pair = [*buckets.entry(index[0]).or_default(), *buckets.entry(index[1]).or_default()];
-        let victim = ct_table::victim([&pair[0], &pair[1]], slot.key(), &mut ct_table::Search::default());
+        // Every flow counts as live (`fresh_after` 0): the copy keeps idle ones too.
+        let victim = ct_table::victim([&pair[0], &pair[1]], slot.key(), 0, &mut ct_table::Search::default());
         let k = victim.index as usize;
         let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
         let target = &mut buckets.get_mut(&index[which]).expect("inserted above").slots[way];

@@ -1,6 +1,10 @@
 //! Per-packet cost of the XDP data plane, measured with `BPF_PROG_TEST_RUN` (run by
 //! `cargo xtask bench`, needs root). Method and recorded figures: BENCHMARKS.md.
 //!
+//! The headline (module `cold`): the production program on many flows, one call per frame,
+//! cold hits over a filled connection table and new flows into a full one. Everything below
+//! is the second table, the *hot* cases: one flow, repeated.
+//!
 //! Timed runs use `repeat = REPEAT` and the kernel-reported average duration per iteration;
 //! every case is the median of `RUNS` runs (after one warm-up run). With `repeat > 1` the
 //! kernel reuses one buffer, so the encapsulating cases run inside the bench-only wrapper
@@ -28,15 +32,18 @@
 //! the production program `lb` alone; and two `bpf_xdp_adjust_head` calls alone
 //! (`bench_helper_calls`), the price of the IPIP hit path's two helper calls.
 //!
-//! Usage: dp_bench [--quick] [--no-single] [--stages] [--profile CASE SECONDS]
+//! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages] [--profile CASE SECONDS]
 //!        dp_bench --compare OTHER_OBJECT [ROUNDS]
-//! (--quick: fewer iterations, for a smoke run; --no-single: skip the single-call cross-check;
+//! (--quick: fewer iterations and a small table, for a smoke run; --headline: the headline
+//! cases only; --no-single: skip the single-call cross-check;
 //! --stages: the cost split by stage of the balancer; --profile: run one case, `v4-hit`,
 //! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
 //! SECONDS without reporting, so that `perf record -a` sees only that path; --compare: A/B of
 //! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
 //! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
 //! the other object must have this build's map layout)
+
+mod cold;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -89,10 +96,21 @@ struct Params {
     repeat: u32,
     runs: usize,
     single_calls: usize,
+    cold: cold::Params,
 }
 
-const FULL: Params = Params { repeat: 1_000_000, runs: 11, single_calls: 200_000 };
-const QUICK: Params = Params { repeat: 20_000, runs: 3, single_calls: 2_000 };
+const FULL: Params = Params {
+    repeat: 1_000_000,
+    runs: 11,
+    single_calls: 200_000,
+    cold: cold::Params { ct_entries: CONNTRACK_ENTRIES, frames: 100_000, runs: 7 },
+};
+const QUICK: Params = Params {
+    repeat: 20_000,
+    runs: 3,
+    single_calls: 2_000,
+    cold: cold::Params { ct_entries: 1 << 12, frames: 1_000, runs: 3 },
+};
 
 /// Counters whose deltas prove the path taken.
 const CHECKED: [(u32, &str); 6] = [
@@ -148,14 +166,14 @@ impl Bench {
     /// Loads the object with the data plane's load-time settings (as `Dataplane::load` does)
     /// plus the bench programs, and installs one IPv4 and one IPv6 IPIP service.
     fn load(ingress_ifindex: u32) -> Result<Self> {
-        Self::load_object(ingress_ifindex, &read_object()?)
+        Self::load_object(ingress_ifindex, &read_object()?, CONNTRACK_ENTRIES)
     }
 
-    /// `load` with the given object's bytes.
-    fn load_object(ingress_ifindex: u32, object: &[u8]) -> Result<Self> {
+    /// `load` with the given object's bytes and connection-table capacity.
+    fn load_object(ingress_ifindex: u32, object: &[u8], conntrack_entries: u32) -> Result<Self> {
         let sizes = DataplaneSizes {
             table_size_m: TABLE_M,
-            conntrack_entries: CONNTRACK_ENTRIES,
+            conntrack_entries,
             max_services: MAX_SERVICES,
             classes_per_service: CLASSES_PER_SERVICE,
             max_backends: MAX_BACKENDS,
@@ -264,12 +282,37 @@ impl Bench {
         self.ebpf.map_mut(name).ok_or_else(|| anyhow!("map {name} missing"))
     }
 
-    fn counter(&self, index: u32) -> Result<u64> {
-        Ok(self.stats.get(&0, 0)?.iter().map(|cpu| cpu.counters[index as usize]).sum())
+    /// Every global counter, summed over the CPUs.
+    fn counters(&self) -> Result<Vec<u64>> {
+        let cpus = self.stats.get(&0, 0)?;
+        Ok((0..stat::NAMES.len()).map(|i| cpus.iter().map(|cpu| cpu.counters[i]).sum()).collect())
     }
 
-    fn counters(&self) -> Result<Vec<u64>> {
-        CHECKED.iter().map(|(i, _)| self.counter(*i)).collect()
+    /// Fails unless the counters moved as `per_iteration` says for `iterations` iterations:
+    /// the `CHECKED` ones by exactly that, every drop counter not at all.
+    fn check_counters(
+        prog: &str,
+        before: &[u64],
+        after: &[u64],
+        per_iteration: &[(u32, u64)],
+        iterations: u64,
+    ) -> Result<()> {
+        for (index, name) in CHECKED {
+            let per = per_iteration.iter().find(|(i, _)| *i == index).map_or(0, |(_, n)| *n);
+            let delta = after[index as usize] - before[index as usize];
+            if delta != per * iterations {
+                bail!("{prog}: counter {name} moved by {delta} in {iterations} iterations, expected {}: not the intended path", per * iterations);
+            }
+        }
+        for (i, name) in stat::NAMES.iter().enumerate().filter(|(_, n)| n.starts_with("drop_")) {
+            if after[i] != before[i] {
+                bail!(
+                    "{prog}: counter {name} moved by {} in {iterations} iterations: not the intended path",
+                    after[i] - before[i]
+                );
+            }
+        }
+        Ok(())
     }
 
     /// One `BPF_PROG_TEST_RUN` of `prog` with `repeat`; returns the kernel's average ns per
@@ -281,13 +324,7 @@ impl Bench {
         if action != expect.action {
             bail!("{prog}: verdict {action} instead of {}", expect.action);
         }
-        for (k, (index, name)) in CHECKED.iter().enumerate() {
-            let per = expect.per_iteration.iter().find(|(i, _)| i == index).map_or(0, |(_, n)| *n);
-            let delta = after[k] - before[k];
-            if delta != per * repeat as u64 {
-                bail!("{prog}: counter {name} moved by {delta} in {repeat} iterations, expected {}: not the intended path", per * repeat as u64);
-            }
-        }
+        Self::check_counters(prog, &before, &after, expect.per_iteration, repeat as u64)?;
         match expect.frame {
             FrameCheck::Restored if out != frame => {
                 bail!("{prog}: the frame after {repeat} iterations differs from the input")
@@ -362,12 +399,22 @@ fn frame4(flags: u8) -> Vec<u8> {
 }
 
 fn frame4_to(port: u16, flags: u8) -> Vec<u8> {
-    let inner = V4::new(CLIENT4, VIP4, PROTO_TCP).build(&tcp4(CLIENT4, VIP4, 40000, port, flags, &[]));
+    frame4_from(CLIENT4, 40000, port, flags)
+}
+
+/// A TCP frame from `client`:`sport` to VIP4:`port`.
+fn frame4_from(client: Ipv4Addr, sport: u16, port: u16, flags: u8) -> Vec<u8> {
+    let inner = V4::new(client, VIP4, PROTO_TCP).build(&tcp4(client, VIP4, sport, port, flags, &[]));
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &inner)
 }
 
 fn frame6(flags: u8) -> Vec<u8> {
-    let inner = ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, 40000, 80, flags, &[]));
+    frame6_from(CLIENT6, 40000, flags)
+}
+
+/// A TCP frame from `client`:`sport` to VIP6:80.
+fn frame6_from(client: Ipv6Addr, sport: u16, flags: u8) -> Vec<u8> {
+    let inner = ipv6(client, VIP6, PROTO_TCP, 64, 0, &tcp6(client, VIP6, sport, 80, flags, &[]));
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &inner)
 }
 
@@ -411,6 +458,11 @@ fn measure_l2(b: &Bench, p: &Params) -> Result<L2Dsr> {
     Ok(L2Dsr { ct_hit, new_flow, lb_ct_hit, lb_new_flow })
 }
 
+/// Slots of a connection table sized for `entries` flows.
+fn ct_slots(entries: u32) -> u32 {
+    lb_common::ct_table::buckets_for(entries) * lb_common::ct_table::WAYS as u32
+}
+
 /// The connection table's operations alone (IPv4 table), ns per packet.
 struct MapOps {
     insert: f64,
@@ -436,8 +488,7 @@ fn measure_map_ops(b: &Bench, p: &Params, frame: &[u8]) -> Result<MapOps> {
     // one new key per slot (a key that finds both its buckets full evicts, so about nine in
     // ten slots end up holding a flow and most timed inserts evict), as on a busy balancer
     // (closed connections stay until evicted).
-    let slots = lb_common::ct_table::buckets_for(CONNTRACK_ENTRIES) * lb_common::ct_table::WAYS as u32;
-    b.run("bench_ct_insert_new", frame, slots, inserted)?;
+    b.run("bench_ct_insert_new", frame, ct_slots(CONNTRACK_ENTRIES), inserted)?;
     let insert_new = b.median_ns("bench_ct_insert_new", frame, p, inserted)?;
     Ok(MapOps { insert, lookup, insert_new, helper_calls })
 }
@@ -479,7 +530,7 @@ fn measure(b: &Bench, p: &Params, syn: &[u8], ack: &[u8]) -> Result<Family> {
 
 fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     println!();
-    println!("Data plane per-packet cost, BPF_PROG_TEST_RUN (kernel-reported ns per iteration)");
+    println!("Hot cases (one flow, repeated): BPF_PROG_TEST_RUN, kernel-reported ns per iteration");
     println!(
         "  repeat {} per run, median of {} runs; every run checked: verdict, counter deltas = iterations, frame left as expected",
         p.repeat, p.runs
@@ -603,15 +654,29 @@ fn main() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("dp_bench needs root (BPF_PROG_TEST_RUN with maps, and a network namespace for bpf_fib_lookup)");
     }
-    let (v4, v6, l2, ops) = in_netns(move |topo| -> Result<(Family, Family, L2Dsr, MapOps)> {
+    let headline_only = args.iter().any(|a| a == "--headline");
+    let (cold4, cold6, hot) = in_netns(move |topo| -> Result<_> {
+        // The headline cases first, each family on a fresh object (the hot cases below fill
+        // the IPv4 table with keys of their own).
+        let cold = |family| -> Result<cold::Cold> {
+            let b = Bench::load_object(topo.lbv0, &read_object()?, p.cold.ct_entries)?;
+            cold::measure(&b, &p.cold, family, ct_slots(p.cold.ct_entries))
+        };
+        let (cold4, cold6) = (cold(cold::Family::V4)?, cold(cold::Family::V6)?);
+        if headline_only {
+            return Ok((cold4, cold6, None));
+        }
         let b = Bench::load(topo.lbv0)?;
         let v4 = measure(&b, &p, &frame4(TCP_SYN), &frame4(TCP_ACK))?;
         let v6 = measure(&b, &p, &frame6(TCP_SYN), &frame6(TCP_ACK))?;
         let l2 = measure_l2(&b, &p)?;
         let ops = measure_map_ops(&b, &p, &frame4(TCP_ACK))?;
-        Ok((v4, v6, l2, ops))
+        Ok((cold4, cold6, Some((v4, v6, l2, ops))))
     })?;
-    report(&p, &v4, &v6, &l2, &ops);
+    cold::report(&p.cold, &cold4, &cold6);
+    if let Some((v4, v6, l2, ops)) = hot {
+        report(&p, &v4, &v6, &l2, &ops);
+    }
     Ok(())
 }
 
@@ -695,7 +760,7 @@ fn compare(other: &str, rounds: usize) -> Result<()> {
     let other_bytes = std::fs::read(other).with_context(|| format!("reading {other}"))?;
     let other = other.to_string();
     in_netns(move |topo| -> Result<()> {
-        let objs = [Bench::load(topo.lbv0)?, Bench::load_object(topo.lbv0, &other_bytes)?];
+        let objs = [Bench::load(topo.lbv0)?, Bench::load_object(topo.lbv0, &other_bytes, CONNTRACK_ENTRIES)?];
         let p = FULL;
         let pass = Expect { action: XDP_PASS, per_iteration: NOTHING_COUNTED, frame: FrameCheck::Restored };
         let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };

@@ -1,0 +1,201 @@
+//! The headline cases: the production program `lb` on many flows, one `BPF_PROG_TEST_RUN` call
+//! per frame (`repeat = 1`: with more, the kernel reuses one buffer) and a different frame each
+//! call, so that flow entries, buckets and frames come cold, as on a busy balancer.
+//!
+//! - *Cold hit*: the connection table is first filled to its configured capacity with
+//!   established flows (each flow's SYN once, through `lb`), then each run sends the ACKs of a
+//!   random sample of those flows in a random order.
+//! - *New flow into a full table*: the table is then filled further, one new flow per slot
+//!   (about nine slots in ten then hold a flow, the rest lost to collisions: most inserts evict,
+//!   the steady state of a busy balancer whose closed connections wait to be evicted), and each
+//!   run sends SYNs of flows never seen.
+//!
+//! The floor is the empty program `bench_empty` called the same way on the same frames, just
+//! before each case run: the figure is the case's mean kernel-reported ns per call minus the
+//! floor's, per run; median and spread over the runs. Every call's verdict is checked, and
+//! every batch's counter deltas (hit: rx = ct_hit = tx = frames; new flow: rx = ct_miss =
+//! new_flow = tx = frames; no drop counter moves).
+
+use anyhow::{bail, Result};
+use lb_tests::packet::{TCP_ACK, TCP_SYN};
+use lb_user::dataplane::{XDP_PASS, XDP_TX};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use super::{frame4_from, frame6_from, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED};
+
+/// Sizes of the cold cases.
+#[derive(Clone, Copy)]
+pub struct Params {
+    /// The connection table's configured capacity, filled with established flows.
+    pub ct_entries: u32,
+    /// Frames per timed run.
+    pub frames: usize,
+    /// Timed runs per case.
+    pub runs: usize,
+}
+
+/// Frames built and sent per batch while filling the table (bounds the memory they take).
+const FILL_BATCH: u32 = 1 << 16;
+
+/// One case's ns above the floor over the runs.
+#[derive(Clone, Copy)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Self {
+        v.sort_unstable_by(f64::total_cmp);
+        Spread { median: v[v.len() / 2], min: v[0], max: v[v.len() - 1] }
+    }
+}
+
+/// One family's cold cases.
+pub struct Cold {
+    /// The floor's own median, ns per call (the kernel's per-call overhead included).
+    pub floor: f64,
+    pub hit: Spread,
+    pub new_flow: Spread,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// Flow `i`'s frame: a distinct client address and port per flow (2^14 ports per address, the
+/// addresses from 198.18.128.0/17 or 2001:db8:1::/64), to VIP:80/TCP.
+pub fn flow_frame(family: Family, i: u32, flags: u8) -> Vec<u8> {
+    let sport = 1024 + (i & 0x3fff) as u16;
+    match family {
+        Family::V4 => {
+            let base = u32::from(Ipv4Addr::new(198, 18, 128, 0));
+            frame4_from(Ipv4Addr::from(base + (i >> 14)), sport, 80, flags)
+        }
+        Family::V6 => {
+            let base = u128::from(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0));
+            frame6_from(Ipv6Addr::from(base + (i >> 14) as u128), sport, flags)
+        }
+    }
+}
+
+/// Calls `prog` once per frame; fails unless every verdict is `action` and the counters moved
+/// by `per_frame` times the frames. Returns the mean kernel-reported ns per call.
+pub fn run_each(b: &Bench, prog: &str, frames: &[Vec<u8>], action: u32, per_frame: &[(u32, u64)]) -> Result<f64> {
+    let before = b.counters()?;
+    let mut total = 0u64;
+    for frame in frames {
+        let (verdict, _, ns) = b.test_run(prog, frame, 1)?;
+        if verdict != action {
+            bail!("{prog}: verdict {verdict} instead of {action}");
+        }
+        total += ns;
+    }
+    let after = b.counters()?;
+    Bench::check_counters(prog, &before, &after, per_frame, frames.len() as u64)?;
+    Ok(total as f64 / frames.len() as f64)
+}
+
+/// Sends flows `range`'s SYNs through `lb`, in batches: each makes a new entry.
+fn fill(b: &Bench, family: Family, range: std::ops::Range<u32>) -> Result<()> {
+    let mut start = range.start;
+    while start < range.end {
+        let end = range.end.min(start + FILL_BATCH);
+        let frames: Vec<Vec<u8>> = (start..end).map(|i| flow_frame(family, i, TCP_SYN)).collect();
+        run_each(b, "lb", &frames, XDP_TX, NEW_FLOW_PATH)?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// The floor, then `lb`, on the same frames; returns (floor, lb minus floor), ns per call.
+fn timed(b: &Bench, frames: &[Vec<u8>], per_frame: &[(u32, u64)]) -> Result<(f64, f64)> {
+    let floor = run_each(b, "bench_empty", frames, XDP_PASS, NOTHING_COUNTED)?;
+    let case = run_each(b, "lb", frames, XDP_TX, per_frame)?;
+    Ok((floor, case - floor))
+}
+
+/// SplitMix64: a fixed-seed source of random sample indices, so that runs are reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `k` distinct indices below `n` in a random order (a partial Fisher-Yates shuffle).
+    fn sample(&mut self, n: u32, k: usize) -> Vec<u32> {
+        let mut all: Vec<u32> = (0..n).collect();
+        let k = k.min(all.len());
+        for i in 0..k {
+            let j = i + (self.next() % (all.len() - i) as u64) as usize;
+            all.swap(i, j);
+        }
+        all.truncate(k);
+        all
+    }
+}
+
+/// Both cold cases of one family on `b`, a freshly loaded object whose connection table holds
+/// `p.ct_entries` flows at most (see the module comment).
+pub fn measure(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<Cold> {
+    let mut rng = Rng(0x5eed + family as u64);
+    fill(b, family, 0..p.ct_entries)?;
+    let mut floors = Vec::new();
+    let mut hits = Vec::new();
+    for _ in 0..p.runs {
+        let frames: Vec<Vec<u8>> =
+            rng.sample(p.ct_entries, p.frames).into_iter().map(|i| flow_frame(family, i, TCP_ACK)).collect();
+        let (floor, above) = timed(b, &frames, CT_HIT_PATH)?;
+        floors.push(floor);
+        hits.push(above);
+    }
+    // Full: one new flow per slot in all.
+    fill(b, family, p.ct_entries..ct_slots)?;
+    let mut new_flows = Vec::new();
+    let mut next = ct_slots;
+    for _ in 0..p.runs {
+        let frames: Vec<Vec<u8>> = (next..next + p.frames as u32).map(|i| flow_frame(family, i, TCP_SYN)).collect();
+        next += p.frames as u32;
+        let (floor, above) = timed(b, &frames, NEW_FLOW_PATH)?;
+        floors.push(floor);
+        new_flows.push(above);
+    }
+    Ok(Cold { floor: Spread::of(floors).median, hit: Spread::of(hits), new_flow: Spread::of(new_flows) })
+}
+
+/// The headline table.
+pub fn report(p: &Params, v4: &Cold, v6: &Cold) {
+    println!();
+    println!("Headline: the production program `lb` on many flows, one BPF_PROG_TEST_RUN call per frame (repeat 1),");
+    println!("a different frame each call; ns above the floor (the empty program called the same way on the same");
+    println!(
+        "frames): median of {} runs of {} frames [fastest, slowest run]; every call's verdict and every run's counters checked",
+        p.runs, p.frames
+    );
+    println!(
+        "  connection table: capacity {} flows; cold hit = ACKs of a random sample of the {} established flows, random order;",
+        p.ct_entries, p.ct_entries
+    );
+    println!(
+        "  new flow = SYN of a flow never seen, the table full (one flow per slot sent before: most inserts evict)"
+    );
+    println!();
+    println!("  {:<44} {:>22}   {:>22}", "case", "IPv4 +floor", "IPv6 +floor");
+    let cell = |s: &Spread| format!("{:+.0} [{:+.0}, {:+.0}]", s.median, s.min, s.max);
+    println!(
+        "  {:<44} {:>22}   {:>22}",
+        "floor, single calls (ns per call)",
+        format!("{:.0}", v4.floor),
+        format!("{:.0}", v6.floor)
+    );
+    println!("  {:<44} {:>22}   {:>22}", "lb, cold hit (one of many established flows)", cell(&v4.hit), cell(&v6.hit));
+    println!("  {:<44} {:>22}   {:>22}", "lb, new flow into a full table", cell(&v4.new_flow), cell(&v6.new_flow));
+}

@@ -12,6 +12,7 @@ pub mod links;
 pub mod logging;
 pub mod metrics;
 pub mod neighbours;
+mod netlink;
 pub mod state;
 pub mod tunnel_source;
 

@@ -4,6 +4,7 @@
 //! is in place, so that a fresh machine needs nothing but this repository.
 
 mod bpffs;
+mod package;
 mod setup;
 
 use anyhow::{bail, Context, Result};
@@ -32,6 +33,8 @@ enum Cmd {
     },
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
     Bench,
+    /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
+    Package,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -51,6 +54,7 @@ fn main() -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
         Cmd::Bench => bench(),
+        Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }
@@ -112,7 +116,7 @@ extern "C" {
 
 fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
-    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    println!("built target/release/lb (the eBPF objects are embedded; `lb --version` names their hash)");
     Ok(())
 }
 

@@ -392,18 +392,24 @@ pub mod stat {
         /// answered with ICMP "fragmentation needed" / ICMPv6 "packet too big" (sent with
         /// XDP_TX from the VIP to the client, which lowers its path MTU and sends again).
         ICMP_TOO_BIG_SENT = "icmp_too_big_sent",
-        /// Packet too big for the egress MTU and not answered: IPv4 without DF (a router
-        /// would fragment it; XDP cannot send two packets for one), or this CPU's ICMP rate
-        /// limit (`lb-ebpf` `icmp::RATE_PER_SEC`) was used up.
+        /// Packet too big for the egress MTU and not answered: IPv4 without DF (also counted
+        /// as `drop_too_big_no_df`), a VLAN-tagged frame (the reply is built for untagged
+        /// frames only), or this CPU's ICMP rate limit (`lb-ebpf` `icmp::RATE_PER_SEC`) was
+        /// used up.
         DROP_TOO_BIG = "drop_too_big",
         /// The route to the backend was found but its next hop had no valid neighbour entry
         /// (`BPF_FIB_LKUP_RET_NO_NEIGH`); also counted as `drop_fib`. The daemon keeps a managed
         /// neighbour entry for every backend's next hop, so this stops within a second.
         DROP_NO_NEIGH = "drop_no_neigh",
+        /// The part of `drop_too_big` that is IPv4 without DF: a router would fragment it, XDP
+        /// cannot send two packets for one, and no ICMP is due, so the client only sees a
+        /// loss (its stack must lower the size itself). Nonzero means clients that clear DF
+        /// send more than the path to the backends carries: raise that MTU (README, MTU).
+        DROP_TOO_BIG_NO_DF = "drop_too_big_no_df",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
-    pub const GLOBAL_COUNT: u32 = 29;
+    pub const GLOBAL_COUNT: u32 = 30;
     const _: () = assert!(NAMES.len() <= GLOBAL_COUNT as usize);
 }
 
@@ -531,9 +537,9 @@ const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
-// 256 bytes, as when the record held 32 counters: a pinned `STATS` of those versions is
-// adopted as is (its unused counters 29..32 become the search record).
-const _: () = assert!(core::mem::size_of::<GlobalStats>() == 256);
+// 30 counters and the search record. A pinned `STATS` of another size (256 bytes before
+// `drop_too_big_no_df`) is replaced at adoption, as every map whose size changed.
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 264);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 const _: () = assert!(core::mem::size_of::<BackendCounters>() == 24);

@@ -100,6 +100,7 @@ pub fn ipip_v4(
     let outer = Outer {
         ipv6: false,
         l2: false,
+        neigh: false,
         len: tot_len as u32,
         src: [src, 0, 0, 0],
         src_mask: svc.encap_src_hash_mask,
@@ -152,6 +153,7 @@ pub fn ip6ip6(
     let outer = Outer {
         ipv6: true,
         l2: false,
+        neigh: false,
         len: (pkt.l3_len + IPV6_HDR_LEN) as u32,
         src,
         src_mask: svc.encap_src_hash_mask,
@@ -185,33 +187,49 @@ pub fn ip6ip6(
 }
 
 /// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
-/// frame goes to the backend's MAC. An untagged frame leaves by the device the route to the
-/// backend's address uses: the ingress device (XDP_TX; source = the MAC the frame was sent to,
-/// which `parse::to_local_mac` checked is that device's own) or another one (redirect; source =
-/// that device's MAC). A VLAN-tagged frame goes back out of
+/// frame goes to the backend's MAC: the configured one, or, when the record has none (zero), the
+/// one the host's neighbour table holds for the backend's address (from the route lookup, as
+/// IPVS direct routing does; the daemon keeps that entry resolved). An untagged frame leaves by
+/// the device the route to the backend's address uses: the ingress device (XDP_TX; source = the
+/// MAC the frame was sent to, which `parse::to_local_mac` checked is that device's own) or
+/// another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
 /// device, on which native XDP cannot transmit.
 #[inline(always)]
 pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend, now: u64, counters: Counters) -> u32 {
     let m = backend.mac;
-    let dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
-    let dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
+    let mut dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
+    let mut dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
+    // Configuration refuses a zero MAC: zero is "none configured".
+    let from_neigh = dmac_lo | dmac_hi == 0;
     let p = ctx.data() as *mut u8;
     if ctx.data() + ETH_LEN > ctx.data_end() {
         return drop(stat::DROP_ENCAP, counters);
     }
-    let egress = if pkt.l3_off == ETH_LEN {
+    let untagged = pkt.l3_off == ETH_LEN;
+    // A tagged frame needs the route only for the neighbour's MAC (it leaves by the ingress).
+    let egress = if untagged || from_neigh {
         let outer = Outer {
             ipv6: backend.family == FAMILY_V6,
             l2: true,
+            neigh: from_neigh,
             len: pkt.l3_len as u32,
             src: [0; 4],
             src_mask: 0,
             dst: backend.addr,
         };
         match nexthop::route(ctx, backend_id, outer, now) {
-            Ok(r) if r.egress_ifindex != r.ingress_ifindex => Some(r),
-            Ok(_) => None,
+            Ok(r) => {
+                if from_neigh {
+                    // The next hop's MAC: word 0 and the low half of word 1 (see `Route::macs`).
+                    (dmac_lo, dmac_hi) = (r.macs[0], r.macs[1] & 0xffff);
+                }
+                if untagged && r.egress_ifindex != r.ingress_ifindex {
+                    Some(r)
+                } else {
+                    None
+                }
+            }
             Err(reason) => return icmp::route_failed(ctx, pkt, reason, 0, now, counters),
         }
     } else {

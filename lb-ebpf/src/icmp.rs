@@ -4,7 +4,8 @@
 //! the client's packets must keep to (the egress MTU minus the outer header). The client lowers
 //! its path MTU for the VIP and sends again (TCP at once, with a smaller MSS). An IPv4 packet
 //! without DF would be fragmented by a router; XDP cannot send two packets for one, so it is
-//! dropped and counted (`drop_too_big`), as are packets over this CPU's ICMP rate limit.
+//! dropped and counted (`drop_too_big_no_df`, and `drop_too_big`). Packets over this CPU's ICMP
+//! rate limit are dropped as `drop_too_big` only.
 //!
 //! The reply reuses the packet's buffer: the tail is cut to the part quoted, the head grows by
 //! the new IP and ICMP headers, the Ethernet addresses are swapped, and it leaves by XDP_TX.
@@ -58,7 +59,13 @@ pub fn route_failed(ctx: &XdpContext, pkt: &Packet, reason: u32, outer_len: u32,
         return drop(reason, counters);
     }
     let mtu = (reason & 0xffff).saturating_sub(outer_len);
-    if pkt.l3_off != ETH_LEN || (pkt.family == FAMILY_V4 && pkt.id_df & DF == 0) || !take_token(now) {
+    // No DF: no ICMP is due (a router would fragment), so nothing tells the client; counted
+    // apart, so that an operator sees this case (and as `drop_too_big`, as it always was).
+    if pkt.family == FAMILY_V4 && pkt.id_df & DF == 0 {
+        counters.inc(stat::DROP_TOO_BIG_NO_DF);
+        return drop(stat::DROP_TOO_BIG, counters);
+    }
+    if pkt.l3_off != ETH_LEN || !take_token(now) {
         return drop(stat::DROP_TOO_BIG, counters);
     }
     let built = if pkt.family == FAMILY_V4 { too_big_v4(ctx, mtu) } else { too_big_v6(ctx, mtu) };

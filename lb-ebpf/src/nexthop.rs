@@ -42,6 +42,9 @@ pub const TOO_BIG: u32 = 1 << 31;
 /// Marks an entry filled by an L2 DSR lookup in `NextHop::family`: its MACs may be zero (no
 /// neighbour entry), so an encapsulation must not use it.
 const L2_LOOKUP: u32 = 1 << 16;
+/// With `L2_LOOKUP`: the lookup wanted the neighbour's MAC (`Outer::neigh`), so the entry's
+/// MACs are real; kept apart from the entries of lookups that did not need them.
+const L2_NEIGH: u32 = 1 << 17;
 
 /// One backend's cached route lookup (this CPU's copy).
 #[repr(C)]
@@ -53,7 +56,7 @@ pub struct NextHop {
     pub dst: [u32; 4],
     pub src: [u32; 4],
     /// The service's hashed-bit mask of the outer source, the address family (AF_INET or
-    /// AF_INET6, plus `L2_LOOKUP` for an L2 DSR lookup) and the ingress device.
+    /// AF_INET6, plus `L2_LOOKUP`, and `L2_NEIGH`, for an L2 DSR lookup) and the ingress device.
     pub src_mask: u32,
     pub family: u32,
     pub ingress_ifindex: u32,
@@ -82,11 +85,16 @@ pub struct Route {
 pub struct Outer {
     /// AF_INET or AF_INET6.
     pub ipv6: bool,
-    /// L2 DSR: only the egress device and its MAC are wanted (the backend's MAC is configured).
+    /// L2 DSR: only the egress device and its MAC are wanted (the backend's MAC is configured;
+    /// without one, `neigh`).
     /// Back out of the ingress device such a lookup succeeds without a neighbour entry for the
     /// backend, with both MACs zero (the kernel fills the device's MAC only with the
     /// neighbour's); these entries are cached apart from encapsulation ones.
     pub l2: bool,
+    /// L2 DSR to a backend without a configured MAC: its MAC is the neighbour's, so the lookup
+    /// needs the neighbour entry as an encapsulation does (NO_NEIGH is `drop_no_neigh`, and
+    /// forwarding must be on). Only with `l2`.
+    pub neigh: bool,
     /// Outer datagram length.
     pub len: u32,
     /// Outer source (the hashed bits filled in) and the mask of those bits in the word that
@@ -99,7 +107,9 @@ pub struct Outer {
 /// `NextHop::family` of an entry for `o`: its address family, marked for an L2 lookup.
 #[inline(always)]
 fn cache_family(o: &Outer) -> u32 {
-    (if o.ipv6 { AF_INET6 } else { AF_INET }) | if o.l2 { L2_LOOKUP } else { 0 }
+    (if o.ipv6 { AF_INET6 } else { AF_INET })
+        | if o.l2 { L2_LOOKUP } else { 0 }
+        | if o.l2 && o.neigh { L2_NEIGH } else { 0 }
 }
 
 /// The source with the hashed bits cleared: what the cache entry is keyed on.
@@ -198,11 +208,11 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         // set the egress device, word 2, before looking for the neighbour.) Towards another
         // device it needs that device's MAC, which comes only with a neighbour entry: a drop,
         // not cached, so that it works as soon as the entry exists.
-        FIB_NO_NEIGH if o.l2 && p[2] == ingress => {}
+        FIB_NO_NEIGH if o.l2 && !o.neigh && p[2] == ingress => {}
         // L2 DSR is not routing: with forwarding off on the ingress device the kernel looks
         // nothing up, and the frame goes back out of the ingress (the segment the operator
         // configured the backend's MAC for), as IPIP cannot.
-        FIB_FWD_DISABLED if o.l2 => p[2] = ingress,
+        FIB_FWD_DISABLED if o.l2 && !o.neigh => p[2] = ingress,
         // Blackhole, unreachable, prohibit, not forwarded: there is no route.
         1..=4 => return stat::DROP_UNROUTABLE,
         // Longer than the egress MTU: the caller answers with ICMP (never cached, so the next

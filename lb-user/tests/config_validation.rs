@@ -582,12 +582,16 @@ fn weight_out_of_range_rejected() {
     cfg.validate().expect("1000 is the maximum weight");
 }
 
+/// Issue 16.5: `mac` is an optional override; without it the backend's MAC comes from the host's
+/// neighbour table (as IPVS direct routing), so an L2_DSR backend may omit it.
 #[test]
-fn l2_dsr_backend_without_mac_rejected() {
+fn l2_dsr_backend_without_mac_accepted() {
     let mut cfg = base();
     cfg.services[0].forwarding = Forwarding::L2Dsr;
     cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
-    reject_web(cfg, "backend[1].mac", &["required", "L2_DSR"]);
+    cfg.validate().expect("one backend with a MAC, one without");
+    cfg.services[0].backends[0].mac = None;
+    cfg.validate().expect("no MAC at all");
 }
 
 /// A malformed MAC is refused when the file is parsed (the field is a `MacAddr`): the error

@@ -124,6 +124,79 @@ fn l2_dsr_sends_out_of_the_device_the_route_to_the_backend_uses() {
     });
 }
 
+/// Issue 16.5: an L2 DSR backend record without a MAC (zero) gets the MAC the host's neighbour
+/// table holds for its address, from the route lookup (as IPVS direct routing): no entry is a
+/// `drop_no_neigh` (the daemon keeps one), with one the frame goes to it, out of the ingress or
+/// redirected to the device of the backend's segment, and a tagged frame back out of the ingress
+/// on its VLAN. A configured MAC still wins over the neighbour's.
+#[test]
+fn l2_dsr_without_a_mac_sends_to_the_neighbour_table_mac() {
+    use lb_common::maps::stat;
+    use lb_tests::fixture_net::{add_neighbour, in_netns, LB2_MAC};
+    use lb_user::dataplane::{XDP_DROP, XDP_REDIRECT};
+    const NEIGHBOUR_MAC: [u8; 6] = [0x02, 0x99, 0, 0, 0, 0x99];
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        let (ip4, ip6) = two_services(&mut dp, forwarding::L2_DSR, b"neigh");
+        let cases: [(u32, IpAddr, &[u8], u16); 2] = [
+            (1, IpAddr::V4(Ipv4Addr::new(198, 18, 0, 9)), &ip4, ETH_P_IP),
+            (2, IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9)), &ip6, ETH_P_IPV6),
+        ];
+        let send =
+            |dp: &mut lb_user::dataplane::Dataplane, frame: &[u8]| dp.run_test(Program::Lb, frame, topo.lbv0).unwrap();
+        let count = |dp: &lb_user::dataplane::Dataplane, s| dp.stats().unwrap().get(s);
+        for (id, on_ingress, ip, ethertype) in cases {
+            let untagged = ethernet(LB_MAC, CLIENT_MAC, ethertype, ip);
+            let tagged = ethernet_vlan(LB_MAC, CLIENT_MAC, 7, ethertype, ip);
+            // On lbv0's segment, no neighbour entry yet: dropped as a missing neighbour.
+            dp.set_backend(id, backend(on_ingress, [0; 6], 0)).unwrap();
+            let (no_neigh, fib) = (count(&dp, stat::DROP_NO_NEIGH), count(&dp, stat::DROP_FIB));
+            assert_eq!(send(&mut dp, &untagged).action, XDP_DROP, "{on_ingress}: no neighbour entry");
+            assert_eq!((count(&dp, stat::DROP_NO_NEIGH), count(&dp, stat::DROP_FIB)), (no_neigh + 1, fib + 1));
+            // With the entry (the failure was not cached): to the neighbour's MAC, XDP_TX.
+            add_neighbour(on_ingress, NEIGHBOUR_MAC, "lbv0");
+            let out = send(&mut dp, &untagged);
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(NEIGHBOUR_MAC, LB_MAC, ethertype, ip)),
+                "{on_ingress}: ingress segment"
+            );
+            let out = send(&mut dp, &tagged);
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet_vlan(NEIGHBOUR_MAC, LB_MAC, 7, ethertype, ip)),
+                "{on_ingress}: tagged"
+            );
+            // A configured MAC is an override: the neighbour's is not used.
+            dp.set_backend(id, backend(on_ingress, BACKEND_MAC, 0)).unwrap();
+            let out = send(&mut dp, &untagged);
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet(BACKEND_MAC, LB_MAC, ethertype, ip)),
+                "{on_ingress}: configured MAC"
+            );
+
+            // On lbv2's segment: redirected there, source lbv2's MAC, destination the
+            // neighbour's; a tagged frame still back out of the ingress.
+            let other = test_addr(on_ingress, 2, 9);
+            add_neighbour(other, NEIGHBOUR_MAC, "lbv2");
+            dp.set_backend(id, backend(other, [0; 6], 0)).unwrap();
+            let out = send(&mut dp, &untagged);
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_REDIRECT, ethernet(NEIGHBOUR_MAC, LB2_MAC, ethertype, ip)),
+                "{other}: behind lbv2"
+            );
+            let out = send(&mut dp, &tagged);
+            assert_eq!(
+                (out.action, out.data),
+                (XDP_TX, ethernet_vlan(NEIGHBOUR_MAC, LB_MAC, 7, ethertype, ip)),
+                "{other}: tagged"
+            );
+        }
+    });
+}
+
 /// Issue 20.8: only frames sent to the ingress device's own MAC are balanced, for every
 /// forwarding method. Broadcast, multicast, another host's MAC (a frame flooded to us) and
 /// the MAC of another of our devices pass untouched and are counted; a frame sent to us leaves

@@ -1,6 +1,6 @@
 //! Path MTU through BPF_PROG_TEST_RUN: a packet too big for the egress MTU once
 //! encapsulated is answered with ICMP "fragmentation needed" / ICMPv6 "packet too big" (exact
-//! bytes, checksums, counters), an IPv4 one without DF is dropped as `drop_too_big`, the ICMP
+//! bytes, checksums, counters), an IPv4 one without DF is dropped as `drop_too_big_no_df`, the ICMP
 //! replies are rate-limited per CPU, and a missing neighbour is counted as `drop_no_neigh`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -109,6 +109,39 @@ fn ipv4_df_too_big_once_encapsulated_gets_fragmentation_needed() {
         assert_eq!(out.action, XDP_DROP);
         let s = dp.stats().unwrap();
         assert_eq!((s.get(stat::ICMP_TOO_BIG_SENT), s.get(stat::DROP_FIB), s.get(stat::DROP_TOO_BIG)), (1, 0, 1));
+    });
+}
+
+/// IPv4 without DF is the one too-big case no ICMP is due for (a router would fragment), so it
+/// has a counter of its own, `drop_too_big_no_df` (part of `drop_too_big`): a no-DF frame moves
+/// it, a DF frame does not, whether it is answered, VLAN-tagged or over the ICMP rate limit.
+#[test]
+fn ipv4_without_df_too_big_is_counted_apart() {
+    in_netns(|topo| {
+        let mut dp = loaded();
+        let counts = |dp: &Dataplane| {
+            let s = dp.stats().unwrap();
+            (s.get(stat::DROP_TOO_BIG_NO_DF), s.get(stat::DROP_TOO_BIG), s.get(stat::ICMP_TOO_BIG_SENT))
+        };
+        let (df, no_df) = (big4(80, 1500, true), big4(80, 1500, false));
+        assert_eq!(send(&mut dp, ETH_P_IP, &df, topo.lbv0).action, XDP_TX, "DF: answered");
+        assert_eq!(counts(&dp), (0, 0, 1));
+        let tagged = |ip: &[u8]| ethernet_vlan(LB_MAC, CLIENT_MAC, 7, ETH_P_IP, ip);
+        assert_eq!(dp.run_test(Program::Lb, &tagged(&df), topo.lbv0).unwrap().action, XDP_DROP, "DF, tagged");
+        assert_eq!(counts(&dp), (0, 1, 1));
+        assert_eq!(send(&mut dp, ETH_P_IP, &no_df, topo.lbv0).action, XDP_DROP, "no DF");
+        assert_eq!(counts(&dp), (1, 2, 1));
+        assert_eq!(dp.run_test(Program::Lb, &tagged(&no_df), topo.lbv0).unwrap().action, XDP_DROP, "no DF, tagged");
+        assert_eq!(counts(&dp), (2, 3, 1));
+        // DF frames until the rate limit drops some: none of them is a no-DF drop.
+        let n = 400;
+        for _ in 0..n {
+            send(&mut dp, ETH_P_IP, &df, topo.lbv0);
+        }
+        let (no_df_drops, too_big, sent) = counts(&dp);
+        assert_eq!(no_df_drops, 2);
+        assert!(too_big > 3, "the rate limit dropped some ({too_big} drops, {sent} sent)");
+        assert_eq!(too_big - 3 + sent - 1, n);
     });
 }
 

@@ -309,7 +309,8 @@ pub struct Backend {
     pub failover: bool,
     #[serde(default = "default_weight")]
     pub weight: u32,
-    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff"), parsed when the file is read.
+    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff"), parsed when the file is read;
+    /// an override: absent, the host's neighbour entry for the backend's address gives it.
     #[serde(default)]
     pub mac: Option<MacAddr>,
     // ---- Traffic Manager endpoint fields (spec §2.1); only with a Traffic Manager method.

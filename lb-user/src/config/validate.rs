@@ -577,31 +577,25 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
              without one, allowed: false",
         );
     }
-    // A malformed `mac` is refused when the file is parsed (`MacAddr`).
-    match b.mac {
-        Some(mac) => {
-            let what = if mac.0 == [0; 6] {
-                Some("the zero address")
-            } else if mac.0 == [0xff; 6] {
-                Some("the broadcast address")
-            } else if mac.0[0] & 1 == 1 {
-                Some("a multicast address (the low bit of the first octet is set)")
-            } else {
-                None
-            };
-            if let Some(what) = what {
-                r.push(
-                    format!("backend[{i}].mac"),
-                    format!("\"{mac}\" is {what}: allowed a unicast MAC, not zero, with an even first octet (e.g. \"02:00:c6:12:0b:01\")"),
-                );
-            }
+    // A malformed `mac` is refused when the file is parsed (`MacAddr`). Without one, an L2_DSR
+    // backend gets the MAC of the host's neighbour entry for its address (the data plane's
+    // route lookup; the daemon keeps the entry resolved).
+    if let Some(mac) = b.mac {
+        let what = if mac.0 == [0; 6] {
+            Some("the zero address")
+        } else if mac.0 == [0xff; 6] {
+            Some("the broadcast address")
+        } else if mac.0[0] & 1 == 1 {
+            Some("a multicast address (the low bit of the first octet is set)")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            r.push(
+                format!("backend[{i}].mac"),
+                format!("\"{mac}\" is {what}: allowed a unicast MAC, not zero, with an even first octet (e.g. \"02:00:c6:12:0b:01\")"),
+            );
         }
-        // A nested endpoint forwards to its child's backends, whose own MACs are used.
-        None if svc.forwarding == Forwarding::L2Dsr && !b.is_nested() => r.push(
-            format!("backend[{i}].mac"),
-            format!("required with forwarding = {}: the backend's MAC address", Forwarding::L2Dsr),
-        ),
-        None => {}
     }
 }
 

@@ -2,8 +2,9 @@
 //! reports interfaces that appear (or change) and disappear, by name and index, so the daemon
 //! can say that an interface it is attached to went away and attach again when it returns.
 
-use anyhow::{bail, Context, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use super::netlink::{self, attrs, messages, Message};
+use anyhow::{Context, Result};
+use std::os::fd::AsRawFd;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
@@ -23,21 +24,13 @@ const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTMGRP_LINK: u32 = 1;
 const IFLA_IFNAME: u16 = 3;
-/// `struct nlmsghdr` and `struct ifinfomsg`.
-const NLMSG_HDRLEN: usize = 16;
+/// `struct ifinfomsg`.
 const IFINFOMSG_LEN: usize = 16;
 
 /// The link events of one netlink datagram (several messages may share one).
 pub fn parse(buf: &[u8]) -> Vec<LinkEvent> {
     let mut events = Vec::new();
-    let mut at = 0;
-    while at + NLMSG_HDRLEN <= buf.len() {
-        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap()) as usize;
-        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap());
-        if len < NLMSG_HDRLEN || at + len > buf.len() {
-            break;
-        }
-        let msg = &buf[at + NLMSG_HDRLEN..at + len];
+    for Message { kind, payload: msg, .. } in messages(buf) {
         if (kind == RTM_NEWLINK || kind == RTM_DELLINK) && msg.len() >= IFINFOMSG_LEN {
             let ifindex = i32::from_ne_bytes(msg[4..8].try_into().unwrap()) as u32;
             if let Some(ifname) = ifname_attr(&msg[IFINFOMSG_LEN..]) {
@@ -47,56 +40,15 @@ pub fn parse(buf: &[u8]) -> Vec<LinkEvent> {
                 });
             }
         }
-        at += len.div_ceil(4) * 4;
     }
     events
 }
 
-/// `IFLA_IFNAME` among the attributes (`struct rtattr`: length, type, payload, 4-aligned).
-fn ifname_attr(mut attrs: &[u8]) -> Option<String> {
-    while attrs.len() >= 4 {
-        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
-        if len < 4 || len > attrs.len() {
-            return None;
-        }
-        if kind == IFLA_IFNAME {
-            let name = &attrs[4..len];
-            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-            return Some(String::from_utf8_lossy(&name[..end]).into_owned());
-        }
-        attrs = &attrs[(len.div_ceil(4) * 4).min(attrs.len())..];
-    }
-    None
-}
-
-/// A NETLINK_ROUTE socket of the calling thread's network namespace, in the link group.
-fn open() -> Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
-    };
-    if fd < 0 {
-        bail!("socket(NETLINK_ROUTE): {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as u16;
-    addr.nl_groups = RTMGRP_LINK;
-    // SAFETY: binding our socket to an address struct of the size given.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if rc != 0 {
-        bail!("binding the rtnetlink socket to RTMGRP_LINK: {}", std::io::Error::last_os_error());
-    }
-    Ok(fd)
+/// `IFLA_IFNAME` among the attributes.
+fn ifname_attr(buf: &[u8]) -> Option<String> {
+    let (_, name) = attrs(buf).find(|(kind, _)| *kind == IFLA_IFNAME)?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Some(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
 /// Starts a task that sends every link event of this network namespace to the returned
@@ -104,9 +56,11 @@ fn open() -> Result<OwnedFd> {
 /// (except on an overrun, which is reported as such).
 pub fn watch() -> Result<(mpsc::Receiver<LinkEvent>, tokio::task::JoinHandle<()>)> {
     // SAFETY: the descriptor is owned by the AsyncFd, which deregisters it before closing it.
-    let socket = unsafe { AsyncFd::register_with_interest(open()?, tokio::io::Interest::READABLE) }
-        .map_err(std::io::Error::from)
-        .context("registering the rtnetlink socket")?;
+    let socket = unsafe {
+        AsyncFd::register_with_interest(netlink::open(RTMGRP_LINK, libc::SOCK_NONBLOCK)?, tokio::io::Interest::READABLE)
+    }
+    .map_err(std::io::Error::from)
+    .context("registering the rtnetlink socket")?;
     let (tx, rx) = mpsc::channel(64);
     let task = tokio::spawn(async move {
         let mut buf = vec![0u8; 32 * 1024];
@@ -153,6 +107,7 @@ pub fn exists(ifname: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::netlink::NLMSG_HDRLEN;
 
     /// One RTM_*LINK message for `name` (index `index`), with an attribute before the name.
     fn message(kind: u16, index: i32, name: &str) -> Vec<u8> {

@@ -13,6 +13,7 @@ pub mod links;
 pub mod logging;
 pub mod metrics;
 pub mod neighbours;
+mod netlink;
 pub mod notify;
 pub mod reply;
 pub mod state;

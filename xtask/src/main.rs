@@ -31,7 +31,12 @@ enum Cmd {
         args: Vec<String>,
     },
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
-    Bench,
+    Bench {
+        /// Instead, compare the data plane with Katran's, side by side: the path of a
+        /// `balancer.bpf.o` built from Katran's source (BENCHMARKS.md says how to get it).
+        #[arg(long, value_name = "BALANCER_BPF_O")]
+        katran: Option<PathBuf>,
+    },
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -40,7 +45,11 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Paths given on the command line are relative to where xtask was started, not the root.
+    if let Cmd::Bench { katran: Some(object) } = &mut cli.command {
+        *object = std::path::absolute(&*object)?;
+    }
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     survive_interrupts();
@@ -50,7 +59,8 @@ fn main() -> Result<()> {
         Cmd::Setup => Ok(()),
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
-        Cmd::Bench => bench(),
+        Cmd::Bench { katran: None } => bench(),
+        Cmd::Bench { katran: Some(object) } => bench_katran(&object),
         Cmd::Demo { scene } => demo(scene),
     }
 }
@@ -143,6 +153,16 @@ fn bench() -> Result<()> {
         // Control plane: health change to live tables, daemon memory with 1M tracked connections.
         run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
         run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))
+    })
+}
+
+/// `dp_bench --katran`: the headline cases and the hot hit, `lb` and Katran side by side.
+fn bench_katran(object: &Path) -> Result<()> {
+    require_root("cargo xtask bench --katran")?;
+    bpffs::guarded(|| {
+        run(cargo()
+            .args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench", "--", "--katran"])
+            .arg(object))
     })
 }
 

@@ -5,19 +5,28 @@
 //! - `LB_EBPF_BENCH_OBJ`: the bench build of the balancer's object (feature `bench`: `lb` plus
 //!   the bench programs), not embedded, only its path: lb-tests' `dp_bench` loads it.
 //!
-//! The bench build has a target directory of its own (`target/bpf-bench`), so that neither
-//! build overwrites the other's `lb`; the two builds run side by side.
-//! The toolchain (nightly + rust-src + bpf-linker) is installed by `cargo xtask setup`.
+//! and, for `lb --version`, `LB_GIT_COMMIT` (the commit built, `-dirty` with local changes) and
+//! `LB_EBPF_SHA256` (the production object's SHA-256).
+//!
+//! Everything is written under `OUT_DIR` (never into the source tree), so that
+//! `cargo install --path lb-user` and `cargo deb` work like any build. The bench build has a
+//! target directory of its own (`OUT_DIR/bpf-bench`), so that neither build overwrites the
+//! other's `lb`; the two builds run side by side.
+//!
+//! The nightly is the one `lb-ebpf/rust-toolchain.toml` names, and must be the exact version in
+//! `lb-ebpf/nightly-version`. The toolchain (nightly + rust-src + bpf-linker) is installed by
+//! `cargo xtask setup`.
+use sha2::{Digest, Sha256};
 use std::{
     env,
     path::{Path, PathBuf},
     process::{Child, Command},
 };
 
-/// Starts `cargo +nightly build` of lb-ebpf into `target_dir` with `extra` arguments.
-fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
-    let mut cmd = Command::new("cargo");
-    // The nested cargo must not inherit this build's toolchain, flags or target settings.
+/// A command for the nightly toolchain of `lb-ebpf` (its `rust-toolchain.toml`), without this
+/// build's toolchain, flags or target settings.
+fn nightly(program: &str, ebpf_dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
     for (k, _) in env::vars() {
         if k.starts_with("CARGO")
             || k.starts_with("RUSTC")
@@ -28,32 +37,94 @@ fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
             cmd.env_remove(k);
         }
     }
-    cmd.current_dir(ebpf_dir)
-        .args(["+nightly", "build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+    cmd.current_dir(ebpf_dir);
+    cmd
+}
+
+/// Refuses a nightly other than the pinned one: another nightly may build objects the verifier
+/// rejects, or that behave differently, with nothing in the build saying so.
+fn check_nightly(ebpf_dir: &Path) {
+    let pin_file = ebpf_dir.join("nightly-version");
+    let pinned = std::fs::read_to_string(&pin_file).unwrap_or_else(|e| panic!("reading {}: {e}", pin_file.display()));
+    let pinned = pinned.trim();
+    let out =
+        nightly("rustc", ebpf_dir).arg("-V").output().unwrap_or_else(|e| panic!("running rustc for lb-ebpf: {e}"));
+    let found = String::from_utf8_lossy(&out.stdout);
+    let found = found.trim().trim_start_matches("rustc ");
+    if !out.status.success() || found != pinned {
+        panic!(
+            "lb-ebpf is built with nightly rustc {pinned} ({}), but the nightly toolchain here is {:?}. \
+             Install that nightly as the `nightly` toolchain, or, to move to this one, build and run \
+             the BPF tests with it and write its version into {}",
+            pin_file.display(),
+            if found.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_owned() } else { found.to_owned() },
+            pin_file.display()
+        );
+    }
+}
+
+/// Starts `cargo build` of lb-ebpf (the pinned nightly) into `target_dir` with `extra` arguments.
+fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
+    let mut cmd = nightly("cargo", ebpf_dir);
+    cmd.args(["build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .args(extra)
         .arg("--target-dir")
         .arg(target_dir);
-    cmd.spawn().unwrap_or_else(|e| panic!("running cargo +nightly for lb-ebpf: {e}"))
+    cmd.spawn().unwrap_or_else(|e| panic!("running cargo (nightly) for lb-ebpf: {e}"))
+}
+
+/// The commit of the source tree (`-dirty` with uncommitted changes), or `unknown` outside git.
+fn git_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    // Rebuild when HEAD moves (a commit, a checkout) or the index changes.
+    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        for f in ["HEAD", "logs/HEAD", "index"] {
+            println!("cargo:rerun-if-changed={}", Path::new(&dir).join(f).display());
+        }
+    }
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(commit) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            format!("{commit}{}", if dirty { "-dirty" } else { "" })
+        }
+        None => "unknown".to_owned(),
+    }
 }
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
     let ebpf_dir = root.join("lb-ebpf");
     for dir in ["lb-ebpf/src", "lb-common/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
-    for f in ["lb-ebpf/Cargo.toml", "lb-ebpf/Cargo.lock", "lb-common/Cargo.toml"] {
+    for f in [
+        "lb-ebpf/Cargo.toml",
+        "lb-ebpf/Cargo.lock",
+        "lb-ebpf/rust-toolchain.toml",
+        "lb-ebpf/nightly-version",
+        "lb-common/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
-    let production_dir = root.join("target").join("bpf");
-    let bench_dir = root.join("target").join("bpf-bench");
+    check_nightly(&ebpf_dir);
+    let production_dir = out_dir.join("bpf");
+    let bench_dir = out_dir.join("bpf-bench");
     let builds = [
         ("the production objects", start_build(&ebpf_dir, &production_dir, &[])),
         ("the bench object", start_build(&ebpf_dir, &bench_dir, &["--features", "bench", "--bin", "lb"])),
     ];
     for (what, mut child) in builds {
-        let status = child.wait().unwrap_or_else(|e| panic!("waiting for cargo +nightly for lb-ebpf: {e}"));
+        let status = child.wait().unwrap_or_else(|e| panic!("waiting for cargo (nightly) for lb-ebpf: {e}"));
         if !status.success() {
             panic!(
                 "building {what} of lb-ebpf failed ({status}); the eBPF toolchain (nightly, rust-src, \
@@ -61,8 +132,13 @@ fn main() {
             );
         }
     }
-    let obj = |dir: &Path, bin: &str| dir.join("bpfel-unknown-none/release").join(bin).display().to_string();
-    println!("cargo:rustc-env=LB_EBPF_OBJ={}", obj(&production_dir, "lb"));
-    println!("cargo:rustc-env=LB_EBPF_DECAP_OBJ={}", obj(&production_dir, "lb-decap"));
-    println!("cargo:rustc-env=LB_EBPF_BENCH_OBJ={}", obj(&bench_dir, "lb"));
+    let obj = |dir: &Path, bin: &str| dir.join("bpfel-unknown-none/release").join(bin);
+    let production = obj(&production_dir, "lb");
+    let bytes = std::fs::read(&production).unwrap_or_else(|e| panic!("reading {}: {e}", production.display()));
+    let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    println!("cargo:rustc-env=LB_EBPF_OBJ={}", production.display());
+    println!("cargo:rustc-env=LB_EBPF_DECAP_OBJ={}", obj(&production_dir, "lb-decap").display());
+    println!("cargo:rustc-env=LB_EBPF_BENCH_OBJ={}", obj(&bench_dir, "lb").display());
+    println!("cargo:rustc-env=LB_EBPF_SHA256={sha256}");
+    println!("cargo:rustc-env=LB_GIT_COMMIT={}", git_commit(&root));
 }

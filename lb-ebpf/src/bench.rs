@@ -1,7 +1,7 @@
 //! Bench-only XDP programs for `BPF_PROG_TEST_RUN` with `repeat > 1` (`dp_bench` in lb-tests).
 //!
 //! They exist only in the bench build of the balancer's object (feature `bench`, built by
-//! lb-user's build.rs into `target/bpf-bench`), where they share the balancer's maps; the
+//! lb-user's build.rs into `OUT_DIR/bpf-bench`), where they share the balancer's maps; the
 //! production object, which the data plane loads, holds `lb` and `clock_probe` only.
 //!
 //! With `repeat > 1` the kernel runs every iteration on the same buffer, so after the first

@@ -1,12 +1,23 @@
 //! `lb`: the load balancer's daemon and CLI.
-use clap::{Parser, Subcommand};
-use lb_user::cli::{self, decap, plan, render};
-use lb_user::daemon::api::{self, HealthOverride, Request};
+use clap::{CommandFactory, Parser, Subcommand};
+use lb_user::cli::{self, decap, plan, render, validate};
+use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+/// `lb --version`: the release, the commit it was built from and the embedded XDP object's
+/// SHA-256 (both from `build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LB_GIT_COMMIT"),
+    ", eBPF object sha256 ",
+    env!("LB_EBPF_SHA256"),
+    ")"
+);
+
 #[derive(Parser)]
-#[command(name = "lb", version, about = "eBPF/XDP L4 pass-through load balancer")]
+#[command(name = "lb", version = VERSION, about = "eBPF/XDP L4 pass-through load balancer")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +29,8 @@ enum Command {
     Run(lb_user::daemon::RunArgs),
     /// Offline: print every service's eligible backends per client zone.
     Plan(plan::PlanArgs),
+    /// Offline: check a configuration file; lists every problem and exits 1 if there is one.
+    Validate(ValidateArgs),
     /// Services, backends (zone, role, health, weight) and per-zone eligible sets.
     Status(Common),
     /// Data-plane counters, per service and client zone.
@@ -30,22 +43,50 @@ enum Command {
         action: BackendAction,
     },
     /// Re-read the configuration file (an invalid one is refused and changes nothing).
-    Reload(Common),
+    Reload(ReloadArgs),
     /// The lb_decap program, for backends whose kernel cannot decapsulate IPIP/IP6IP6.
     Decap {
         #[command(subcommand)]
         action: DecapAction,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), lb(8).
+    #[command(hide = true)]
+    Manpage,
 }
 
 #[derive(clap::Args, Clone)]
 struct Common {
     /// Control socket of the daemon.
-    #[arg(long, default_value = api::DEFAULT_SOCKET)]
+    #[arg(long, env = "LB_SOCKET", default_value = api::DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// Print JSON.
+    /// Print the daemon's reply as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `lb validate`.
+#[derive(clap::Args)]
+struct ValidateArgs {
+    /// Configuration file to check.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+/// `lb reload`.
+#[derive(clap::Args)]
+struct ReloadArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Print what the reload would change (services, backends, eligible sets, tables) without
+    /// applying it.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// `lb explain`: one flow of one service.
@@ -53,17 +94,21 @@ struct Common {
 struct ExplainArgs {
     #[command(flatten)]
     common: Common,
+    /// The service's name.
     #[arg(long)]
     service: String,
+    /// The client's (source) address.
     #[arg(long)]
     client: IpAddr,
+    /// The client's source port (default 40000).
     #[arg(long)]
     sport: Option<u16>,
+    /// The destination port (default: the service's first port).
     #[arg(long)]
     dport: Option<u16>,
-    /// tcp or udp (default: the service's protocol).
-    #[arg(long)]
-    proto: Option<String>,
+    /// The flow's protocol (default: the service's; icmp for L3_DEFAULT services only).
+    #[arg(long, value_enum)]
+    proto: Option<Proto>,
 }
 
 #[derive(Subcommand)]
@@ -72,6 +117,7 @@ enum BackendAction {
     Set {
         #[command(flatten)]
         backend: BackendRef,
+        /// The health to force, or auto to follow the health checks again.
         #[arg(long, value_enum)]
         health: HealthOverride,
     },
@@ -87,8 +133,10 @@ enum BackendAction {
 struct BackendRef {
     #[command(flatten)]
     common: Common,
+    /// The service's name.
     #[arg(long)]
     service: String,
+    /// The backend's address, as configured.
     #[arg(long)]
     address: IpAddr,
 }
@@ -98,8 +146,10 @@ struct BackendRef {
 struct DrainArgs {
     #[command(flatten)]
     common: Common,
+    /// The service's name.
     #[arg(long, required_unless_present = "host")]
     service: Option<String>,
+    /// The backend's address, as configured.
     #[arg(long, required_unless_present = "host")]
     address: Option<IpAddr>,
     /// Drain the whole host: withdraw every announced VIP, keep forwarding, then stop.
@@ -126,6 +176,7 @@ fn main() -> std::process::ExitCode {
             cli::runtime().and_then(|rt| rt.block_on(lb_user::daemon::run(args)))
         }
         Command::Plan(args) => plan::run(&args),
+        Command::Validate(ValidateArgs { config }) => validate::check(&config).map(|summary| println!("{summary}")),
         Command::Status(c) => call(&c, Request::Status, render::status),
         Command::Stats(c) => call(&c, Request::Stats, render::stats),
         Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
@@ -133,22 +184,32 @@ fn main() -> std::process::ExitCode {
         }
         Command::Backend {
             action: BackendAction::Set { backend: BackendRef { common, service, address }, health },
-        } => call(&common, Request::BackendSet { service, address, health }, render::done),
+        } => call(&common, Request::BackendSet { service, address, health }, render::backend),
         Command::Backend { action: BackendAction::Drain(DrainArgs { common, host: true, grace_sec, .. }) } => {
-            call(&common, Request::HostDrain { grace_sec }, render::done)
+            call(&common, Request::HostDrain { grace_sec }, render::host_drain)
         }
         Command::Backend {
             action: BackendAction::Drain(DrainArgs { common, service: Some(service), address: Some(address), .. }),
-        } => call(&common, Request::BackendDrain { service, address }, render::done),
+        } => call(&common, Request::BackendDrain { service, address }, render::backend),
         Command::Backend { action: BackendAction::Drain(_) } => {
             unreachable!("clap requires --service and --address without --host")
         }
         Command::Backend { action: BackendAction::Undrain(BackendRef { common, service, address }) } => {
-            call(&common, Request::BackendUndrain { service, address }, render::done)
+            call(&common, Request::BackendUndrain { service, address }, render::backend)
         }
-        Command::Reload(c) => call(&c, Request::Reload, render::done),
+        Command::Reload(ReloadArgs { common, dry_run: false }) => call(&common, Request::Reload, render::reloaded),
+        Command::Reload(ReloadArgs { common, dry_run: true }) => {
+            call(&common, Request::ReloadDryRun, render::reload_plan)
+        }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Manpage => {
+            clap_mangen::Man::new(Cli::command()).section("8").render(&mut std::io::stdout()).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -159,7 +220,82 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Send a request to the daemon behind `c`; print the answer as JSON or through `human`.
-fn call(c: &Common, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+/// Send a request to the daemon behind `c`; print the reply as JSON or through `human`.
+fn call<T: serde::Serialize + serde::de::DeserializeOwned>(
+    c: &Common,
+    req: Request,
+    human: fn(&T) -> String,
+) -> anyhow::Result<()> {
     cli::call(&c.socket, c.json, req, human)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every flag and argument of every command says what it is for (`--help`, completions,
+    /// the man page).
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "lb", &mut missing);
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn socket_defaults_to_lb_socket_from_the_environment() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Status(c) => c.socket,
+            _ => unreachable!(),
+        };
+        assert_eq!(parse(&["lb", "status"]), PathBuf::from(api::DEFAULT_SOCKET));
+        // This test alone sets LB_SOCKET in this process.
+        std::env::set_var("LB_SOCKET", "/tmp/other.sock");
+        assert_eq!(parse(&["lb", "status"]), PathBuf::from("/tmp/other.sock"));
+        assert_eq!(parse(&["lb", "status", "--socket", "/tmp/flag.sock"]), PathBuf::from("/tmp/flag.sock"));
+        std::env::remove_var("LB_SOCKET");
+    }
+
+    #[test]
+    fn proto_is_a_value_enum_with_icmp() {
+        let proto = |p: &str| match Cli::try_parse_from([
+            "lb",
+            "explain",
+            "--service",
+            "web",
+            "--client",
+            "198.18.1.1",
+            "--proto",
+            p,
+        ]) {
+            Ok(Cli { command: Command::Explain(a) }) => Ok(a.proto),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(proto("icmp"), Ok(Some(Proto::Icmp)));
+        assert_eq!(proto("udp"), Ok(Some(Proto::Udp)));
+        let err = proto("sctp").unwrap_err();
+        assert!(err.contains("--proto") && err.contains("tcp, udp, icmp"), "{err}");
+    }
+
+    #[test]
+    fn version_names_the_commit_and_the_ebpf_object() {
+        let v = Cli::command().render_version();
+        assert!(v.contains(" (commit ") && v.contains("eBPF object sha256 "), "{v}");
+        let hash = v.trim().trim_end_matches(')').rsplit(' ').next().unwrap();
+        assert_eq!(hash.len(), 64, "{v}");
+        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()), "{v}");
+    }
 }

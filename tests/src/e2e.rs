@@ -7,6 +7,7 @@
 use crate::netns::{sh, ChildGuard, Netns};
 use crate::topology::{Host, Topology, VIP4, VIP6};
 use anyhow::{bail, Context, Result};
+use lb_user::daemon::reply::{BackendStatus, Status};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -204,7 +205,7 @@ impl Daemon {
         sh(Command::new(bin("lb")).args(args).arg("--socket").arg(&self.socket))
     }
 
-    pub fn status(&self) -> Result<serde_json::Value> {
+    pub fn status(&self) -> Result<Status> {
         Ok(serde_json::from_str(&self.cli(&["status", "--json"])?)?)
     }
 
@@ -266,22 +267,23 @@ impl Daemon {
     }
 
     /// One backend's entry of `lb status --json` (address as configured).
-    pub fn backend_status(&self, service: &str, address: &str) -> Result<serde_json::Value> {
+    pub fn backend_status(&self, service: &str, address: &str) -> Result<BackendStatus> {
         let st = self.status()?;
-        let svc = st["services"]
-            .as_array()
-            .and_then(|a| a.iter().find(|s| s["name"] == service))
-            .ok_or_else(|| anyhow::anyhow!("no service {service} in status: {st}"))?;
-        svc["backends"]
-            .as_array()
-            .and_then(|a| a.iter().find(|b| b["address"] == address))
+        let svc = st
+            .services
+            .iter()
+            .find(|s| s.name == service)
+            .ok_or_else(|| anyhow::anyhow!("no service {service} in status: {st:?}"))?;
+        svc.backends
+            .iter()
+            .find(|b| b.address.to_string() == address)
             .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no backend {address} in {svc}"))
+            .ok_or_else(|| anyhow::anyhow!("no backend {address} in {svc:?}"))
     }
 
     /// Whether `lb status` reports the backend healthy.
     pub fn is_healthy(&self, service: &str, address: &str) -> Result<bool> {
-        Ok(self.backend_status(service, address)?["health"] == "healthy")
+        Ok(self.backend_status(service, address)?.health == "healthy")
     }
 
     /// `lb backend set --health H` (healthy, unhealthy, auto).

@@ -96,7 +96,7 @@ fn run(prefix: &str, mode: Mode) {
     d.sighup().unwrap();
     wait_for("SIGHUP reload to apply", Duration::from_secs(30), || {
         let st = d.status().ok()?;
-        (st["services"][0]["backends"].as_array()?.len() == 3).then_some(())
+        (st.services[0].backends.len() == 3).then_some(())
     })
     .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(s.ask("after SIGHUP").unwrap(), home);

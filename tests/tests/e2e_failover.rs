@@ -51,7 +51,7 @@ fn failover_below_ratio_and_failback_real_health_checks() {
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert_eq!(got, set(&["b1-2", "b1-3"]), "ratio 2/3 ≥ 0.5 keeps primaries");
-    assert_eq!(d.status().unwrap()["services"][0]["active_pool"], "PRIMARY");
+    assert_eq!(d.status().unwrap().services[0].active_pool.as_deref(), Some("PRIMARY"));
 
     // Second primary down: 1/3 < 0.5 -> failover mode (E-7): failover backends only.
     servers[idx("b1-2")].stop();
@@ -61,7 +61,7 @@ fn failover_below_ratio_and_failback_real_health_checks() {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert_eq!(got, set(&FAILOVERS), "ratio 1/3 < 0.5: failover mode");
     let st = d.status().unwrap();
-    assert_eq!(st["services"][0]["active_pool"], "FAILOVER", "{st}");
+    assert_eq!(st.services[0].active_pool.as_deref(), Some("FAILOVER"), "{st:?}");
 
     // b1-1 recovers: 2/3 ≥ 0.5 -> failback to the healthy primaries.
     servers[idx("b1-1")] = start_server(topo.backend("b1-1").unwrap(), 80).unwrap();
@@ -95,7 +95,7 @@ fn drop_traffic_if_unhealthy_all_down() {
     }
     let before = d.status().unwrap();
     for _ in 0..3 {
-        assert!(tcp_hello(client, target).is_err(), "E-8: new connections are dropped when all are down: {before}");
+        assert!(tcp_hello(client, target).is_err(), "E-8: new connections are dropped when all are down: {before:?}");
     }
     assert!(udp_hello(client, target).is_err(), "a TCP service carries no UDP");
 
@@ -140,7 +140,7 @@ fn session_across_failover(prefix: &str, flush: bool) {
     for p in PRIMARIES.iter().filter(|p| **p != home) {
         d.set_health("web", &topo.backend(p).unwrap().v4.to_string(), "unhealthy").unwrap();
     }
-    assert_eq!(d.status().unwrap()["services"][0]["active_pool"], "FAILOVER");
+    assert_eq!(d.status().unwrap().services[0].active_pool.as_deref(), Some("FAILOVER"));
     assert_eq!(reached(client, target, 40).unwrap_or_else(|| panic!("{}", d.diagnostics())), set(&FAILOVERS));
     let answer = s.ask("after failover");
     if flush {

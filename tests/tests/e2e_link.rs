@@ -71,11 +71,7 @@ fn balancer(prefix: &str) -> (Topology, Vec<ChildGuard>, DecapGuard, Daemon) {
 
 fn link_state(d: &Daemon) -> Option<String> {
     let st = d.status().ok()?;
-    st["links"]
-        .as_array()?
-        .iter()
-        .find(|l| l["interface"] == "eth0")
-        .map(|l| l["state"].as_str().unwrap_or_default().to_owned())
+    st.links.into_iter().find(|l| l.interface == "eth0").map(|l| l.state)
 }
 
 #[test]
@@ -128,14 +124,14 @@ fn pins_removed_under_the_daemon_are_reported_and_the_program_stays() {
     let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
     let client = topo.clients_in_zone(1).next().unwrap();
     let mut s = Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d));
-    assert_eq!(d.status().unwrap()["pins"], "ok");
+    assert_eq!(d.status().unwrap().pins, "ok");
 
     std::fs::remove_dir_all(&d.pin_dir).unwrap();
     // The daemon holds the link: the program stays attached and keeps the connection.
     assert_eq!(s.ask("after the pins went").unwrap_or_else(|e| fail(e, &d)), s.greeting);
     assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
     let pins = wait_for("the daemon to notice the lost pins", Duration::from_secs(15), || {
-        d.status().ok().and_then(|st| st["pins"].as_str().filter(|p| *p != "ok").map(str::to_owned))
+        d.status().ok().map(|st| st.pins).filter(|p| p != "ok")
     })
     .unwrap_or_else(|e| fail(e, &d));
     assert!(pins.contains("lost"), "{pins}");

@@ -33,7 +33,7 @@ fn bad_reload_refused_running_tables_serve() {
     assert_eq!(reach(), zone1);
     let mut s = Session::open(client, target).unwrap_or_else(|e| fail(e));
     let home = s.greeting.clone();
-    let status_before = d.status().unwrap()["services"].clone();
+    let status_before = d.status().unwrap().services;
 
     // Each bad file: `lb reload` fails naming the problem; nothing changes.
     let bad = [
@@ -65,7 +65,7 @@ fn bad_reload_refused_running_tables_serve() {
         for w in words {
             assert!(err.contains(w), "the error names {w:?}: {err}");
         }
-        assert_eq!(d.status().unwrap()["services"], status_before, "status unchanged after refusing:\n{err}");
+        assert_eq!(d.status().unwrap().services, status_before, "status unchanged after refusing:\n{err}");
         assert_eq!(reach(), zone1, "the running tables still serve (zone 1 only) after refusing:\n{err}");
         assert_eq!(s.ask("still here").unwrap(), home);
     }
@@ -77,7 +77,7 @@ fn bad_reload_refused_running_tables_serve() {
         d.log().lines().any(|l| l.contains("reload refused") && l.contains("spillover_ratio")).then_some(())
     })
     .unwrap_or_else(|e| fail(e));
-    assert_eq!(d.status().unwrap()["services"], status_before);
+    assert_eq!(d.status().unwrap().services, status_before);
     assert_eq!(reach(), zone1);
 
     // A good reload applies: zonal affinity off, zone-1 clients reach zone 2 as well.

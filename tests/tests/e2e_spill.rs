@@ -79,7 +79,7 @@ fn z13_spill_ratio_08_real_health_checks_ipip_v4() {
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     for a in &down_addrs {
-        assert_eq!(d.backend_status("web", a).unwrap()["health_source"], "health_check");
+        assert_eq!(d.backend_status("web", a).unwrap().health_source, "health_check");
     }
     check_z13(&topo, &d, false);
 
@@ -109,10 +109,9 @@ fn z13_spill_ratio_08_overrides_ipip_v6() {
         d.set_health("web", &topo.backend(n).unwrap().v6.to_string(), "unhealthy").unwrap();
     }
     let st = d.status().unwrap();
-    let zones = st["services"][0]["zones"].as_array().unwrap().clone();
-    let eligible =
-        |zone: &str| zones.iter().find(|z| z["client_zone"] == zone).map(|z| z["eligible"].as_array().unwrap().len());
-    assert_eq!(eligible("zone-1"), Some(5), "{st}");
-    assert_eq!(eligible("zone-2"), Some(8), "{st}");
+    let zones = st.services[0].zones.clone();
+    let eligible = |zone: &str| zones.iter().find(|z| z.client_zone.as_deref() == Some(zone)).map(|z| z.eligible.len());
+    assert_eq!(eligible("zone-1"), Some(5), "{st:?}");
+    assert_eq!(eligible("zone-2"), Some(8), "{st:?}");
     check_z13(&topo, &d, true);
 }

@@ -59,7 +59,7 @@ fn stay_within_zone_refine_replace_no_match_and_non_compatible_ipip() {
         d.cli(&["backend", "set", "--service", "web", "--address", a, "--health", "unhealthy"]).unwrap();
     }
     let st = d.status().unwrap();
-    assert_eq!(st["services"][0]["zones"][0]["affinity"], "REPLACED", "{st}");
+    assert_eq!(st.services[0].zones[0].affinity, "REPLACED", "{st:?}");
     let zone1 = names(&tcp_spread(zone(1), target, 20).unwrap());
     assert_eq!(
         zone1,

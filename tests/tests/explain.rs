@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
-use lb_user::compile::explain::{explain, Flow};
+use lb_user::compile::explain::{explain, ClassFacts, Flow};
 use lb_user::compile::Compiled;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
@@ -113,8 +113,8 @@ fn explain_names_the_backend_the_kernel_picks() {
         };
         let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
-        if predicted["dropped"] == true {
-            assert_eq!(out.action, XDP_DROP, "{predicted}");
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
             continue;
         }
         if out.action != XDP_TX {
@@ -126,12 +126,13 @@ fn explain_names_the_backend_the_kernel_picks() {
                 .map(|(i, n)| format!("{n}={}", st.get(i as u32)))
                 .collect();
             panic!(
-                "{} {client}:{sport}: action {} but explain said {predicted}; counters {counters:?}",
+                "{} {client}:{sport}: action {} but explain said {predicted:?}; counters {counters:?}",
                 svc.name, out.action
             );
         }
         let mac = out.data[5];
-        let want = predicted["backend"].as_str().unwrap();
+        let want = predicted.backend.unwrap().to_string();
+        let want = want.as_str();
         let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
         assert_eq!(
             backend.mac.unwrap().to_string(),
@@ -189,12 +190,12 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
         };
         let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
-        if predicted["dropped"] == true {
-            assert_eq!(out.action, XDP_DROP, "{predicted}");
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
             continue;
         }
-        assert_eq!(out.action, XDP_TX, "{} {client}:{sport}: {predicted}", svc.name);
-        let want = predicted["backend"].as_str().unwrap();
+        assert_eq!(out.action, XDP_TX, "{} {client}:{sport}: {predicted:?}", svc.name);
+        let want = predicted.backend.unwrap().to_string();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
         assert_eq!(
             b.mac.unwrap().to_string(),
@@ -270,17 +271,21 @@ mac = "02:be:00:00:00:32"
         let predicted =
             explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP })
                 .unwrap();
-        assert_eq!(predicted["routing_method"], svc.routing_method.as_str());
+        let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else {
+            panic!("a Traffic Manager class: {predicted:?}")
+        };
+        assert_eq!(routing_method, svc.routing_method.as_str());
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
-        if predicted["dropped"] == true {
-            assert_eq!(out.action, XDP_DROP, "{predicted}");
+        if predicted.dropped {
+            assert_eq!(out.action, XDP_DROP, "{predicted:?}");
             dropped += 1;
             continue;
         }
-        assert_eq!(out.action, XDP_TX, "{predicted}");
-        let want = predicted["backend"].as_str().unwrap();
+        assert_eq!(out.action, XDP_TX, "{predicted:?}");
+        let want = predicted.backend.unwrap().to_string();
+        let want = want.as_str();
         let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
-        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted}");
+        assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
         forwarded += 1;
     }
     assert!(

@@ -4,6 +4,7 @@
 //! is in place, so that a fresh machine needs nothing but this repository.
 
 mod bpffs;
+mod package;
 mod setup;
 
 use anyhow::{bail, Context, Result};
@@ -37,6 +38,8 @@ enum Cmd {
         #[arg(long, value_name = "BALANCER_BPF_O")]
         katran: Option<PathBuf>,
     },
+    /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
+    Package,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -61,6 +64,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args),
         Cmd::Bench { katran: None } => bench(),
         Cmd::Bench { katran: Some(object) } => bench_katran(&object),
+        Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }
@@ -122,7 +126,7 @@ extern "C" {
 
 fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "lb-user", "--bin", "lb"]))?;
-    println!("built target/release/lb (eBPF object: target/bpf/bpfel-unknown-none/release/lb)");
+    println!("built target/release/lb (the eBPF objects are embedded; `lb --version` names their hash)");
     Ok(())
 }
 

@@ -28,6 +28,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] =
     &[("iproute2", "ip"), ("ethtool", "ethtool"), ("dnsutils", "dig"), ("bird2", "bird"), ("prometheus", "prometheus")];
 
 pub fn ensure() -> Result<()> {
+    pinned_nightly()?;
     rust_src()?;
     bpf_linker()?;
     debian_packages()?;
@@ -41,6 +42,27 @@ fn output(cmd: &mut Command) -> Result<String> {
         bail!("{shown} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The nightly must be the one `lb-ebpf/nightly-version` pins (`lb-user/build.rs` refuses
+/// another too, but only after the toolchain set-up, which builds bpf-linker against it).
+fn pinned_nightly() -> Result<()> {
+    let pin_file = crate::workspace_root().join("lb-ebpf/nightly-version");
+    let pinned = std::fs::read_to_string(&pin_file).with_context(|| format!("reading {}", pin_file.display()))?;
+    let found = output(Command::new("rustc").args(["+nightly", "-V"]))
+        .context("the nightly toolchain is required for the eBPF crate")?;
+    let found = found.trim().trim_start_matches("rustc ");
+    if found != pinned.trim() {
+        bail!(
+            "the eBPF objects are built with nightly rustc {} (pinned in {}), but the `nightly` toolchain \
+             here is {found}: install that nightly as `nightly`, or, to move to this one, run the BPF tests \
+             with it and write its version into {}",
+            pinned.trim(),
+            pin_file.display(),
+            pin_file.display()
+        );
+    }
+    Ok(())
 }
 
 fn rust_src() -> Result<()> {

@@ -74,6 +74,7 @@ impl Decapsulator {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DecapArgs {
+    /// The interface to attach lb_decap to (or detach it from).
     #[arg(long)]
     pub interface: String,
     /// Tunnel endpoint addresses to decapsulate for (default: the interface's addresses).

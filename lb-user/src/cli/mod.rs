@@ -1,9 +1,11 @@
-//! The command line's work beyond argument parsing (`main.rs` is clap only): offline `plan`,
-//! human rendering of the daemon's answers, `decap`, and the control-socket round trip.
+//! The command line's work beyond argument parsing (`main.rs` is clap only): offline `plan` and
+//! `validate`, human rendering of the daemon's answers, `decap`, and the control-socket round
+//! trip.
 
 pub mod decap;
 pub mod plan;
 pub mod render;
+pub mod validate;
 
 use crate::daemon::api::{self, Request};
 use std::path::Path;
@@ -13,10 +15,16 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-/// Send a request to the daemon; print the answer as JSON or through `human`.
-pub fn call(socket: &Path, json: bool, req: Request, human: fn(&serde_json::Value) -> String) -> anyhow::Result<()> {
+/// Send a request to the daemon; print its reply `T` (see `daemon::reply`) as JSON or through
+/// `human`.
+pub fn call<T: serde::Serialize + serde::de::DeserializeOwned>(
+    socket: &Path,
+    json: bool,
+    req: Request,
+    human: fn(&T) -> String,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let value = rt.block_on(api::call(socket, &req))?;
+    let value: T = rt.block_on(api::call(socket, &req))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {

@@ -1,177 +1,287 @@
-//! Human-readable rendering of the daemon's JSON answers (`--json` prints them as they are).
-use serde_json::Value;
+//! Human-readable rendering of the daemon's replies (`--json` prints them as they are). Tables
+//! are aligned columns without borders (`comfy-table`); a long eligible set wraps within its
+//! column instead of running off the terminal.
+use crate::daemon::reply::{
+    BackendChange, ChangeKind, ClassFacts, Explanation, HostDrain, ReloadPlan, Reloaded, Stats, Status,
+};
+use comfy_table::{presets, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
 use std::fmt::Write;
+use std::net::IpAddr;
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(x) => x.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
+/// Width tables wrap to when stdout is not a terminal (a terminal's own width otherwise).
+const DEFAULT_WIDTH: u16 = 120;
+
+/// A borderless table with one space between columns. `min` gives each column's least width
+/// (the header's width at the least); `right` the columns aligned right (numbers).
+fn table(header: &[&str], min: &[u16], right: &[usize]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_content_arrangement(ContentArrangement::Dynamic);
+    let width = crossterm_width().unwrap_or(DEFAULT_WIDTH);
+    t.set_width(width.saturating_sub(INDENT.len() as u16));
+    t.set_header(header.to_vec());
+    for (i, col) in t.column_iter_mut().enumerate() {
+        col.set_padding((0, 1));
+        if let Some(&m) = min.get(i) {
+            col.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(m + 1)));
+        }
+        if right.contains(&i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// The terminal's width, if stdout is one.
+fn crossterm_width() -> Option<u16> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // SAFETY: TIOCGWINSZ fills a winsize on a terminal descriptor.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(ws.ws_col)
+}
+
+const INDENT: &str = "  ";
+
+/// The table's lines, indented, without trailing blanks.
+fn push_table(out: &mut String, t: &Table) {
+    for line in t.lines() {
+        let _ = writeln!(out, "{INDENT}{}", line.trim_end());
     }
 }
 
-fn list(v: &Value) -> String {
-    match v.as_array() {
-        Some(a) if a.is_empty() => "DROP".into(),
-        Some(a) => a.iter().map(s).collect::<Vec<_>>().join(", "),
-        None => "-".into(),
+/// An eligible set: its addresses, or DROP when it is empty.
+fn eligible(set: &[IpAddr]) -> String {
+    if set.is_empty() {
+        "DROP".into()
+    } else {
+        set.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
     }
 }
 
-pub fn status(v: &Value) -> String {
+fn or_dash(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("-")
+}
+
+pub fn status(v: &Status) -> String {
     let mut out = String::new();
     // The data plane's attachments and pins, when something is amiss.
-    for l in v["links"].as_array().into_iter().flatten().filter(|l| l["state"] != "attached") {
-        let _ = writeln!(out, "interface {}: {}", s(&l["interface"]), s(&l["state"]));
+    for l in v.links.iter().filter(|l| l.state != "attached") {
+        let _ = writeln!(out, "interface {}: {}", l.interface, l.state);
     }
-    if v["pins"].as_str().is_some_and(|p| p != "ok") {
-        let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", s(&v["pins"]));
+    if v.pins != "ok" {
+        let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", v.pins);
     }
-    for svc in v["services"].as_array().into_iter().flatten() {
+    for svc in &v.services {
+        let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
             out,
             "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
-            s(&svc["name"]),
-            s(&svc["vip"]),
-            s(&svc["protocol"]),
-            svc["ports"],
-            s(&svc["eligible_kind"]),
-            s(&svc["rule"]),
-            s(&svc["active_pool"])
+            svc.name,
+            svc.vip,
+            svc.protocol,
+            ports,
+            or_dash(&svc.eligible_kind),
+            or_dash(&svc.rule),
+            or_dash(&svc.active_pool)
         );
-        let _ = writeln!(
-            out,
-            "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} DRAINING",
-            "BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT"
+        let mut backends = table(
+            &["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING"],
+            &[40, 10, 9, 10, 13, 6],
+            &[5],
         );
-        for b in svc["backends"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "  {:<40} {:<10} {:<9} {:<10} {:<13} {:>6} {}",
-                s(&b["address"]),
-                s(&b["zone"]),
-                s(&b["role"]),
-                s(&b["health"]),
-                s(&b["health_source"]),
-                s(&b["weight"]),
-                b["draining"]
-            );
+        for b in &svc.backends {
+            let cells = [
+                b.address.to_string(),
+                or_dash(&b.zone).to_owned(),
+                b.role.clone(),
+                b.health.clone(),
+                b.health_source.clone(),
+                b.weight.to_string(),
+                b.draining.to_string(),
+            ];
+            backends.add_row(cells.to_vec());
         }
-        if let Some(classes) = svc["classes"].as_array() {
-            let _ = writeln!(out, "  routing method {}", s(&svc["routing_method"]));
+        push_table(&mut out, &backends);
+        if let Some(classes) = &svc.classes {
+            let _ = writeln!(out, "  routing method {}", svc.routing_method);
             for c in classes {
-                let prefixes = c["client_prefixes"]
-                    .as_array()
-                    .map(|p| p.iter().map(s).collect::<Vec<_>>().join(", "))
-                    .unwrap_or_default();
+                let prefixes = c.client_prefixes.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
                 let from = if prefixes.is_empty() { "(no prefix)".to_string() } else { prefixes };
-                let _ = writeln!(
-                    out,
-                    "  class {} {}: {}\n    why: {}",
-                    s(&c["class"]),
-                    from,
-                    list(&c["eligible"]),
-                    s(&c["reason"])
-                );
+                let _ = writeln!(out, "  class {} {}: {}\n    why: {}", c.class, from, eligible(&c.eligible), c.reason);
             }
             continue;
         }
-        let _ = writeln!(out, "  {:<18} {:<15} ELIGIBLE", "CLIENT ZONE", "AFFINITY");
-        for z in svc["zones"].as_array().into_iter().flatten() {
-            let zone = if z["client_zone"].is_null() { "(non-compatible)".into() } else { s(&z["client_zone"]) };
-            let _ = writeln!(out, "  {:<18} {:<15} {}", zone, s(&z["affinity"]), list(&z["eligible"]));
+        let mut t = table(&["CLIENT ZONE", "AFFINITY", "ELIGIBLE"], &[18, 15], &[]);
+        for z in &svc.zones {
+            let zone = z.client_zone.clone().unwrap_or_else(|| "(non-compatible)".into());
+            t.add_row(vec![zone, z.affinity.clone(), eligible(&z.eligible)]);
         }
+        push_table(&mut out, &t);
     }
     out
 }
 
-pub fn stats(v: &Value) -> String {
+pub fn stats(v: &Stats) -> String {
     let mut out = String::new();
-    if let Some(g) = v["global"].as_object() {
-        for (k, n) in g {
-            if n.as_u64() != Some(0) {
-                let _ = writeln!(out, "{k:<24} {n}");
-            }
+    let mut global = table(&["COUNTER", "VALUE"], &[24], &[1]);
+    for (k, n) in v.global.0.iter().filter(|(_, n)| *n != 0) {
+        global.add_row(vec![k.clone(), n.to_string()]);
+    }
+    if global.row_count() > 0 {
+        for line in global.lines().skip(1) {
+            let _ = writeln!(out, "{}", line.trim_end());
         }
     }
-    for svc in v["services"].as_array().into_iter().flatten() {
-        let _ = writeln!(out, "service {}", s(&svc["name"]));
-        let tm = svc["traffic_manager"] == true;
-        let head = if tm { "CLIENT CLASS" } else { "CLIENT ZONE" };
-        let _ = writeln!(
-            out,
-            "  {:<18} {:>10} {:>12} {:>10} {:>18}",
-            head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS"
-        );
-        for c in svc["classes"].as_array().into_iter().flatten() {
-            let label = match (tm, c["client_zone"].is_null()) {
-                (true, _) if c["client_class"] == 0 => "0 (default)".into(),
-                (true, _) => c["client_class"].to_string(),
-                (false, true) => "(non-compatible)".into(),
-                (false, false) => s(&c["client_zone"]),
+    for svc in &v.services {
+        let _ = writeln!(out, "service {}", svc.name);
+        let head = if svc.traffic_manager { "CLIENT CLASS" } else { "CLIENT ZONE" };
+        let mut t =
+            table(&[head, "PACKETS", "BYTES", "NEW FLOWS", "CROSS-ZONE SPILLS"], &[18, 10, 12, 10, 18], &[1, 2, 3, 4]);
+        for c in &svc.classes {
+            let label = match (svc.traffic_manager, &c.client_zone) {
+                (true, _) if c.client_class == 0 => "0 (default)".into(),
+                (true, _) => c.client_class.to_string(),
+                (false, None) => "(non-compatible)".into(),
+                (false, Some(zone)) => zone.clone(),
             };
+            t.add_row(vec![
+                label,
+                c.packets.to_string(),
+                c.bytes.to_string(),
+                c.new_flows.to_string(),
+                c.cross_zone_spills.to_string(),
+            ]);
+        }
+        push_table(&mut out, &t);
+    }
+    out
+}
+
+pub fn explain(v: &Explanation) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "service {} ({}), client {}", v.service, v.vip, v.client);
+    match &v.class {
+        ClassFacts::TrafficManager { routing_method, reason, .. } => {
+            let _ = writeln!(out, "  client class   {} ({})", v.client_class, routing_method);
+            let _ = writeln!(out, "  why            {}", or_dash(reason));
+        }
+        ClassFacts::Zonal { client_zone, eligible_kind, rule, reason, affinity } => {
+            let zone = client_zone.clone().unwrap_or_else(|| "none (non-compatible client)".into());
+            let _ = writeln!(out, "  client class   {} (zone {})", v.client_class, zone);
             let _ = writeln!(
                 out,
-                "  {:<18} {:>10} {:>12} {:>10} {:>18}",
-                label, c["packets"], c["bytes"], c["new_flows"], c["cross_zone_spills"]
+                "  eligible set   {eligible_kind} by rule {rule} ({reason}); zonal affinity {}",
+                or_dash(affinity)
             );
         }
     }
-    out
-}
-
-pub fn explain(v: &Value) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "service {} ({}), client {}", s(&v["service"]), s(&v["vip"]), s(&v["client"]));
-    if v["routing_method"].is_string() {
-        let _ = writeln!(out, "  client class   {} ({})", s(&v["client_class"]), s(&v["routing_method"]));
-        let _ = writeln!(out, "  why            {}", s(&v["reason"]));
-    } else {
-        let zone =
-            if v["client_zone"].is_null() { "none (non-compatible client)".into() } else { s(&v["client_zone"]) };
-        let _ = writeln!(out, "  client class   {} (zone {})", s(&v["client_class"]), zone);
-        let _ = writeln!(
-            out,
-            "  eligible set   {} by rule {} ({}); zonal affinity {}",
-            s(&v["eligible_kind"]),
-            s(&v["rule"]),
-            s(&v["reason"]),
-            s(&v["affinity"])
-        );
-    }
-    let _ = writeln!(out, "  eligible       {}", list(&v["eligible"]));
+    let _ = writeln!(out, "  eligible       {}", eligible(&v.eligible));
     let _ = writeln!(
         out,
         "  hash           {} ({}), Maglev slot {} of {}",
-        s(&v["hash"]),
-        s(&v["session_affinity"]),
-        s(&v["maglev_slot"]),
-        s(&v["table_size"])
+        v.hash, v.session_affinity, v.maglev_slot, v.table_size
     );
-    let _ = writeln!(
-        out,
-        "  new flow goes  {}",
-        if v["dropped"] == Value::Bool(true) { "DROP".into() } else { s(&v["backend"]) }
-    );
+    let backend = match v.backend {
+        _ if v.dropped => "DROP".to_owned(),
+        Some(b) => b.to_string(),
+        None => "-".to_owned(),
+    };
+    let _ = writeln!(out, "  new flow goes  {backend}");
     out
 }
 
-pub fn done(v: &Value) -> String {
-    format!("ok {}\n", v)
+pub fn backend(v: &BackendChange) -> String {
+    let mut what = Vec::new();
+    if let Some(h) = v.health {
+        what.push(format!(
+            "health {}",
+            serde_json::to_value(h).ok().and_then(|h| h.as_str().map(str::to_owned)).unwrap_or_default()
+        ));
+    }
+    if let Some(d) = v.draining {
+        what.push(if d { "draining".to_owned() } else { "not draining".to_owned() });
+    }
+    format!("ok: service {} backend {}: {}\n", v.service, v.address, what.join(", "))
+}
+
+pub fn host_drain(v: &HostDrain) -> String {
+    format!("ok: VIPs withdrawn; the daemon stops in {} s\n", v.stop_in_sec)
+}
+
+pub fn reloaded(v: &Reloaded) -> String {
+    format!("ok: reloaded {}\n", v.reloaded)
+}
+
+pub fn reload_plan(v: &ReloadPlan) -> String {
+    let mut out = String::new();
+    if v.services.is_empty() {
+        let _ = writeln!(out, "dry run: reloading {} changes nothing", v.config);
+        return out;
+    }
+    let _ =
+        writeln!(out, "dry run: reloading {} would write {} tables (nothing was applied)", v.config, v.tables_to_write);
+    for s in &v.services {
+        let kind = match s.change {
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Changed => "changed",
+        };
+        let _ = writeln!(out, "service {} {kind} ({} tables)", s.name, s.tables);
+        for (sign, list) in [("+", &s.backends_added), ("-", &s.backends_removed)] {
+            for a in list {
+                let _ = writeln!(out, "  {sign} backend {a}");
+            }
+        }
+        if s.eligible.is_empty() {
+            continue;
+        }
+        let mut t = table(&["CLIENT", "ELIGIBLE BEFORE", "ELIGIBLE AFTER"], &[18], &[]);
+        let set = |s: &Option<Vec<IpAddr>>| s.as_deref().map_or_else(|| "-".to_owned(), eligible);
+        for e in &s.eligible {
+            t.add_row(vec![e.client.clone(), set(&e.before), set(&e.after)]);
+        }
+        push_table(&mut out, &t);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::daemon::reply::{ClassStats, ClassView, Counters, ServiceStats, ServiceStatus, ZoneView};
+
+    fn counters(client_class: u32, client_zone: Option<&str>) -> ClassStats {
+        ClassStats {
+            client_class,
+            client_zone: client_zone.map(str::to_owned),
+            packets: 1,
+            bytes: 2,
+            new_flows: 3,
+            cross_zone_spills: 0,
+        }
+    }
 
     #[test]
     fn stats_label_zones_for_zonal_and_classes_for_traffic_manager_services() {
-        let counters = |class: u32, zone: Value| json!({"client_class": class, "client_zone": zone, "packets": 1, "bytes": 2, "new_flows": 3, "cross_zone_spills": 0});
-        let v = json!({"global": {}, "services": [
-            {"name": "web", "traffic_manager": false, "classes": [counters(0, Value::Null), counters(1, json!("zone-a"))]},
-            {"name": "tm", "traffic_manager": true, "classes": [counters(0, Value::Null), counters(2, Value::Null)]},
-        ]});
+        let v = Stats {
+            global: Counters::default(),
+            services: vec![
+                ServiceStats {
+                    name: "web".into(),
+                    traffic_manager: false,
+                    classes: vec![counters(0, None), counters(1, Some("zone-a"))],
+                },
+                ServiceStats {
+                    name: "tm".into(),
+                    traffic_manager: true,
+                    classes: vec![counters(0, None), counters(2, None)],
+                },
+            ],
+        };
         let out = stats(&v);
         let lines: Vec<&str> = out.lines().map(str::trim).collect();
         assert!(
@@ -186,23 +296,135 @@ mod tests {
         );
     }
 
+    /// 16.7: the numbers of a row stand right-aligned under their headers (they were printed
+    /// one space apart, whatever the header's width).
+    #[test]
+    fn stats_numbers_are_aligned_under_their_headers() {
+        let row = |client_class, zone: &str, n: u64| ClassStats {
+            client_class,
+            client_zone: Some(zone.into()),
+            packets: n,
+            bytes: n * 1500,
+            new_flows: n / 10,
+            cross_zone_spills: n % 7,
+        };
+        let v = Stats {
+            global: Counters(vec![("rx".into(), 5), ("drop_fib".into(), 0), ("xdp_tx".into(), 123456)]),
+            services: vec![ServiceStats {
+                name: "web".into(),
+                traffic_manager: false,
+                classes: vec![row(1, "zone-a", 7), row(2, "zone-b", 1234567)],
+            }],
+        };
+        let out = stats(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("rx ") && lines[0].ends_with(" 5") && lines[1].ends_with(" 123456"), "{out}");
+        assert_eq!(lines[0].len(), lines[1].len(), "counter values right-aligned: {out}");
+        assert!(!out.contains("drop_fib"), "zero counters are left out: {out}");
+        let header = lines.iter().find(|l| l.contains("PACKETS")).unwrap();
+        for (n, line) in lines.iter().filter(|l| l.contains("zone-")).enumerate() {
+            // Every number ends where its header ends.
+            for (head, value) in
+                [("PACKETS", [7u64, 1234567][n]), ("BYTES", [10500, 1851850500][n]), ("NEW FLOWS", [0, 123456][n])]
+            {
+                let end = header.find(head).unwrap() + head.len();
+                let value = value.to_string();
+                assert_eq!(&line[end - value.len()..end], value, "{head} of {line:?}\n{out}");
+            }
+        }
+    }
+
+    fn status_of(services: Vec<ServiceStatus>) -> Status {
+        Status {
+            config: "lb.toml".into(),
+            interfaces: vec![],
+            links: vec![],
+            pins: "ok".into(),
+            services,
+            announce: None,
+        }
+    }
+
+    /// A zonal service `web` (VIP 198.18.0.100, TCP 80) with these per-zone sets.
+    fn zonal_web(zones: Vec<ZoneView>) -> ServiceStatus {
+        ServiceStatus {
+            name: "web".into(),
+            vip: "198.18.0.100".parse().unwrap(),
+            protocol: "TCP".into(),
+            ports: vec![80],
+            eligible_kind: Some("ALL_HEALTHY".into()),
+            rule: Some("E-1".into()),
+            active_pool: Some("ALL".into()),
+            backends: vec![],
+            zones,
+            routing_method: "ZONAL".into(),
+            classes: None,
+        }
+    }
+
     #[test]
     fn status_shows_zones_for_zonal_and_classes_for_traffic_manager_services() {
-        let v = json!({"services": [
-            {"name": "web", "vip": "198.18.0.100", "protocol": "TCP", "ports": [80], "eligible_kind": "ALL_HEALTHY",
-             "rule": "E-1", "active_pool": "ALL", "backends": [], "routing_method": "ZONAL", "classes": null,
-             "zones": [{"client_zone": "zone-a", "affinity": "REFINED", "eligible": ["198.18.11.1"]},
-                       {"client_zone": null, "affinity": "NOT_COMPATIBLE", "eligible": []}]},
-            {"name": "app", "vip": "198.18.0.21", "protocol": "TCP", "ports": [80], "eligible_kind": null, "rule": null,
-             "active_pool": null, "backends": [], "routing_method": "SUBNET", "zones": [],
-             "classes": [{"class": 1, "client_prefixes": ["198.18.1.0/24"], "eligible": ["198.18.21.1"], "reason": "SUBNET: mapped"},
-                         {"class": 0, "client_prefixes": [], "eligible": [], "reason": "SUBNET: no range (NODATA)"}]}
-        ]});
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let v = status_of(vec![
+            zonal_web(vec![
+                ZoneView {
+                    client_zone: Some("zone-a".into()),
+                    affinity: "REFINED".into(),
+                    eligible: vec![ip("198.18.11.1")],
+                },
+                ZoneView { client_zone: None, affinity: "NOT_COMPATIBLE".into(), eligible: vec![] },
+            ]),
+            ServiceStatus {
+                name: "app".into(),
+                vip: ip("198.18.0.21"),
+                protocol: "TCP".into(),
+                ports: vec![80],
+                eligible_kind: None,
+                rule: None,
+                active_pool: None,
+                backends: vec![],
+                zones: vec![],
+                routing_method: "SUBNET".into(),
+                classes: Some(vec![
+                    ClassView {
+                        class: 1,
+                        client_prefixes: vec!["198.18.1.0/24".parse().unwrap()],
+                        eligible: vec![ip("198.18.21.1")],
+                        reason: "SUBNET: mapped".into(),
+                    },
+                    ClassView {
+                        class: 0,
+                        client_prefixes: vec![],
+                        eligible: vec![],
+                        reason: "SUBNET: no range (NODATA)".into(),
+                    },
+                ]),
+            },
+        ]);
         let out = status(&v);
         assert!(out.contains("zone-a             REFINED         198.18.11.1"), "{out}");
         assert!(out.contains("(non-compatible)   NOT_COMPATIBLE  DROP"), "{out}");
         assert!(out.contains("routing method SUBNET"), "{out}");
         assert!(out.contains("class 1 198.18.1.0/24: 198.18.21.1\n    why: SUBNET: mapped"), "{out}");
         assert!(out.contains("class 0 (no prefix): DROP"), "{out}");
+    }
+
+    /// A long eligible set wraps within its column: no line is wider than the table's width,
+    /// and every address is still there.
+    #[test]
+    fn long_eligible_sets_wrap() {
+        let set: Vec<IpAddr> = (1..=40).map(|i| format!("198.18.11.{i}").parse().unwrap()).collect();
+        let v = status_of(vec![zonal_web(vec![ZoneView {
+            client_zone: Some("zone-a".into()),
+            affinity: "REFINED".into(),
+            eligible: set.clone(),
+        }])]);
+        let out = status(&v);
+        assert!(out.lines().all(|l| l.chars().count() <= DEFAULT_WIDTH as usize), "{out}");
+        assert!(out.lines().filter(|l| l.contains("198.18.11.")).count() > 3, "wrapped over several lines: {out}");
+        let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        for a in &set {
+            assert!(text.contains(&a.to_string()), "{a} in {out}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use crate::config::Config;
 use lb_common::decide::hash_tuple;
 use lb_common::hash::{flow_hash, maglev_slot};
 use lb_common::maps::{addr_words, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
 /// A flow to explain. Ports are ignored for protocols without ports.
@@ -63,8 +63,39 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Predi
     Prediction { class, hash, slot, backend }
 }
 
-/// The full explanation as JSON (the CLI renders it).
-pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) -> anyhow::Result<Value> {
+/// What `lb explain` answers (the daemon sends it, the CLI renders it; `--json` prints it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub service: String,
+    pub vip: IpAddr,
+    pub client: IpAddr,
+    pub client_class: u32,
+    /// What the class means: a routing method's source-prefix group, or a client zone.
+    #[serde(flatten)]
+    pub class: ClassFacts,
+    /// The class's eligible set (empty = new flows are dropped).
+    pub eligible: Vec<IpAddr>,
+    pub session_affinity: String,
+    pub hash: u32,
+    pub maglev_slot: u32,
+    pub table_size: u32,
+    /// The backend a new flow gets; None when it is dropped.
+    pub backend: Option<IpAddr>,
+    pub dropped: bool,
+}
+
+/// The facts of a flow's client class, by kind of service.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClassFacts {
+    /// A Traffic Manager service: a source-prefix group of its routing method.
+    TrafficManager { client_zone: Option<String>, routing_method: String, reason: Option<String> },
+    /// A zonal service: a client zone (None = non-compatible client) and the §1.2 rule.
+    Zonal { client_zone: Option<String>, eligible_kind: String, rule: String, reason: String, affinity: Option<String> },
+}
+
+/// The full explanation (the CLI renders it).
+pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) -> anyhow::Result<Explanation> {
     let svc_cfg = cfg
         .services
         .iter()
@@ -82,52 +113,43 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
     // Backend ids are unique across services (a Traffic Manager class may hold a nested
     // child's backends).
     let addr_of = |id: u32| {
-        compiled
-            .services
-            .iter()
-            .find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i].to_string()))
+        compiled.services.iter().find_map(|s| s.backend_ids.iter().position(|b| *b == id).map(|i| s.backend_addrs[i]))
     };
     // What the class means: a Traffic Manager class is a source-prefix group of the routing
     // method, a zonal class a client zone.
-    let class_fields = if let Some(tm) = &svc.tm {
+    let (facts, eligible) = if let Some(tm) = &svc.tm {
         let c = tm.classes.iter().find(|c| c.id as u32 == class);
-        json!({
-            "client_zone": null,
-            "routing_method": svc_cfg.routing_method.as_str(),
-            "reason": c.map(|c| c.reason.clone()),
-            "eligible": c.map(|c| c.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
-        })
+        let facts = ClassFacts::TrafficManager {
+            client_zone: None,
+            routing_method: svc_cfg.routing_method.as_str().to_owned(),
+            reason: c.map(|c| c.reason.clone()),
+        };
+        (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())
     } else {
         let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
         let class_plan =
             svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
-        json!({
-            "client_zone": zone,
-            "eligible_kind": svc.plan.kind.as_str(),
-            "rule": svc.plan.rule.id(),
-            "reason": svc.plan.rule.reason(),
-            "affinity": class_plan.map(|c| c.outcome.as_str()),
-            "eligible": class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i].to_string()).collect::<Vec<_>>()).unwrap_or_default(),
-        })
+        let facts = ClassFacts::Zonal {
+            client_zone: zone,
+            eligible_kind: svc.plan.kind.as_str().to_owned(),
+            rule: svc.plan.rule.id().to_owned(),
+            reason: svc.plan.rule.reason().to_owned(),
+            affinity: class_plan.map(|c| c.outcome.as_str().to_owned()),
+        };
+        (facts, class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i]).collect()).unwrap_or_default())
     };
-    let object = |v: Value| match v {
-        Value::Object(m) => m,
-        _ => unreachable!("json! of braces makes an object"),
-    };
-    let mut out = object(json!({
-        "service": service,
-        "vip": svc_cfg.vip.to_string(),
-        "client": flow.client.to_string(),
-        "client_class": class,
-    }));
-    out.extend(object(class_fields));
-    out.extend(object(json!({
-        "session_affinity": svc_cfg.session_affinity.as_str(),
-        "hash": hash,
-        "maglev_slot": slot,
-        "table_size": cfg.dataplane.maglev_table_size,
-        "backend": if backend == BACKEND_DROP { None } else { addr_of(backend) },
-        "dropped": backend == BACKEND_DROP,
-    })));
-    Ok(Value::Object(out))
+    Ok(Explanation {
+        service: service.to_owned(),
+        vip: svc_cfg.vip,
+        client: flow.client,
+        client_class: class,
+        class: facts,
+        eligible,
+        session_affinity: svc_cfg.session_affinity.as_str().to_owned(),
+        hash,
+        maglev_slot: slot,
+        table_size: cfg.dataplane.maglev_table_size,
+        backend: if backend == BACKEND_DROP { None } else { addr_of(backend) },
+        dropped: backend == BACKEND_DROP,
+    })
 }

@@ -358,6 +358,16 @@ impl Controller {
         Ok(new)
     }
 
+    /// What a reload to `cfg` (already validated) at `now` would write, as [`Self::preview`];
+    /// nothing changes here (`lb reload --dry-run`).
+    pub fn preview_config(&mut self, cfg: Config, now: u64) -> anyhow::Result<Compiled> {
+        let saved = (self.cfg.clone(), self.checked.clone(), self.overrides.clone(), self.drained.clone());
+        self.replace_config(cfg);
+        let next = self.preview(now);
+        (self.cfg, self.checked, self.overrides, self.drained) = saved;
+        next
+    }
+
     /// The compiled state for the current configuration and health, and the ids it uses.
     fn next_state(&mut self, now: u64) -> anyhow::Result<(Compiled, Ids)> {
         let out = self.begin_compile(now).run();

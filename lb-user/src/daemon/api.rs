@@ -1,6 +1,8 @@
 //! The control API between the `lb` CLI and the daemon: one JSON request line, one JSON response
 //! line, over a Unix socket (default [`DEFAULT_SOCKET`]).
 
+use super::reply::Reply;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::Path;
@@ -22,6 +24,16 @@ pub enum HealthOverride {
     Auto,
 }
 
+/// The protocol of a flow `lb explain` explains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
+    /// ICMP (ICMPv6 for an IPv6 client): L3_DEFAULT services only.
+    Icmp,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum Request {
@@ -32,7 +44,7 @@ pub enum Request {
         client: IpAddr,
         sport: Option<u16>,
         dport: Option<u16>,
-        proto: Option<String>,
+        proto: Option<Proto>,
     },
     BackendSet {
         service: String,
@@ -48,6 +60,8 @@ pub enum Request {
         address: IpAddr,
     },
     Reload,
+    /// What a reload would change, without applying it.
+    ReloadDryRun,
     /// Drain the whole host: withdraw the VIPs, keep forwarding `grace_sec` (default
     /// `[announce] drain_grace_sec`), then stop.
     HostDrain {
@@ -55,17 +69,20 @@ pub enum Request {
     },
 }
 
+/// One reply line: `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. The daemon
+/// sends a [`Reply`]; a client reads the result type it asked for (see [`call`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Response {
+#[serde(bound(deserialize = "T: Deserialize<'de>"))]
+pub struct Response<T = Reply> {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<T>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
-impl Response {
-    pub fn ok(result: serde_json::Value) -> Self {
+impl<T> Response<T> {
+    pub fn ok(result: T) -> Self {
         Self { ok: true, result: Some(result), error: None }
     }
     pub fn err(e: impl std::fmt::Display) -> Self {
@@ -73,8 +90,9 @@ impl Response {
     }
 }
 
-/// Send one request to the daemon and return its result, or its error as an `Err`.
-pub async fn call(socket: &Path, req: &Request) -> anyhow::Result<serde_json::Value> {
+/// Send one request to the daemon and return its result as `T` (the reply type of the
+/// request, in [`super::reply`]), or its error as an `Err`.
+pub async fn call<T: DeserializeOwned>(socket: &Path, req: &Request) -> anyhow::Result<T> {
     let stream = UnixStream::connect(socket).await.map_err(|e| {
         anyhow::anyhow!("cannot reach the lb daemon at {}: {e} (is `lb run` running?)", socket.display())
     })?;
@@ -88,11 +106,12 @@ pub async fn call(socket: &Path, req: &Request) -> anyhow::Result<serde_json::Va
     if reply.is_empty() {
         anyhow::bail!("the daemon closed the connection without answering");
     }
-    let resp: Response = serde_json::from_str(&reply)?;
-    if resp.ok {
-        Ok(resp.result.unwrap_or(serde_json::Value::Null))
-    } else {
-        anyhow::bail!("{}", resp.error.unwrap_or_else(|| "unknown daemon error".into()))
+    let resp: Response<T> = serde_json::from_str(&reply)
+        .map_err(|e| anyhow::anyhow!("unexpected reply from the daemon ({e}): {}", reply.trim()))?;
+    match (resp.ok, resp.result) {
+        (true, Some(result)) => Ok(result),
+        (true, None) => Ok(serde_json::from_value(serde_json::Value::Null)?),
+        (false, _) => anyhow::bail!("{}", resp.error.unwrap_or_else(|| "unknown daemon error".into())),
     }
 }
 
@@ -213,6 +232,7 @@ pub async fn reply(write: &mut tokio::net::unix::OwnedWriteHalf, resp: &Response
 
 #[cfg(test)]
 mod tests {
+    use super::super::reply::{Reloaded, Status};
     use super::*;
 
     #[test]
@@ -225,6 +245,29 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"request":"backend_set","service":"web","address":"198.18.1.10","health":"unhealthy"}"#);
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        let explain =
+            r#"{"request":"explain","service":"web","client":"198.18.1.1","sport":null,"dport":80,"proto":"icmp"}"#;
+        let r = Request::Explain {
+            service: "web".into(),
+            client: "198.18.1.1".parse().unwrap(),
+            sport: None,
+            dport: Some(80),
+            proto: Some(Proto::Icmp),
+        };
+        assert_eq!(serde_json::to_string(&r).unwrap(), explain);
+        assert_eq!(serde_json::from_str::<Request>(explain).unwrap(), r);
+    }
+
+    /// What the test server answers to Status.
+    fn answer() -> Status {
+        Status {
+            config: "test.toml".into(),
+            interfaces: vec!["eth9".into()],
+            links: vec![],
+            pins: "ok".into(),
+            services: vec![],
+            announce: None,
+        }
     }
 
     /// A test socket in a directory of its own; the server task answers Status and refuses
@@ -239,7 +282,7 @@ mod tests {
         let answering = tokio::spawn(async move {
             while let Some(p) = rx.recv().await {
                 let resp = match p.request {
-                    Request::Status => Response::ok(serde_json::json!({"services": 1})),
+                    Request::Status => Response::ok(Reply::Status(answer())),
                     other => Response::err(format!("unsupported: {other:?}")),
                 };
                 let _ = p.reply.send(resp);
@@ -249,7 +292,7 @@ mod tests {
     }
 
     /// Sends `bytes` raw and returns the reply line.
-    async fn raw(sock: &Path, bytes: &[u8]) -> Response {
+    async fn raw(sock: &Path, bytes: &[u8]) -> Response<serde_json::Value> {
         let stream = UnixStream::connect(sock).await.unwrap();
         let (read, mut write) = stream.into_split();
         // The daemon may answer (and close) before taking everything: ignore write errors.
@@ -266,15 +309,15 @@ mod tests {
         let stalled = UnixStream::connect(&sock).await.unwrap();
         let started = std::time::Instant::now();
         for _ in 0..3 {
-            let got = tokio::time::timeout(Duration::from_secs(2), call(&sock, &Request::Status)).await;
-            assert_eq!(got.expect("answered while a client stalls").unwrap(), serde_json::json!({"services": 1}));
+            let got = tokio::time::timeout(Duration::from_secs(2), call::<Status>(&sock, &Request::Status)).await;
+            assert_eq!(got.expect("answered while a client stalls").unwrap(), answer());
         }
         assert!(started.elapsed() < IO_TIMEOUT);
         // The stalled client is answered with an error after the timeout, and closed.
         let (read, _write) = stalled.into_split();
         let mut line = String::new();
         tokio::time::timeout(IO_TIMEOUT * 2, BufReader::new(read).read_line(&mut line)).await.unwrap().unwrap();
-        let resp: Response = serde_json::from_str(&line).unwrap();
+        let resp: Response<serde_json::Value> = serde_json::from_str(&line).unwrap();
         assert!(!resp.ok && resp.error.as_deref().unwrap().contains("none received within"), "{line}");
         server.abort();
         answering.abort();
@@ -307,8 +350,8 @@ mod tests {
     #[tokio::test]
     async fn round_trip_over_a_socket() {
         let (sock, server, answering) = test_server("round-trip");
-        assert_eq!(call(&sock, &Request::Status).await.unwrap(), serde_json::json!({"services": 1}));
-        let err = call(&sock, &Request::Reload).await.unwrap_err();
+        assert_eq!(call::<Status>(&sock, &Request::Status).await.unwrap(), answer());
+        let err = call::<Reloaded>(&sock, &Request::Reload).await.unwrap_err();
         assert_eq!(err.to_string(), "unsupported: Reload");
         server.abort();
         answering.abort();

@@ -6,12 +6,15 @@
 pub mod announce;
 pub mod api;
 pub mod dns;
+pub mod dry_run;
 pub mod health;
 pub mod limits;
 pub mod links;
 pub mod logging;
 pub mod metrics;
 pub mod neighbours;
+pub mod notify;
+pub mod reply;
 pub mod state;
 pub mod tunnel_source;
 
@@ -22,9 +25,12 @@ use crate::dataplane::pinning::{self, PinState};
 use crate::dataplane::{self, Dataplane, DataplaneSizes, Program};
 use announce::Announcer;
 use anyhow::{bail, Context, Result};
-use api::{HealthOverride, Request, Response};
+use api::{HealthOverride, Proto, Request, Response};
 use health::HealthEvent;
-use serde_json::{json, Value};
+use reply::{
+    BackendChange, BackendStatus, ClassStats, ClassView, Counters, LinkStatus, Reply, ServiceStats, ServiceStatus,
+    ZoneView,
+};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tokio::signal::unix::{signal, SignalKind};
@@ -176,6 +182,31 @@ fn warn_if_forwarding_disabled(ifname: &str) {
             tracing::warn!("{family} forwarding is off on {ifname}; IPIP forwarding needs it for the next-hop lookup, and L2_DSR to reach backends routed via another device (sysctl -w net.{family}.conf.{ifname}.forwarding=1)");
         }
     }
+}
+
+/// A zonal service's eligible set per client zone.
+fn zone_views(cfg: &Config, c: &crate::compile::CompiledService) -> Vec<ZoneView> {
+    c.plan
+        .classes
+        .iter()
+        .map(|cp| ZoneView {
+            client_zone: cp.client_zone.map(|z| cfg.zones[z].name.clone()),
+            affinity: cp.outcome.as_str().to_owned(),
+            eligible: cp.eligible.iter().map(|&i| c.backend_addrs[i]).collect(),
+        })
+        .collect()
+}
+
+/// A Traffic Manager service's client classes (None for a zonal service).
+fn class_views(c: &crate::compile::CompiledService) -> Option<Vec<ClassView>> {
+    let tm = c.tm.as_ref()?;
+    let view = |cl: &crate::policy::tm::classes::TmClass| ClassView {
+        class: cl.id,
+        client_prefixes: tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| *n).collect(),
+        eligible: cl.eligible.iter().map(|e| e.address).collect(),
+        reason: cl.reason.clone(),
+    };
+    Some(tm.classes.iter().map(view).collect())
 }
 
 struct Daemon {
@@ -511,6 +542,11 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
         }
     };
     tracing::info!("running; control socket {}", d.args.socket.display());
+    // `start` has written the tables and attached: only now is the unit started.
+    tracing::info!("ready: notifying the service manager");
+    notify::ready(&d.summary());
+    // Pinged from this loop, so that a loop that stops turning gets the daemon restarted.
+    let mut watchdog = notify::watchdog_interval().map(tokio::time::interval);
     loop {
         tokio::select! {
             Some(ev) = health_rx.recv() => d.on_health(ev),
@@ -529,9 +565,12 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
                 let _ = pending.reply.send(resp);
             }
             _ = hup.recv() => {
+                notify::reloading();
                 let result = d.reload();
                 audit("reload", "SIGHUP", &result);
+                notify::ready(&d.summary());
             }
+            _ = async { if let Some(w) = watchdog.as_mut() { w.tick().await } else { std::future::pending().await } } => notify::watchdog(),
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = until(d.drain_deadline) => {
@@ -540,6 +579,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
             }
         }
     }
+    notify::stopping();
     control.abort();
     if let Some(task) = link_task {
         task.abort();
@@ -573,7 +613,7 @@ impl Daemon {
 
     /// `lb backend drain --host`: withdraw every VIP now, keep forwarding what still arrives
     /// for the grace period, then stop as on SIGTERM.
-    fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<Value> {
+    fn host_drain(&mut self, grace_sec: Option<u32>) -> Result<reply::HostDrain> {
         let grace = grace_sec
             .or(self.ctl.config().announce.as_ref().map(|a| a.drain_grace_sec))
             .unwrap_or(crate::config::DEFAULT_DRAIN_GRACE_SEC);
@@ -583,7 +623,7 @@ impl Daemon {
         let at = tokio::time::Instant::now() + std::time::Duration::from_secs(grace.into());
         self.drain_deadline = Some(self.drain_deadline.map_or(at, |d| d.min(at)));
         tracing::info!("host drain: VIPs withdrawn, stopping in {grace} s");
-        Ok(json!({"host_draining": true, "stop_in_sec": grace}))
+        Ok(reply::HostDrain { host_draining: true, stop_in_sec: grace })
     }
 
     /// Reconciles now, on the loop (operator actions, reloads, ends of pool drains: their
@@ -793,7 +833,7 @@ impl Daemon {
     }
 
     /// Each interface's attachment, for `lb status`.
-    fn link_status(&self) -> Vec<Value> {
+    fn link_status(&self) -> Vec<LinkStatus> {
         self.args
             .interfaces
             .iter()
@@ -805,7 +845,7 @@ impl Daemon {
                 } else {
                     "detached (interface removed)"
                 };
-                json!({"interface": ifname, "state": state})
+                LinkStatus { interface: ifname.clone(), state: state.to_owned() }
             })
             .collect()
     }
@@ -823,14 +863,24 @@ impl Daemon {
         self.reconcile_soon();
     }
 
+    /// One line for `systemctl status`.
+    fn summary(&self) -> String {
+        let services = self.ctl.config().services.len();
+        format!(
+            "{services} services on {}; control socket {}",
+            self.args.interfaces.join(", "),
+            self.args.socket.display()
+        )
+    }
+
     /// Reload the config file: a config that fails validation or does not fit changes nothing.
-    fn reload(&mut self) -> Result<Value> {
+    fn reload(&mut self) -> Result<reply::Reloaded> {
         let result = self.try_reload();
         self.metrics.reload(result.is_ok());
         result
     }
 
-    fn try_reload(&mut self) -> Result<Value> {
+    fn try_reload(&mut self) -> Result<reply::Reloaded> {
         let mut cfg = Config::load(&self.args.config)?;
         for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
             tracing::debug!("{line}");
@@ -842,7 +892,17 @@ impl Daemon {
         result.context("applying the new configuration")?;
         self.start_checkers();
         tracing::info!("configuration reloaded from {}", self.args.config.display());
-        Ok(json!({"reloaded": self.args.config.display().to_string()}))
+        Ok(reply::Reloaded { reloaded: self.args.config.display().to_string() })
+    }
+
+    /// What reloading the config file would change; refused as the reload would be.
+    fn reload_dry_run(&mut self) -> Result<reply::ReloadPlan> {
+        let cfg = Config::load(&self.args.config)?;
+        fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
+        let now = self.dp.now_ns()?;
+        let next = self.ctl.preview_config(cfg.clone(), now)?;
+        self.dp.admit(&next.demand(self.ctl.applied()))?;
+        Ok(dry_run::plan(&self.args.config, self.ctl.config(), self.ctl.applied(), &cfg, &next))
     }
 
     fn handle(&mut self, req: Request) -> Response {
@@ -859,13 +919,13 @@ impl Daemon {
             }
             Request::Reload => Some(("reload", "control socket".to_owned())),
             Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
-            Request::Status | Request::Stats | Request::Explain { .. } => None,
+            Request::Status | Request::Stats | Request::Explain { .. } | Request::ReloadDryRun => None,
         };
         let result = match req {
-            Request::Status => Ok(self.status()),
-            Request::Stats => self.stats(),
+            Request::Status => Ok(Reply::Status(self.status())),
+            Request::Stats => self.stats().map(Reply::Stats),
             Request::Explain { service, client, sport, dport, proto } => {
-                self.explain(&service, client, sport, dport, proto.as_deref())
+                self.explain(&service, client, sport, dport, proto).map(Reply::Explain)
             }
             Request::BackendSet { service, address, health } => {
                 let h = match health {
@@ -876,20 +936,21 @@ impl Daemon {
                 self.ctl
                     .set_override(&service, address, h)
                     .and_then(|_| self.reconcile())
-                    .map(|_| json!({"service": service, "address": address.to_string(), "health": health}))
+                    .map(|_| Reply::Backend(BackendChange { service, address, health: Some(health), draining: None }))
             }
             Request::BackendDrain { service, address } => self
                 .ctl
                 .drain(&service, address)
                 .and_then(|_| self.reconcile())
-                .map(|_| json!({"service": service, "address": address.to_string(), "draining": true})),
+                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) })),
             Request::BackendUndrain { service, address } => self
                 .ctl
                 .undrain(&service, address)
                 .and_then(|_| self.reconcile())
-                .map(|_| json!({"service": service, "address": address.to_string(), "draining": false})),
-            Request::Reload => self.reload(),
-            Request::HostDrain { grace_sec } => self.host_drain(grace_sec),
+                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
+            Request::Reload => self.reload().map(Reply::Reloaded),
+            Request::ReloadDryRun => self.reload_dry_run().map(Reply::ReloadPlan),
+            Request::HostDrain { grace_sec } => self.host_drain(grace_sec).map(Reply::HostDrain),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -900,15 +961,15 @@ impl Daemon {
         }
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> reply::Status {
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
-        let services: Vec<Value> = cfg
+        let services = cfg
             .services
             .iter()
             .map(|svc| {
                 let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
-                let backends: Vec<Value> = svc
+                let backends = svc
                     .backends
                     .iter()
                     .map(|b| {
@@ -919,90 +980,65 @@ impl Daemon {
                         } else {
                             "initial"
                         };
-                        json!({
-                            "address": b.address.to_string(),
-                            "zone": b.zone,
-                            "role": if b.failover { "failover" } else { "primary" },
-                            "health": if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" },
-                            "health_source": source,
-                            "weight": b.weight,
-                            "draining": self.ctl.is_drained(&svc.name, b.address),
-                        })
+                        BackendStatus {
+                            address: b.address,
+                            zone: b.zone.clone(),
+                            role: if b.failover { "failover" } else { "primary" }.to_owned(),
+                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }
+                                .to_owned(),
+                            health_source: source.to_owned(),
+                            weight: b.weight,
+                            draining: self.ctl.is_drained(&svc.name, b.address),
+                        }
                     })
                     .collect();
-                let zones: Vec<Value> = compiled
-                    .map(|c| {
-                        c.plan
-                            .classes
-                            .iter()
-                            .map(|cp| {
-                                json!({
-                                    "client_zone": cp.client_zone.map(|z| cfg.zones[z].name.clone()),
-                                    "affinity": cp.outcome.as_str(),
-                                    "eligible": cp.eligible.iter().map(|&i| c.backend_addrs[i].to_string()).collect::<Vec<_>>(),
-                                })
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                json!({
-                    "name": svc.name,
-                    "vip": svc.vip.to_string(),
-                    "protocol": svc.protocol.as_str(),
-                    "ports": svc.ports,
-                    "eligible_kind": compiled.map(|c| c.plan.kind.as_str()),
-                    "rule": compiled.map(|c| c.plan.rule.id()),
-                    "active_pool": compiled.map(|c| c.plan.active_pool.as_str()),
-                    "backends": backends,
-                    "zones": zones,
-                    "routing_method": svc.routing_method.as_str(),
+                ServiceStatus {
+                    name: svc.name.clone(),
+                    vip: svc.vip,
+                    protocol: svc.protocol.as_str().to_owned(),
+                    ports: svc.ports.clone(),
+                    eligible_kind: compiled.map(|c| c.plan.kind.as_str().to_owned()),
+                    rule: compiled.map(|c| c.plan.rule.id().to_owned()),
+                    active_pool: compiled.map(|c| c.plan.active_pool.as_str().to_owned()),
+                    backends,
+                    zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
+                    routing_method: svc.routing_method.as_str().to_owned(),
                     // Traffic Manager services: the routing method's client classes.
-                    "classes": compiled.and_then(|c| c.tm.as_ref()).map(|tm| {
-                        tm.classes
-                            .iter()
-                            .map(|cl| {
-                                json!({
-                                    "class": cl.id,
-                                    "client_prefixes": tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| n.to_string()).collect::<Vec<_>>(),
-                                    "eligible": cl.eligible.iter().map(|e| e.address.to_string()).collect::<Vec<_>>(),
-                                    "reason": cl.reason,
-                                })
-                            })
-                            .collect::<Vec<_>>()
-                    }),
-                })
+                    classes: compiled.and_then(class_views),
+                }
             })
             .collect();
-        let announce = self.announcer.as_ref().map(|a| {
-            json!({"device": a.device(), "table": a.table(), "draining": a.draining(), "announced": a.announced().iter().map(|v| v.to_string()).collect::<Vec<_>>()})
+        let announce = self.announcer.as_ref().map(|a| reply::AnnounceStatus {
+            device: a.device().to_owned(),
+            table: a.table(),
+            draining: a.draining(),
+            announced: a.announced().iter().copied().collect(),
         });
         let pins =
             if self.pins_lost.is_empty() { "ok".to_owned() } else { format!("lost: {}", self.pins_lost.join(", ")) };
-        json!({
-            "config": self.args.config.display().to_string(),
-            "interfaces": self.args.interfaces,
-            "links": self.link_status(),
-            "pins": pins,
-            "services": services,
-            "announce": announce,
-        })
+        reply::Status {
+            config: self.args.config.display().to_string(),
+            interfaces: self.args.interfaces.clone(),
+            links: self.link_status(),
+            pins,
+            services,
+            announce,
+        }
     }
 
-    fn stats(&self) -> Result<Value> {
+    fn stats(&self) -> Result<reply::Stats> {
         let st = self.dp.stats()?;
-        let global: serde_json::Map<String, Value> = lb_common::maps::stat::NAMES
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.to_string(), json!(st.get(i as u32))))
-            .collect();
+        let global = Counters(
+            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect(),
+        );
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
-        let services: Vec<Value> = applied
+        let services = applied
             .map(|a| {
                 a.services
                     .iter()
                     .map(|s| {
-                        let classes: Vec<Value> = s
+                        let classes = s
                             .tables
                             .iter()
                             .map(|t| {
@@ -1010,19 +1046,22 @@ impl Daemon {
                                 // A Traffic Manager service's classes are its routing method's,
                                 // not zones (`lb status` lists their prefixes).
                                 let zone = metrics::class_zone(cfg, s, t.class);
-                                json!({
-                                    "client_class": t.class,
-                                    "client_zone": zone,
-                                    "packets": c.packets, "bytes": c.bytes, "new_flows": c.new_flows, "cross_zone_spills": c.spills,
-                                })
+                                ClassStats {
+                                    client_class: t.class,
+                                    client_zone: zone,
+                                    packets: c.packets,
+                                    bytes: c.bytes,
+                                    new_flows: c.new_flows,
+                                    cross_zone_spills: c.spills,
+                                }
                             })
                             .collect();
-                        json!({"name": s.name, "traffic_manager": s.tm.is_some(), "classes": classes})
+                        ServiceStats { name: s.name.clone(), traffic_manager: s.tm.is_some(), classes }
                     })
                     .collect()
             })
             .unwrap_or_default();
-        Ok(json!({"global": global, "services": services}))
+        Ok(reply::Stats { global, services })
     }
 
     fn explain(
@@ -1031,8 +1070,9 @@ impl Daemon {
         client: std::net::IpAddr,
         sport: Option<u16>,
         dport: Option<u16>,
-        proto: Option<&str>,
-    ) -> Result<Value> {
+        proto: Option<Proto>,
+    ) -> Result<reply::Explanation> {
+        use crate::model::Protocol;
         let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
         let svc = cfg
@@ -1040,13 +1080,18 @@ impl Daemon {
             .iter()
             .find(|s| s.name == service)
             .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        let proto = match proto.unwrap_or(match svc.protocol {
-            crate::model::Protocol::Udp => "udp",
-            _ => "tcp",
-        }) {
-            "tcp" => lb_common::maps::PROTO_TCP,
-            "udp" => lb_common::maps::PROTO_UDP,
-            other => bail!("--proto {other:?}: allowed values are tcp, udp"),
+        let proto = match (
+            proto.unwrap_or(if svc.protocol == Protocol::Udp { Proto::Udp } else { Proto::Tcp }),
+            svc.protocol,
+        ) {
+            (Proto::Tcp, _) => lb_common::maps::PROTO_TCP,
+            (Proto::Udp, _) => lb_common::maps::PROTO_UDP,
+            (Proto::Icmp, Protocol::L3Default) if client.is_ipv4() => libc::IPPROTO_ICMP as u8,
+            (Proto::Icmp, Protocol::L3Default) => libc::IPPROTO_ICMPV6 as u8,
+            (Proto::Icmp, p) => bail!(
+                "--proto icmp: service {service:?} is {}; allowed values: tcp, udp (icmp for L3_DEFAULT services)",
+                p.as_str()
+            ),
         };
         let flow = Flow {
             client,

@@ -23,9 +23,9 @@ fn print_balancers(so: &ScaleOut, choices: &[usize]) {
     for (i, b) in so.balancers.iter().enumerate() {
         let lb = b.daemon.as_ref().and_then(|d| d.status().ok());
         let announced = lb.as_ref().map(|s| {
-            s["announce"]["announced"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(","))
+            s.announce
+                .as_ref()
+                .map(|a| a.announced.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","))
                 .unwrap_or_default()
         });
         let bgp = b.bird.cli(&["show", "protocols", "uplink"]).unwrap_or_default();

@@ -1,0 +1,54 @@
+//! `lb validate --config FILE`: checks a configuration offline, as `lb run` and `lb reload`
+//! would (every rule, then compiling its tables), and lists every problem at once.
+
+use crate::config::Config;
+use crate::controller::Controller;
+use std::path::Path;
+
+/// Ok with a one-line summary, or the error listing every problem (the command exits 1).
+pub fn check(path: &Path) -> anyhow::Result<String> {
+    let cfg = Config::load(path)?;
+    let services = cfg.services.len();
+    let backends: usize = cfg.services.iter().map(|s| s.backends.len()).sum();
+    // What the rules cannot see (e.g. more client classes than a service can hold) shows when
+    // the tables are compiled.
+    Controller::new(cfg).preview(0).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+    Ok(format!("{}: valid ({services} services, {backends} backends)", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("lb-validate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_valid_file_is_summed_up() {
+        let path = file("ok.toml", "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n[[service.backend]]\naddress = \"198.18.11.1\"\n");
+        assert!(check(&path).unwrap().ends_with("valid (1 services, 1 backends)"));
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        let path = file(
+            "bad.toml",
+            "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\nsession_affinity = \"CLIENT_IP\"\n\
+             [service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 1.5\n\
+             [[service.backend]]\naddress = \"198.18.11.1\"\nweight = 0\n",
+        );
+        let err = format!("{:#}", check(&path).unwrap_err());
+        assert!(
+            err.contains("problems):")
+                && err.contains("spillover_ratio")
+                && err.starts_with(&path.display().to_string()),
+            "{err}"
+        );
+        assert!(err.matches("\n  - ").count() >= 2, "{err}");
+    }
+}

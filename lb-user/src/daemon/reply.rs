@@ -1,0 +1,251 @@
+//! The daemon's replies on the control socket, typed: the daemon builds them, the CLI renders
+//! them (`cli::render`) or prints them as JSON (`--json`), and the tests read them. Each is the
+//! `result` of a [`super::api::Response`]; the JSON field names are the wire format.
+
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+pub use super::api::HealthOverride;
+pub use crate::compile::explain::{ClassFacts, Explanation};
+
+/// `lb status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub config: String,
+    pub interfaces: Vec<String>,
+    /// Each `--interface`'s attachment: `attached`, `detached`, `detached (interface removed)`.
+    pub links: Vec<LinkStatus>,
+    /// The data plane's pins: `ok`, or `lost: <what>` when someone removed them.
+    pub pins: String,
+    pub services: Vec<ServiceStatus>,
+    /// The VIP announcement (`[announce]`), if configured.
+    pub announce: Option<AnnounceStatus>,
+}
+
+/// One interface's XDP attachment (`lb status`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    pub interface: String,
+    pub state: String,
+}
+
+/// What the balancer announces (`lb status`, `[announce]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AnnounceStatus {
+    pub device: String,
+    pub table: u32,
+    /// A host drain withdrew the VIPs.
+    pub draining: bool,
+    pub announced: Vec<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    pub name: String,
+    pub vip: IpAddr,
+    pub protocol: String,
+    pub ports: Vec<u16>,
+    /// Zonal services: the §1.2 eligible kind, rule and active pool (None before the first
+    /// tables, and for Traffic Manager services' own fields).
+    pub eligible_kind: Option<String>,
+    pub rule: Option<String>,
+    pub active_pool: Option<String>,
+    pub backends: Vec<BackendStatus>,
+    /// The eligible set per client zone (zonal services).
+    pub zones: Vec<ZoneView>,
+    pub routing_method: String,
+    /// Traffic Manager services: the routing method's client classes; None for zonal ones.
+    pub classes: Option<Vec<ClassView>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub address: IpAddr,
+    pub zone: Option<String>,
+    /// `primary` or `failover`.
+    pub role: String,
+    /// `healthy` or `unhealthy`.
+    pub health: String,
+    /// Where the health comes from: `override`, `health_check` or `initial`.
+    pub health_source: String,
+    pub weight: u32,
+    pub draining: bool,
+}
+
+/// One client zone's eligible set (None = the non-compatible clients).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ZoneView {
+    pub client_zone: Option<String>,
+    pub affinity: String,
+    /// Empty = new flows are dropped.
+    pub eligible: Vec<IpAddr>,
+}
+
+/// One Traffic Manager client class: its source prefixes (none = the default class) and set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassView {
+    pub class: usize,
+    pub client_prefixes: Vec<ipnet::IpNet>,
+    pub eligible: Vec<IpAddr>,
+    pub reason: String,
+}
+
+/// `lb stats`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Global counters, in the ABI's order (`lb_common::maps::stat::NAMES`).
+    pub global: Counters,
+    pub services: Vec<ServiceStats>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceStats {
+    pub name: String,
+    /// Its classes are a routing method's (labelled by number), not zones.
+    pub traffic_manager: bool,
+    pub classes: Vec<ClassStats>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassStats {
+    pub client_class: u32,
+    pub client_zone: Option<String>,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub cross_zone_spills: u64,
+}
+
+/// Named counters in a fixed order; a JSON object on the wire (`{"name": value, ...}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters(pub Vec<(String, u64)>);
+
+impl Serialize for Counters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Counters {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Counters;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of counter names to numbers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Counters, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, u64>()? {
+                    out.push(entry);
+                }
+                Ok(Counters(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// `lb backend set|drain|undrain`: what was changed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendChange {
+    pub service: String,
+    pub address: IpAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthOverride>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<bool>,
+}
+
+/// `lb reload`: the file that was applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reloaded {
+    pub reloaded: String,
+}
+
+/// `lb backend drain --host`: the VIPs are withdrawn; the daemon stops in `stop_in_sec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostDrain {
+    pub host_draining: bool,
+    pub stop_in_sec: u32,
+}
+
+/// `lb reload --dry-run`: what a reload of the file would change (nothing is applied).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReloadPlan {
+    pub config: String,
+    /// Services added, removed or changed, in the file's order (removed ones last).
+    pub services: Vec<ServiceChange>,
+    /// Maglev tables the reload would write, over all services.
+    pub tables_to_write: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Removed,
+    Changed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceChange {
+    pub name: String,
+    pub change: ChangeKind,
+    pub backends_added: Vec<IpAddr>,
+    pub backends_removed: Vec<IpAddr>,
+    /// Client zones or classes whose eligible set changes.
+    pub eligible: Vec<EligibleChange>,
+    /// Maglev tables of this service that would be written.
+    pub tables: usize,
+}
+
+/// One client zone's (or Traffic Manager class's) eligible set before and after; None where
+/// the zone or class does not exist.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EligibleChange {
+    pub client: String,
+    pub before: Option<Vec<IpAddr>>,
+    pub after: Option<Vec<IpAddr>>,
+}
+
+/// Any reply, as the daemon's loop sends it (the CLI reads the one it asked for).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Reply {
+    Status(Status),
+    Stats(Stats),
+    Explain(Explanation),
+    Backend(BackendChange),
+    Reloaded(Reloaded),
+    ReloadPlan(ReloadPlan),
+    HostDrain(HostDrain),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_keep_their_order_on_the_wire() {
+        let c = Counters(vec![("zeta".into(), 1), ("alpha".into(), 2), ("mid".into(), 0)]);
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(text, r#"{"zeta":1,"alpha":2,"mid":0}"#);
+        assert_eq!(serde_json::from_str::<Counters>(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn backend_change_wire_format() {
+        let address = "198.18.11.1".parse().unwrap();
+        let drain = BackendChange { service: "web".into(), address, health: None, draining: Some(true) };
+        assert_eq!(
+            serde_json::to_string(&drain).unwrap(),
+            r#"{"service":"web","address":"198.18.11.1","draining":true}"#
+        );
+        let set = BackendChange { service: "web".into(), address, health: Some(HealthOverride::Auto), draining: None };
+        assert_eq!(
+            serde_json::to_string(&set).unwrap(),
+            r#"{"service":"web","address":"198.18.11.1","health":"auto"}"#
+        );
+    }
+}

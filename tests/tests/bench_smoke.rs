@@ -27,3 +27,24 @@ fn dp_bench_quick_run_passes_its_own_checks() {
         assert!(text.contains(row), "missing row {row:?} in:\n{text}");
     }
 }
+
+/// `dp_bench --katran OBJECT` (BENCHMARKS.md) takes an object the operator built from Katran's
+/// source; a missing file, a file that is not a BPF object, or a BPF object that is not Katran's
+/// balancer is refused before anything is loaded, with a message saying what was expected.
+#[test]
+fn dp_bench_refuses_a_missing_or_foreign_katran_object() {
+    let not_bpf = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    for (object, expected) in [
+        ("/nonexistent/balancer.bpf.o", "github.com/facebookincubator/katran"),
+        (not_bpf, "is not a BPF object"),
+        (lb_user::dataplane::BENCH_OBJECT_PATH, "has no program balancer_ingress"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dp_bench"))
+            .args(["--katran", object])
+            .output()
+            .expect("running dp_bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "dp_bench --katran {object} succeeded");
+        assert!(stderr.contains(expected), "dp_bench --katran {object}: {expected:?} missing in:\n{stderr}");
+    }
+}

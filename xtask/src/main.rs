@@ -42,6 +42,10 @@ enum Cmd {
         /// Extra arguments for `live_bench` (`--quick`, `--rounds N`, `--secs S`).
         #[arg(trailing_var_arg = true, requires = "live")]
         args: Vec<String>,
+        /// Instead, compare the data plane with Katran's, side by side: the path of a
+        /// `balancer.bpf.o` built from Katran's source (BENCHMARKS.md says how to get it).
+        #[arg(long, value_name = "BALANCER_BPF_O", conflicts_with = "live")]
+        katran: Option<PathBuf>,
     },
     /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
     Package,
@@ -53,7 +57,11 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Paths given on the command line are relative to where xtask was started, not the root.
+    if let Cmd::Bench { katran: Some(object), .. } = &mut cli.command {
+        *object = std::path::absolute(&*object)?;
+    }
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     survive_interrupts();
@@ -64,8 +72,9 @@ fn main() -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
         Cmd::Soak(args) => soak::soak(&args),
-        Cmd::Bench { live: false, .. } => bench(),
-        Cmd::Bench { live: true, args } => bench_live(&args),
+        Cmd::Bench { live: true, args, .. } => bench_live(&args),
+        Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
+        Cmd::Bench { .. } => bench(),
         Cmd::Package => package::package(&root),
         Cmd::Demo { scene } => demo(scene),
     }
@@ -170,6 +179,16 @@ fn bench_live(args: &[String]) -> Result<()> {
     run(cargo().args(["build", "-q", "-p", "lb-user", "--bin", "lb"]))?;
     run(cargo().args(["build", "-q", "-p", "lb-tests", "--bin", "live_bench"]))?;
     bpffs::guarded(|| run(Command::new(workspace_root().join("target/debug/live_bench")).args(args)))
+}
+
+/// `dp_bench --katran`: the headline cases and the hot hit, `lb` and Katran side by side.
+fn bench_katran(object: &Path) -> Result<()> {
+    require_root("cargo xtask bench --katran")?;
+    bpffs::guarded(|| {
+        run(cargo()
+            .args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench", "--", "--katran"])
+            .arg(object))
+    })
 }
 
 /// Scenes of the demo.

@@ -16,12 +16,13 @@
 //! every batch's counter deltas (hit: rx = ct_hit = tx = frames; new flow: rx = ct_miss =
 //! new_flow = tx = frames; no drop counter moves).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use aya::programs::Xdp;
 use lb_tests::packet::{TCP_ACK, TCP_SYN};
 use lb_user::dataplane::{XDP_PASS, XDP_TX};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::{frame4_from, frame6_from, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED};
+use super::{frame4_from, frame6_from, test_run_xdp, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED};
 
 /// Sizes of the cold cases.
 #[derive(Clone, Copy)]
@@ -46,7 +47,7 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(mut v: Vec<f64>) -> Self {
+    pub fn of(mut v: Vec<f64>) -> Self {
         v.sort_unstable_by(f64::total_cmp);
         Spread { median: v[v.len() / 2], min: v[0], max: v[v.len() - 1] }
     }
@@ -82,44 +83,80 @@ pub fn flow_frame(family: Family, i: u32, flags: u8) -> Vec<u8> {
     }
 }
 
-/// Calls `prog` once per frame; fails unless every verdict is `action` and the counters moved
-/// by `per_frame` times the frames. Returns the mean kernel-reported ns per call.
-pub fn run_each(b: &Bench, prog: &str, frames: &[Vec<u8>], action: u32, per_frame: &[(u32, u64)]) -> Result<f64> {
-    let before = b.counters()?;
+/// Calls `prog` (named `name`) on device `ifindex` once per frame; fails unless every verdict
+/// is `action`. Returns the mean kernel-reported ns per call.
+pub fn call_each(prog: &Xdp, name: &str, ifindex: u32, frames: &[Vec<u8>], action: u32) -> Result<f64> {
     let mut total = 0u64;
     for frame in frames {
-        let (verdict, _, ns) = b.test_run(prog, frame, 1)?;
+        let (verdict, _, ns) =
+            test_run_xdp(prog, ifindex, frame, 1).with_context(|| format!("BPF_PROG_TEST_RUN of {name}"))?;
         if verdict != action {
-            bail!("{prog}: verdict {verdict} instead of {action}");
+            bail!("{name}: verdict {verdict} instead of {action}");
         }
         total += ns;
     }
-    let after = b.counters()?;
-    Bench::check_counters(prog, &before, &after, per_frame, frames.len() as u64)?;
     Ok(total as f64 / frames.len() as f64)
 }
 
-/// Sends flows `range`'s SYNs through `lb`, in batches: each makes a new entry.
-fn fill(b: &Bench, family: Family, range: std::ops::Range<u32>) -> Result<()> {
+/// `call_each` of one of `b`'s programs, also failing unless the counters moved by `per_frame`
+/// times the frames.
+pub fn run_each(b: &Bench, prog: &str, frames: &[Vec<u8>], action: u32, per_frame: &[(u32, u64)]) -> Result<f64> {
+    let before = b.counters()?;
+    let ns = call_each(b.program(prog)?, prog, b.ingress_ifindex, frames, action)?;
+    let after = b.counters()?;
+    Bench::check_counters(prog, &before, &after, per_frame, frames.len() as u64)?;
+    Ok(ns)
+}
+
+/// Hands flows `range`'s frames (TCP `flags`) to `f` in batches of at most `batch`.
+pub fn in_batches(
+    family: Family,
+    range: std::ops::Range<u32>,
+    flags: u8,
+    batch: u32,
+    mut f: impl FnMut(&[Vec<u8>]) -> Result<()>,
+) -> Result<()> {
     let mut start = range.start;
     while start < range.end {
-        let end = range.end.min(start + FILL_BATCH);
-        let frames: Vec<Vec<u8>> = (start..end).map(|i| flow_frame(family, i, TCP_SYN)).collect();
-        run_each(b, "lb", &frames, XDP_TX, NEW_FLOW_PATH)?;
+        let end = range.end.min(start + batch);
+        let frames: Vec<Vec<u8>> = (start..end).map(|i| flow_frame(family, i, flags)).collect();
+        f(&frames)?;
         start = end;
     }
     Ok(())
 }
 
+/// Sends flows `range`'s SYNs through `lb`: each makes a new entry.
+fn fill(b: &Bench, family: Family, range: std::ops::Range<u32>) -> Result<()> {
+    in_batches(family, range, TCP_SYN, FILL_BATCH, |frames| {
+        run_each(b, "lb", frames, XDP_TX, NEW_FLOW_PATH).map(|_| ())
+    })
+}
+
+/// The ACK frames of `frames` flows drawn at random from flows `0..flows`, in a random order.
+pub fn hit_sample(rng: &mut Rng, family: Family, flows: u32, frames: usize) -> Vec<Vec<u8>> {
+    rng.sample(flows, frames).into_iter().map(|i| flow_frame(family, i, TCP_ACK)).collect()
+}
+
+/// The SYN frames of flows `first..first + frames`.
+pub fn new_flows(family: Family, first: u32, frames: usize) -> Vec<Vec<u8>> {
+    (first..first + frames as u32).map(|i| flow_frame(family, i, TCP_SYN)).collect()
+}
+
+/// The floor: the empty program on `frames`, ns per call.
+pub fn floor(b: &Bench, frames: &[Vec<u8>]) -> Result<f64> {
+    run_each(b, "bench_empty", frames, XDP_PASS, NOTHING_COUNTED)
+}
+
 /// The floor, then `lb`, on the same frames; returns (floor, lb minus floor), ns per call.
 fn timed(b: &Bench, frames: &[Vec<u8>], per_frame: &[(u32, u64)]) -> Result<(f64, f64)> {
-    let floor = run_each(b, "bench_empty", frames, XDP_PASS, NOTHING_COUNTED)?;
+    let floor = floor(b, frames)?;
     let case = run_each(b, "lb", frames, XDP_TX, per_frame)?;
     Ok((floor, case - floor))
 }
 
 /// SplitMix64: a fixed-seed source of random sample indices, so that runs are reproducible.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -151,24 +188,23 @@ pub fn measure(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<C
     let mut floors = Vec::new();
     let mut hits = Vec::new();
     for _ in 0..p.runs {
-        let frames: Vec<Vec<u8>> =
-            rng.sample(p.ct_entries, p.frames).into_iter().map(|i| flow_frame(family, i, TCP_ACK)).collect();
+        let frames = hit_sample(&mut rng, family, p.ct_entries, p.frames);
         let (floor, above) = timed(b, &frames, CT_HIT_PATH)?;
         floors.push(floor);
         hits.push(above);
     }
     // Full: one new flow per slot in all.
     fill(b, family, p.ct_entries..ct_slots)?;
-    let mut new_flows = Vec::new();
+    let mut news = Vec::new();
     let mut next = ct_slots;
     for _ in 0..p.runs {
-        let frames: Vec<Vec<u8>> = (next..next + p.frames as u32).map(|i| flow_frame(family, i, TCP_SYN)).collect();
+        let frames = new_flows(family, next, p.frames);
         next += p.frames as u32;
         let (floor, above) = timed(b, &frames, NEW_FLOW_PATH)?;
         floors.push(floor);
-        new_flows.push(above);
+        news.push(above);
     }
-    Ok(Cold { floor: Spread::of(floors).median, hit: Spread::of(hits), new_flow: Spread::of(new_flows) })
+    Ok(Cold { floor: Spread::of(floors).median, hit: Spread::of(hits), new_flow: Spread::of(news) })
 }
 
 /// The headline table.

@@ -44,6 +44,7 @@
 //! the other object must have this build's map layout)
 
 mod cold;
+mod katran;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -347,22 +348,12 @@ impl Bench {
     /// One `BPF_PROG_TEST_RUN` on the ingress device: (verdict, frame left in the buffer,
     /// kernel-reported average ns per iteration).
     fn test_run(&self, prog: &str, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, u64)> {
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
-        let mut out = vec![0u8; frame.len() + 256];
-        let p: &Xdp = self.ebpf.program(prog).ok_or_else(|| anyhow!("program {prog} missing"))?.try_into()?;
-        let r = p
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                repeat,
-                ..Default::default()
-            })
-            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
-        out.truncate(r.data_size_out as usize);
-        Ok((r.return_value, out, r.duration.as_nanos() as u64))
+        test_run_xdp(self.program(prog)?, self.ingress_ifindex, frame, repeat)
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))
+    }
+
+    fn program(&self, name: &str) -> Result<&Xdp> {
+        Ok(self.ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?)
     }
 
     /// Median of `runs` timed runs after one warm-up run.
@@ -392,6 +383,24 @@ impl Bench {
         }
         Ok(total as f64 / calls as f64)
     }
+}
+
+/// One `BPF_PROG_TEST_RUN` of `prog` on device `ifindex`: (verdict, frame left in the buffer,
+/// kernel-reported average ns per iteration).
+fn test_run_xdp(prog: &Xdp, ifindex: u32, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, u64)> {
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+    let mut out = vec![0u8; frame.len() + 256];
+    let r = prog.test_run(TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ctx_in: Some(&ctx),
+        repeat,
+        ..Default::default()
+    })?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value, out, r.duration.as_nanos() as u64))
 }
 
 fn frame4(flags: u8) -> Vec<u8> {
@@ -645,6 +654,10 @@ fn main() -> Result<()> {
             bail!("--compare OBJECT ROUNDS: ROUNDS must be at least 1");
         }
         return compare(&other, rounds);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--katran") {
+        let object = args.get(i + 1).ok_or_else(|| anyhow!("--katran needs the path of Katran's balancer.bpf.o"))?;
+        return katran::run(object, p.cold);
     }
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let case = args.get(i + 1).cloned().unwrap_or_default();

@@ -212,9 +212,20 @@ pub struct Search {
     pub free: [u8; 2],
     /// Per candidate bucket: its slots without a writer and without a live flow.
     pub free_count: [u8; 2],
-    pub _pad: u32,
+    /// How [`victim`] chose `index`: [`chosen::OWN`], [`chosen::EVICTS`] or 0 (a slot without
+    /// a live flow). Kept so that an insert can write the choice of a search made before it
+    /// (a re-selecting SYN's) without searching again.
+    pub chosen: u32,
     /// `last_seen_ns` of the least recently seen flow so far.
     pub oldest: u64,
+}
+
+/// Values of [`Search::chosen`].
+pub mod chosen {
+    /// The key's own slot.
+    pub const OWN: u32 = 1;
+    /// The least recently seen flow's slot: the insert evicts it ([`super::Victim::evicts`]).
+    pub const EVICTS: u32 = 2;
 }
 
 /// No slot (a search's `free` before it found one).
@@ -279,8 +290,8 @@ pub struct Victim {
 /// The slot an insert of `key` writes: the key's own slot; else a slot without a live flow
 /// (empty, or holding a flow last seen before `fresh_after`, idle; and without a writer) of the
 /// less loaded candidate bucket, the one with more such slots (the first bucket on a tie); else
-/// the least recently seen flow of the two buckets. The chosen slot's state as seen is left in
-/// `search.state`. `fresh_after`: the insert's time minus the idle timeout (0: no flow counts
+/// the least recently seen flow of the two buckets. The chosen slot, its state as seen and how
+/// it was chosen are left in `search` (`index`, `state`, `chosen`). `fresh_after`: the insert's time minus the idle timeout (0: no flow counts
 /// as idle, as for a table with no idle timeout, or a copy of all flows).
 ///
 /// The less loaded bucket, not simply the first with room: with the first-fit rule the first
@@ -309,7 +320,9 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64,
         compiler_barrier();
         let seen = slot.entry().last_seen_ns;
         if bits & state::LIVE != 0 && slot.key_is(key) {
+            put(unsafe { &mut (*st).index }, k as u32);
             put(unsafe { &mut (*st).state }, bits);
+            put(unsafe { &mut (*st).chosen }, chosen::OWN);
             return Victim { index: k as u32, evicts: false };
         }
         // (A slot another CPU is writing is no candidate: taking it would fail.)
@@ -342,8 +355,11 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64,
         compiler_barrier();
         let idle = bits & state::LIVE == 0 || slot.entry().last_seen_ns < fresh_after;
         put(unsafe { &mut (*st).state }, if bits & state::WRITING == 0 && idle { bits } else { state::WRITING });
+        put(unsafe { &mut (*st).index }, k as u32);
+        put(unsafe { &mut (*st).chosen }, 0);
         return Victim { index: k as u32, evicts: false };
     }
+    put(unsafe { &mut (*st).chosen }, chosen::EVICTS);
     Victim { index: get(unsafe { &(*st).index }), evicts: true }
 }
 
@@ -539,15 +555,18 @@ mod tests {
         }
         // Without an idle time, the least recently seen of the 16 goes.
         assert_eq!(victim([&b0, &b1], &key4(99), 0, st), Victim { index: 9, evicts: true });
+        assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (9, chosen::EVICTS), "recorded for a later write");
         // Idle before 100: the first idle slot of the bucket with more of them, no eviction.
         assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 5, evicts: false });
         assert_eq!(unsafe { (*st).state }, state::LIVE, "taken from the state it was seen in");
+        assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (5, 0));
         // An empty slot and an idle one count alike.
         b1.slots[6].state = next_state(state::LIVE, false);
         b1.slots[7].state = next_state(state::LIVE, false);
         assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 9, evicts: false });
         // A flow's own slot still wins, idle or not.
         assert_eq!(victim([&b0, &b1], &key4(20), 400, st), Victim { index: 8, evicts: false });
+        assert_eq!(unsafe { ((*st).index, (*st).state, (*st).chosen) }, (8, state::LIVE, chosen::OWN));
     }
 
     /// Issue 17.1 in a busy table: closed flows stay until evicted, so the table is full of

@@ -38,11 +38,23 @@ impl FlowKey<'_> {
     /// `idle_timeout_ns` of the entry's time is counted (`stat::CT_EVICT_LIVE`).
     #[inline(always)]
     pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
+        self.write(entry, idle_timeout_ns, counters, true)
+    }
+
+    /// `insert` into the slot that this packet's `keep_for_syn` chose (its search's record, in
+    /// this CPU's search record): a re-selecting SYN scans its buckets once, not twice.
+    #[inline(always)]
+    pub fn insert_chosen(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
+        self.write(entry, idle_timeout_ns, counters, false)
+    }
+
+    #[inline(always)]
+    fn write(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters, search_first: bool) -> bool {
         let Some(st) = counters.ct_search() else { return false };
         let fresh_after = ct_table::fresh_after(entry.last_seen_ns, idle_timeout_ns);
         let evicted = match self {
-            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, fresh_after, st),
-            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, fresh_after, st),
+            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, search_first.then_some(fresh_after), st),
+            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, search_first.then_some(fresh_after), st),
         };
         match evicted {
             Some(Some(last_seen)) if ct_table::evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
@@ -109,6 +121,34 @@ fn find<S: ct_table::Slot>(
 ) -> Option<(*mut S, CtEntry, u32)> {
     let b = buckets(map, key)?;
     let state = ct_table::find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
+    copy(b, st, state)
+}
+
+/// Like `find`, with the search of an insert (`ct_table::victim`, whose choice of a slot for the
+/// key stays in `st` for `insert`): the key's slot and entry if it has one.
+#[inline(always)]
+fn search<S: ct_table::Slot>(
+    map: &Array<ct_table::Bucket<S>>,
+    key: &S::Key,
+    fresh_after: u64,
+    st: *mut ct_table::Search,
+) -> Option<(*mut S, CtEntry, u32)> {
+    let b = buckets(map, key)?;
+    ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
+    if unsafe { core::ptr::read_volatile(&(*st).chosen) } != ct_table::chosen::OWN {
+        return None;
+    }
+    copy(b, st, unsafe { core::ptr::read_volatile(&(*st).state) })
+}
+
+/// The slot a search (`st`) found holding the key in `state`, a copy of its entry taken while no
+/// writer held it, and `state`; None if a writer held the slot then or since.
+#[inline(always)]
+fn copy<S: ct_table::Slot>(
+    b: [*mut ct_table::Bucket<S>; 2],
+    st: *mut ct_table::Search,
+    state: u32,
+) -> Option<(*mut S, CtEntry, u32)> {
     if state & ct_table::state::WRITING != 0 {
         return None;
     }
@@ -149,17 +189,22 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
 /// CPU is writing that slot at this instant the flow goes untracked for this packet (None); its
 /// next packet makes the entry. Written:
 /// `Some(last_seen_ns of the flow it evicted)`, or `Some(None)`.
+/// `fresh_after` None: the key's buckets were searched already (`search`, for this packet, at
+/// the entry's time) and the slot chosen then is written, from the state seen then.
 #[inline(always)]
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
     entry: &CtEntry,
-    fresh_after: u64,
+    fresh_after: Option<u64>,
     st: *mut ct_table::Search,
 ) -> Option<Option<u64>> {
     let b = buckets(map, key)?;
-    let victim = ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
-    let slot = unsafe { &mut *slot_at(b, victim.index) };
+    if let Some(fresh_after) = fresh_after {
+        ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
+    }
+    // Read back from the search record as plain integers: the verifier sees one unknown index.
+    let slot = unsafe { &mut *slot_at(b, core::ptr::read_volatile(&(*st).index)) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
@@ -167,7 +212,8 @@ fn insert<S: ct_table::Slot>(
     }
     slot.set(key, entry);
     finish(slot, observed, true);
-    Some(if victim.evicts { Some(unsafe { core::ptr::read_volatile(&(*st).oldest) }) } else { None })
+    let evicts = unsafe { core::ptr::read_volatile(&(*st).chosen) } == ct_table::chosen::EVICTS;
+    Some(if evicts { Some(unsafe { core::ptr::read_volatile(&(*st).oldest) }) } else { None })
 }
 
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
@@ -220,6 +266,8 @@ pub fn lookup(
 /// flow hash) of its key if the entry keeps the flow (`lb_common::decide::syn_keeps_entry`: its backend
 /// is still usable for a new connection), refreshed. Else None: the caller selects a backend
 /// as for a new flow and its insert overwrites the entry (nothing is deleted or counted here).
+/// The search is an insert's (`ct_table::victim`, at `now`): on None, `FlowKey::insert_chosen`
+/// with an entry seen at `now` writes the slot it chose without searching again.
 #[inline(always)]
 pub fn keep_for_syn(
     key: FlowKey,
@@ -227,7 +275,12 @@ pub fn keep_for_syn(
     now: u64,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend, u32)> {
-    let (slot, e, _) = key.get(counters)?;
+    let st = counters.ct_search()?;
+    let fresh_after = ct_table::fresh_after(now, service.idle_timeout_ns);
+    let (slot, e) = match key {
+        FlowKey::V4(k) => search(&CONNTRACK4, k, fresh_after, st).map(|(s, e, _)| (Slot::V4(s), e))?,
+        FlowKey::V6(k) => search(&CONNTRACK, k, fresh_after, st).map(|(s, e, _)| (Slot::V6(s), e))?,
+    };
     let backend = BACKENDS.get(e.backend)?;
     if !syn_keeps_entry(&e, Some(backend), service, now) {
         return None;

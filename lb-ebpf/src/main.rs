@@ -156,8 +156,10 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     // Tick granularity (see `clock`); one load instead of a clock read.
     let now = clock::now_ns();
 
-    let tracked = if is_new_flow(pkt.is_syn, svc.tracking, svc.affinity) {
-        // Re-selects unless the key's entry has a backend still usable for a new connection.
+    let new_by_rule = is_new_flow(pkt.is_syn, svc.tracking, svc.affinity);
+    let tracked = if new_by_rule {
+        // Re-selects unless the key's entry has a backend still usable for a new connection;
+        // its search chose the slot the insert below writes.
         conntrack::keep_for_syn(key, svc, now, counters)
     } else {
         conntrack::lookup(key, svc, proto, now, counters)
@@ -192,7 +194,12 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
                 backend_gen: b.generation,
                 hash,
             };
-            if !key.insert(&entry, svc.idle_timeout_ns, counters) {
+            let written = if new_by_rule {
+                key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
+            } else {
+                key.insert(&entry, svc.idle_timeout_ns, counters)
+            };
+            if !written {
                 counters.inc(stat::CT_INSERT_BUSY);
             }
             counters.inc(stat::NEW_FLOW);

@@ -507,16 +507,21 @@ fn entries_are_stamped_with_the_clock_userspace_reads() {
     assert!(before > 0);
 }
 
+/// `setup` with room for 4 flows: a table of one bucket of 8 slots, which both of every key's
+/// candidate buckets are, so that flows take its slots in the order they come.
+fn one_bucket_table(info: ServiceInfo) -> Dataplane {
+    assert_eq!(lb_common::ct_table::buckets_for(4), 1);
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    install(Dataplane::load(DataplaneSizes { conntrack_entries: 4, ..fixture::sizes() }).unwrap(), info)
+}
+
 /// The connection table is set-associative (`lb_common::ct_table`): with room for 4 flows it is
 /// one bucket of 8 slots, which both of every key's candidate buckets are. A ninth flow takes
 /// the slot of the least recently seen flow; the other eight keep their entries.
 #[test]
 fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
-    assert_eq!(lb_common::ct_table::buckets_for(4), 1);
-    lb_tests::fixture_net::enter_lo_routed_netns();
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
-    let sizes = DataplaneSizes { conntrack_entries: 4, ..fixture::sizes() };
-    let mut dp = install(Dataplane::load(sizes).unwrap(), info);
+    let mut dp = one_bucket_table(info);
     let ports: Vec<u16> = (41000..41008).collect();
     for &p in &ports {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
@@ -540,6 +545,37 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     }
     // The evicted flow's next packet is a new flow: it follows the table.
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
+}
+
+/// Issue 17: a SYN that re-selects writes the slot its one search of the buckets found, its
+/// key's own, even behind a free slot: the keep-for-SYN search chose it and the insert reuses
+/// that choice. One bucket of 8 slots (room for 4 flows): the flows from ports 41000-41003 take
+/// slots 0-3; the first's flow idles out (its slot is free for a new flow), and so does the
+/// fourth's, which then re-selects. No second entry for its key, and the free slot is left.
+#[test]
+fn a_re_selecting_syn_rewrites_its_own_slot_behind_a_free_one() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = one_bucket_table(info);
+    let key = |p: u16| ct_key(&info, PROTO_TCP, p, 80);
+    for p in 41000..41004 {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
+    }
+    for p in [41000, 41003] {
+        let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
+        let idle = lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e };
+        dp.conntrack_set(FAMILY_V4, &key(p), idle).unwrap();
+    }
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(41003, TCP_SYN)), B2, "the SYN re-selects");
+    let entries = dp.conntrack_entries();
+    let own: Vec<_> = entries.iter().filter(|(_, k, _)| *k == key(41003)).collect();
+    assert_eq!(own.len(), 1, "one entry for the key: {entries:?}");
+    assert_eq!(own[0].2.backend, B2);
+    assert_eq!(entries.len(), 4, "{entries:?}");
+    assert!(dp.conntrack_get(FAMILY_V4, &key(41000)).is_some(), "the free slot before it was not taken");
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::NEW_FLOW), s.get(stat::CT_INSERT_BUSY), s.get(stat::CT_EVICT_LIVE)), (5, 0, 0));
+    assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2, "the flow follows its new entry");
 }
 
 /// Issue 17.1 in a busy table: closed flows stay until evicted, so a new flow finds both its

@@ -117,6 +117,22 @@ fn tcp_send(len: u16, msg: &[u8]) {
     }
 }
 
+/// Waits (up to 60 s) until the front has reaped the closed connections of this source: they
+/// count against its per-source cap until their tasks see the close, and on a loaded machine
+/// hundreds closed in a row can still hold the cap a moment later. Err if it never answers.
+fn tcp_slots_reaped(id: u16, want: Ipv4Addr) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match ask_tcp(id) {
+            Ok(m) if correct(&m, id, want) => return Ok(()),
+            other if std::time::Instant::now() > deadline => {
+                return Err(format!("closed TCP connections never released: {other:?}"))
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// The garbage, part by part; every part ends with the check.
 fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
     let mut rng = Rand(0x9e37_79b9_7f4a_7c15);
@@ -157,6 +173,7 @@ fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
         let junk = rng.bytes(len);
         tcp_send(rng.next() as u16, &junk);
     }
+    tcp_slots_reaped(30, want)?;
     // Stalled: a length prefix of 65535 and a few bytes, held open until the end of the EDNS
     // part (the front closes them after its idle timeout). Fewer than the front's per-source
     // cap, which would turn this source's correct queries away too.

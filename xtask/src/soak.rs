@@ -73,6 +73,8 @@ pub struct FuzzArgs {
 /// times the debug build's frames per second).
 fn fuzz(args: &FuzzArgs) -> Result<()> {
     let seeds = if args.fuzz_seeds.is_empty() { fresh_seeds(args.fuzz_rounds) } else { args.fuzz_seeds.clone() };
+    // hostile_config's refused-reload part starts the daemon built beside the tests.
+    run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
     for seed in seeds {
         println!("soak fuzz: LB_FUZZ_SEED={seed:#x}");
         for test in ["fuzz_packets", "hostile_config"] {

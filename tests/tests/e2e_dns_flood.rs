@@ -1,32 +1,21 @@
 //! End to end: a DNS-over-TCP connection flood (1,500 connections from one source, against a
 //! daemon with 1,024 descriptors) neither starves the health probes (no verdict changes, no
 //! table rewrites) nor stops the DNS front answering, over UDP and TCP.
+use lb_tests::dns;
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 const DNS: &str = "127.0.0.1:5300";
 
 /// A query for `web.test.` A (the front answers REFUSED: any answer will do).
 fn query() -> Vec<u8> {
-    let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
-    for label in ["web", "test"] {
-        q.push(label.len() as u8);
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
-    q
+    dns::query(0x1234, &["web", "test"], None)
 }
 
 fn ask_udp(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
-    let s = UdpSocket::bind("127.0.0.1:0")?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.send_to(&query(), addr)?;
-    let mut buf = [0u8; 512];
-    let (n, _) = s.recv_from(&mut buf)?;
-    Ok(buf[..n].to_vec())
+    dns::ask_udp(addr, &query(), 1)
 }
 
 /// A TCP connection to `to` (IPv4) from `from` (another source than the flood's).
@@ -58,16 +47,7 @@ fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> std::io::Result<Tcp
 }
 
 fn ask_tcp(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
-    let mut s = connect_from("127.0.0.2".parse().unwrap(), addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let q = query();
-    s.write_all(&(q.len() as u16).to_be_bytes())?;
-    s.write_all(&q)?;
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len)?;
-    let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-    s.read_exact(&mut msg)?;
-    Ok(msg)
+    dns::ask_on(connect_from("127.0.0.2".parse().unwrap(), addr)?, &query())
 }
 
 #[test]

@@ -4,10 +4,11 @@
 //! front still answers a correct query correctly over UDP and TCP (the PRIORITY service's
 //! first backend), and at the end its memory and descriptors are back within a stated bound of
 //! where they started. CI sends about 40,000 messages; `cargo xtask soak` ten times as many.
+use lb_tests::dns;
 use lb_tests::e2e::*;
 use lb_tests::load::scale;
 use lb_tests::topology::{Topology, TopologySpec};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Ipv4Addr, TcpStream, UdpSocket};
 use std::time::Duration;
 
@@ -33,32 +34,11 @@ impl Rand {
     }
 }
 
-/// A query for `web.tm.test.` A with id `id`, and an OPT record holding `options` (code,
-/// data) when given.
+const WEB: [&str; 3] = ["web", "tm", "test"];
+
+/// A query for `web.tm.test.` A with id `id`, and an OPT record holding `options` when given.
 fn query(id: u16, options: Option<&[(u16, Vec<u8>)]>) -> Vec<u8> {
-    let mut q = id.to_be_bytes().to_vec();
-    q.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, u8::from(options.is_some())]);
-    for label in ["web", "tm", "test"] {
-        q.push(label.len() as u8);
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
-    if let Some(opts) = options {
-        let rdata: Vec<u8> = opts
-            .iter()
-            .flat_map(|(code, data)| {
-                let mut o = code.to_be_bytes().to_vec();
-                o.extend_from_slice(&(data.len() as u16).to_be_bytes());
-                o.extend_from_slice(data);
-                o
-            })
-            .collect();
-        // Root name, type OPT, payload 65535, extended rcode/version/flags 0.
-        q.extend_from_slice(&[0, 0, 41, 0xff, 0xff, 0, 0, 0, 0]);
-        q.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
-        q.extend_from_slice(&rdata);
-    }
-    q
+    dns::query(id, &WEB, options)
 }
 
 /// Whether `msg` answers the plain query `id` with NOERROR and exactly the A record `want`.
@@ -72,29 +52,11 @@ fn correct(msg: &[u8], id: u16, want: Ipv4Addr) -> bool {
 }
 
 fn ask_udp(id: u16) -> std::io::Result<Vec<u8>> {
-    let s = UdpSocket::bind("127.0.0.1:0")?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut buf = [0u8; 1500];
-    for _ in 0..5 {
-        s.send_to(&query(id, None), DNS)?;
-        if let Ok((n, _)) = s.recv_from(&mut buf) {
-            return Ok(buf[..n].to_vec());
-        }
-    }
-    Err(std::io::Error::other("no UDP answer"))
+    dns::ask_udp(DNS.parse().unwrap(), &query(id, None), 5)
 }
 
 fn ask_tcp(id: u16) -> std::io::Result<Vec<u8>> {
-    let mut s = TcpStream::connect_timeout(&DNS.parse().unwrap(), Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let q = query(id, None);
-    s.write_all(&(q.len() as u16).to_be_bytes())?;
-    s.write_all(&q)?;
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len)?;
-    let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
-    s.read_exact(&mut msg)?;
-    Ok(msg)
+    dns::ask_on(TcpStream::connect_timeout(&DNS.parse().unwrap(), Duration::from_secs(5))?, &query(id, None))
 }
 
 /// A correct query over UDP and over TCP is answered correctly; Err names what was not.

@@ -41,7 +41,9 @@
 //! SECONDS without reporting, so that `perf record -a` sees only that path; --compare: A/B of
 //! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
 //! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
-//! the other object must have this build's map layout)
+//! the other object must have this build's map layout).
+//! `LB_BENCH_CT_ENTRIES=N` sets the headline's table capacity (default 2^20 flows, also for
+//! `--katran`): the cold figures against the table's size show what its memory costs.
 
 mod cold;
 mod katran;
@@ -642,6 +644,13 @@ fn main() -> Result<()> {
     let mut p = if quick { QUICK } else { FULL };
     if std::env::args().any(|a| a == "--no-single") {
         p.single_calls = 0;
+    }
+    if let Ok(v) = std::env::var("LB_BENCH_CT_ENTRIES") {
+        p.cold.ct_entries = v
+            .parse()
+            .ok()
+            .filter(|n| (1024..=1 << 24).contains(n))
+            .ok_or_else(|| anyhow!("LB_BENCH_CT_ENTRIES: {v:?} is not a number of flows from 1024 to 2^24"))?;
     }
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--stages") {

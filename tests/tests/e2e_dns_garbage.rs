@@ -8,6 +8,7 @@ use lb_tests::dns;
 use lb_tests::e2e::*;
 use lb_tests::load::scale;
 use lb_tests::topology::{Topology, TopologySpec};
+use lb_user::rng::{Rng, SplitMix64};
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpStream, UdpSocket};
 use std::time::Duration;
@@ -18,20 +19,9 @@ const RSS_BOUND_KIB: u64 = 20 * 1024;
 /// Descriptors back to the start count, give or take this many.
 const FD_SLACK: usize = 4;
 
-/// xorshift64*: deterministic garbage.
-struct Rand(u64);
-
-impl Rand {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
+/// `n` bytes of deterministic garbage.
+fn bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 const WEB: [&str; 3] = ["web", "tm", "test"];
@@ -97,7 +87,7 @@ fn tcp_slots_reaped(id: u16, want: Ipv4Addr) -> Result<(), String> {
 
 /// The garbage, part by part; every part ends with the check.
 fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
-    let mut rng = Rand(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SplitMix64(0x9e37_79b9_7f4a_7c15);
     let mut done = Vec::new();
     let udp = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     // Nobody reads the FORMERR answers: a full receive buffer drops them.
@@ -106,8 +96,8 @@ fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
     };
 
     for i in 0..n {
-        let len = (rng.next() % 600) as usize;
-        let mut m = rng.bytes(len);
+        let len = (rng.next_u64() % 600) as usize;
+        let mut m = bytes(&mut rng, len);
         // Half of them look like queries in the header, so the parser goes further.
         if i.is_multiple_of(2) && m.len() >= 12 {
             m[2] = 1;
@@ -133,9 +123,9 @@ fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
     still_answers(done.last().unwrap(), 2, want)?;
 
     for _ in 0..n / 400 {
-        let len = (rng.next() % 4000) as usize;
-        let junk = rng.bytes(len);
-        tcp_send(rng.next() as u16, &junk);
+        let len = (rng.next_u64() % 4000) as usize;
+        let junk = bytes(&mut rng, len);
+        tcp_send(rng.next_u64() as u16, &junk);
     }
     tcp_slots_reaped(30, want)?;
     // Stalled: a length prefix of 65535 and a few bytes, held open until the end of the EDNS
@@ -154,7 +144,7 @@ fn garbage(n: usize, want: Ipv4Addr) -> Result<Vec<String>, String> {
     // Huge EDNS options: one of 60,000 bytes over TCP, ~4,000 over UDP (the front's whole
     // receive buffer) and 9,000 over UDP (cut by it); 10,000 empty options; ECS with
     // impossible prefixes and families.
-    let mut huge = |len: usize| query(9, Some(&[(65001, rng.bytes(len))]));
+    let mut huge = |len: usize| query(9, Some(&[(65001, bytes(&mut rng, len))]));
     let big = huge(60_000);
     tcp_send(big.len() as u16, &big);
     send(&huge(4000));

@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use aya::programs::Xdp;
 use lb_tests::packet::{TCP_ACK, TCP_SYN};
 use lb_user::dataplane::{XDP_PASS, XDP_TX};
+use lb_user::rng::{Rng, SplitMix64};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::{frame4_from, frame6_from, test_run_xdp, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED};
@@ -134,8 +135,8 @@ fn fill(b: &Bench, family: Family, range: std::ops::Range<u32>) -> Result<()> {
 }
 
 /// The ACK frames of `frames` flows drawn at random from flows `0..flows`, in a random order.
-pub fn hit_sample(rng: &mut Rng, family: Family, flows: u32, frames: usize) -> Vec<Vec<u8>> {
-    rng.sample(flows, frames).into_iter().map(|i| flow_frame(family, i, TCP_ACK)).collect()
+pub fn hit_sample(rng: &mut SplitMix64, family: Family, flows: u32, frames: usize) -> Vec<Vec<u8>> {
+    sample(rng, flows, frames).into_iter().map(|i| flow_frame(family, i, TCP_ACK)).collect()
 }
 
 /// The SYN frames of flows `first..first + frames`.
@@ -155,35 +156,23 @@ fn timed(b: &Bench, frames: &[Vec<u8>], per_frame: &[(u32, u64)]) -> Result<(f64
     Ok((floor, case - floor))
 }
 
-/// SplitMix64: a fixed-seed source of random sample indices, so that runs are reproducible.
-pub struct Rng(pub u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// `k` distinct indices below `n` in a random order (a partial Fisher-Yates shuffle), drawn
+/// from `rng` (fixed seeds, so that runs are reproducible).
+fn sample(rng: &mut SplitMix64, n: u32, k: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..n).collect();
+    let k = k.min(all.len());
+    for i in 0..k {
+        let j = i + rng.below((all.len() - i) as u64) as usize;
+        all.swap(i, j);
     }
-
-    /// `k` distinct indices below `n` in a random order (a partial Fisher-Yates shuffle).
-    fn sample(&mut self, n: u32, k: usize) -> Vec<u32> {
-        let mut all: Vec<u32> = (0..n).collect();
-        let k = k.min(all.len());
-        for i in 0..k {
-            let j = i + (self.next() % (all.len() - i) as u64) as usize;
-            all.swap(i, j);
-        }
-        all.truncate(k);
-        all
-    }
+    all.truncate(k);
+    all
 }
 
 /// Both cold cases of one family on `b`, a freshly loaded object whose connection table holds
 /// `p.ct_entries` flows at most (see the module comment).
 pub fn measure(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<Cold> {
-    let mut rng = Rng(0x5eed + family as u64);
+    let mut rng = SplitMix64(0x5eed + family as u64);
     fill(b, family, 0..p.ct_entries)?;
     let mut floors = Vec::new();
     let mut hits = Vec::new();

@@ -27,9 +27,10 @@ use aya::{Ebpf, EbpfLoader, Pod};
 use lb_tests::fixture_net::in_netns;
 use lb_tests::packet::{TCP_ACK, TCP_SYN};
 use lb_user::dataplane::XDP_TX;
+use lb_user::rng::SplitMix64;
 use std::net::IpAddr;
 
-use super::cold::{self, call_each, flow_frame, hit_sample, in_batches, new_flows, Family, Rng, Spread};
+use super::cold::{self, call_each, flow_frame, hit_sample, in_batches, new_flows, Family, Spread};
 use super::{Bench, BACKENDS_PER_SERVICE, CT_HIT_PATH, NEW_FLOW_PATH, VIP4, VIP6};
 
 /// Katran's constants (balancer_consts.h).
@@ -277,7 +278,7 @@ struct Side {
 }
 
 fn measure(ours: &Bench, katran: &mut Katran, p: &cold::Params, family: Family) -> Result<Side> {
-    let mut rng = Rng(0x6b61 + family as u64);
+    let mut rng = SplitMix64(0x6b61 + family as u64);
     // Both tables filled with the same established flows.
     in_batches(family, 0..p.ct_entries, TCP_SYN, INSERT_BATCH, |frames| {
         cold::run_each(ours, "lb", frames, XDP_TX, NEW_FLOW_PATH)?;

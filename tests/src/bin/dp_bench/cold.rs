@@ -196,6 +196,75 @@ pub fn measure(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<C
     Ok(Cold { floor: Spread::of(floors).median, hit: Spread::of(hits), new_flow: Spread::of(news) })
 }
 
+/// Fills `b`'s table as `measure` does for one case (`new`: full, new flows; else at capacity,
+/// cold hits) and then runs that case's frames through `lb` for `secs` seconds, each batch
+/// checked: for `perf record`, with no floor runs in between.
+pub fn profile(b: &Bench, p: &Params, family: Family, new: bool, ct_slots: u32, secs: u64) -> Result<()> {
+    let mut rng = SplitMix64(0x5eed + family as u64);
+    fill(b, family, 0..p.ct_entries)?;
+    if new {
+        fill(b, family, p.ct_entries..ct_slots)?;
+    }
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut next = ct_slots;
+    while std::time::Instant::now() < end {
+        if new {
+            run_each(b, "lb", &new_flows(family, next, p.frames), XDP_TX, NEW_FLOW_PATH)?;
+            next += p.frames as u32;
+        } else {
+            run_each(b, "lb", &hit_sample(&mut rng, family, p.ct_entries, p.frames), XDP_TX, CT_HIT_PATH)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--compare-cold`: the cold cases of one family on two objects (`objs`, each freshly loaded
+/// with a table of `p.ct_entries` flows), filled alike; each of `rounds` rounds draws one frame
+/// set and runs the floor and `lb` of both objects on it, in alternating order. Prints, per
+/// case, each object's median above its floor and the median of the per-round differences
+/// (B - A), which resolve changes that the spread between headline runs hides.
+pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rounds: usize) -> Result<()> {
+    let mut rng = SplitMix64(0x5eed + family as u64);
+    let round = |k: usize, frames: &[Vec<u8>], per_frame: &[(u32, u64)]| -> Result<f64> {
+        Ok(timed(objs[k], frames, per_frame)?.1)
+    };
+    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
+    let print = |case: &str, above: &mut [Vec<f64>; 2]| {
+        let mut diffs: Vec<f64> = above[1].iter().zip(&above[0]).map(|(b, a)| b - a).collect();
+        let [a, b] = [Spread::of(above[0].clone()), Spread::of(above[1].clone())];
+        let d = Spread::of(std::mem::take(&mut diffs));
+        println!(
+            "  {name} {case:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A {:>+5.0} [{:+.0}, {:+.0}]",
+            a.median, a.min, a.max, b.median, b.min, b.max, d.median, d.min, d.max
+        );
+    };
+    for b in objs {
+        fill(b, family, 0..p.ct_entries)?;
+    }
+    let mut above = [Vec::new(), Vec::new()];
+    for r in 0..rounds {
+        let frames = hit_sample(&mut rng, family, p.ct_entries, p.frames);
+        for k in [r % 2, 1 - r % 2] {
+            above[k].push(round(k, &frames, CT_HIT_PATH)?);
+        }
+    }
+    print("cold hit", &mut above);
+    for b in objs {
+        fill(b, family, p.ct_entries..ct_slots)?;
+    }
+    let mut above = [Vec::new(), Vec::new()];
+    let mut next = ct_slots;
+    for r in 0..rounds {
+        let frames = new_flows(family, next, p.frames);
+        next += p.frames as u32;
+        for k in [r % 2, 1 - r % 2] {
+            above[k].push(round(k, &frames, NEW_FLOW_PATH)?);
+        }
+    }
+    print("new flow", &mut above);
+    Ok(())
+}
+
 /// The headline table.
 pub fn report(p: &Params, v4: &Cold, v6: &Cold) {
     println!();

@@ -34,14 +34,18 @@
 //!
 //! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages] [--profile CASE SECONDS]
 //!        dp_bench --compare OTHER_OBJECT [ROUNDS]
+//!        dp_bench --compare-cold OTHER_OBJECT [ROUNDS]
 //! (--quick: fewer iterations and a small table, for a smoke run; --headline: the headline
 //! cases only; --no-single: skip the single-call cross-check;
 //! --stages: the cost split by stage of the balancer; --profile: run one case, `v4-hit`,
 //! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
-//! SECONDS without reporting, so that `perf record -a` sees only that path; --compare: A/B of
+//! SECONDS without reporting, so that `perf record -a` sees only that path; the headline cases
+//! are `cold4-hit`, `cold4-new`, `cold6-hit`, `cold6-new` (`lb` on many flows, the table
+//! filled as for the headline first; `perf record -e cpu-clock` works without a PMU); --compare: A/B of
 //! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
 //! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
-//! the other object must have this build's map layout).
+//! the other object must have this build's map layout; --compare-cold: the same for the headline
+//! cases, each object with its own table filled alike, rounds of 20,000 frames).
 //! `LB_BENCH_CT_ENTRIES=N` sets the headline's table capacity (default 2^20 flows, also for
 //! `--katran`): the cold figures against the table's size show what its memory costs.
 
@@ -664,6 +668,28 @@ fn main() -> Result<()> {
         }
         return compare(&other, rounds);
     }
+    if let Some(i) = args.iter().position(|a| a == "--compare-cold") {
+        let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare-cold needs the other object's path"))?;
+        let rounds: usize = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(21);
+        if rounds == 0 {
+            bail!("--compare-cold OBJECT ROUNDS: ROUNDS must be at least 1");
+        }
+        let other_bytes = std::fs::read(&other).with_context(|| format!("reading {other}"))?;
+        let cold = cold::Params { frames: 20_000, ..p.cold };
+        return in_netns(move |topo| -> Result<()> {
+            println!(
+                "A = this build's object (or LB_EBPF_OBJ), B = {other}; cold cases, {rounds} interleaved rounds of {} frames,",
+                cold.frames
+            );
+            println!("tables of {} flows; ns above each object's floor: median [min, max]", cold.ct_entries);
+            for family in [cold::Family::V4, cold::Family::V6] {
+                let a = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
+                let b = Bench::load_object(topo.lbv0, &other_bytes, cold.ct_entries)?;
+                cold::compare([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
+            }
+            Ok(())
+        });
+    }
     if let Some(i) = args.iter().position(|a| a == "--katran") {
         let object = args.get(i + 1).ok_or_else(|| anyhow!("--katran needs the path of Katran's balancer.bpf.o"))?;
         return katran::run(object, p.cold);
@@ -671,6 +697,21 @@ fn main() -> Result<()> {
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let case = args.get(i + 1).cloned().unwrap_or_default();
         let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
+        if let Some(cold_case) = case.strip_prefix("cold") {
+            let (family, new) = match cold_case {
+                "4-hit" => (cold::Family::V4, false),
+                "4-new" => (cold::Family::V4, true),
+                "6-hit" => (cold::Family::V6, false),
+                "6-new" => (cold::Family::V6, true),
+                _ => {
+                    bail!("--profile CASE: the cold cases are cold4-hit, cold4-new, cold6-hit, cold6-new, not {case:?}")
+                }
+            };
+            return in_netns(move |topo| -> Result<()> {
+                let b = Bench::load_object(topo.lbv0, &read_object()?, p.cold.ct_entries)?;
+                cold::profile(&b, &p.cold, family, new, ct_slots(p.cold.ct_entries), secs)
+            });
+        }
         return profile(&case, secs);
     }
     if unsafe { libc::geteuid() } != 0 {

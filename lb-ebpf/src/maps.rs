@@ -28,11 +28,13 @@ pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0)
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
 /// The connection table of IPv6 flows: CT_BUCKET_MASK + 1 buckets (`lb_common::ct_table`).
+/// BPF_F_MMAPABLE for the placement, not for mapping: the kernel then starts an array's values
+/// on a page, so buckets (whole cache lines) start on a line, as `conntrack::prefetch` assumes.
 #[map]
-pub static CONNTRACK: Array<ct_table::Bucket6> = Array::with_max_entries(1, 0);
+pub static CONNTRACK: Array<ct_table::Bucket6> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
 /// The connection table of IPv4 flows (4-word keys: cheaper to hash and compare).
 #[map]
-pub static CONNTRACK4: Array<ct_table::Bucket4> = Array::with_max_entries(1, 0);
+pub static CONNTRACK4: Array<ct_table::Bucket4> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);

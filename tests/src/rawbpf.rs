@@ -1,12 +1,14 @@
 //! Tiny XDP programs written as raw BPF instructions and loaded with the `bpf` syscall, for the
 //! live-traffic bench (`live_bench`): a frame generator run with `BPF_PROG_TEST_RUN` in
 //! live-frames mode, an XDP_DROP sink and an XDP_PASS program. Each is a dozen instructions, so
-//! they need no object file of their own (the eBPF crate's objects are the balancer's).
+//! they need no object file of their own (the eBPF crate's objects are the balancer's). Also
+//! plain array maps and pins, for maps as an older version left them.
 
 use anyhow::{bail, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: i64 = 0;
+const BPF_OBJ_PIN: i64 = 6;
 const BPF_PROG_LOAD: i64 = 5;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_LINK_CREATE: i64 = 28;
@@ -86,11 +88,28 @@ fn fd(rc: i64) -> OwnedFd {
 
 /// A one-entry array map of a u64 (the generator's packet counter).
 pub fn counter_map() -> Result<OwnedFd> {
+    array_map(8, 1, 0)
+}
+
+/// An array map of `max_entries` values of `value_size` bytes, with `map_flags`.
+pub fn array_map(value_size: u32, max_entries: u32, map_flags: u32) -> Result<OwnedFd> {
     let mut attr = [0u64; 16];
-    // map_type, key_size, value_size, max_entries
+    // map_type, key_size, value_size, max_entries, map_flags
     attr[0] = BPF_MAP_TYPE_ARRAY as u64 | 4 << 32;
-    attr[1] = 8 | 1 << 32;
+    attr[1] = value_size as u64 | (max_entries as u64) << 32;
+    attr[2] = map_flags as u64;
     Ok(fd(bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| anyhow::anyhow!("creating a BPF array map: {e}"))?))
+}
+
+/// Pins `map` at `path` (on a bpffs).
+pub fn pin(map: &OwnedFd, path: &std::path::Path) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut attr = [0u64; 16];
+    // pathname, bpf_fd
+    attr[0] = c.as_ptr() as u64;
+    attr[1] = map.as_raw_fd() as u64;
+    bpf(BPF_OBJ_PIN, &mut attr).map_err(|e| anyhow::anyhow!("pinning at {}: {e}", path.display()))?;
+    Ok(())
 }
 
 /// Load an XDP program; the verifier's log is in the error.

@@ -123,3 +123,27 @@ fn an_ipv4_mapped_prefix_survives_adoption() {
     drop(dp);
     lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }
+
+/// Connection tables pinned before they were BPF_F_MMAPABLE (values not starting on a cache
+/// line) are not adopted: the data plane's loads of a bucket's lines assume aligned buckets.
+/// `prepare_reuse` removes them and says why (the daemon then carries their flows over, as for
+/// tables of another size: `e2e_grow`). The same table with the flag passes that check.
+#[test]
+fn connection_tables_pinned_without_mmapable_are_recreated() {
+    use lb_user::dataplane::pinning::{prepare_reuse, PinState};
+    let sizes = lb_tests::fixture::sizes();
+    let buckets = lb_common::ct_table::buckets_for(sizes.conntrack_entries);
+    let value = std::mem::size_of::<lb_common::ct_table::Bucket4>() as u32;
+    for (flags, aligned) in [(0, false), (1 << 10, true)] {
+        let dir = lb_tests::fixture::PinDir::new(&format!("ct-flags-{flags}"));
+        let pin = dir.path().join("CONNTRACK4");
+        let map = lb_tests::rawbpf::array_map(value, buckets, flags).expect("an array map (needs root)");
+        lb_tests::rawbpf::pin(&map, &pin).unwrap();
+        let PinState::Discarded { why, .. } = prepare_reuse(dir.path(), &sizes).unwrap() else {
+            panic!("a lone CONNTRACK4 cannot be reused (no CT_SEED_STORE)")
+        };
+        assert_eq!(why.contains("BPF_F_MMAPABLE"), !aligned, "{why}");
+        assert!(aligned == why.contains("CT_SEED_STORE"), "{why}");
+        assert!(!pin.exists(), "the old table's pin is removed");
+    }
+}

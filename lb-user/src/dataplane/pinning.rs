@@ -15,6 +15,9 @@ use std::path::Path;
 /// Magic number of a bpf filesystem (statfs f_type).
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
+/// `map_flags` bit of an array whose values start on a page (uapi `BPF_F_MMAPABLE`).
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
 /// Default directory for the daemon's pins.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/lb";
 
@@ -126,6 +129,13 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
                     "{name} has another layout (values of {} bytes, this version needs {size})",
                     info.value_size()
                 ));
+            }
+            // Made before the tables were BPF_F_MMAPABLE: their values start where the kernel's
+            // array header ends (on 6.18, 8 bytes before a cache line), so each bucket spans
+            // one line more than it needs and the data plane's loads of a bucket's lines
+            // (lb-ebpf `conntrack::prefetch`) miss its last one. Recreated, flows carried over.
+            if info.map_flags() & BPF_F_MMAPABLE == 0 && mismatch.is_none() {
+                mismatch = Some(format!("{name} was made without BPF_F_MMAPABLE (buckets not aligned to cache lines)"));
             }
         }
     }

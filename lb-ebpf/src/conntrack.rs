@@ -41,6 +41,24 @@ impl FlowKey<'_> {
         self.write(entry, idle_timeout_ns, counters, true)
     }
 
+    /// Starts loading the key's two buckets (all their lines), for a search that reads them all
+    /// (`keep_for_syn`'s): the caller chooses a backend while they come from memory.
+    #[inline(always)]
+    pub fn prefetch(self) {
+        match self {
+            FlowKey::V4(k) => {
+                if let Some(b) = buckets(&CONNTRACK4, k) {
+                    prefetch(b)
+                }
+            }
+            FlowKey::V6(k) => {
+                if let Some(b) = buckets(&CONNTRACK, k) {
+                    prefetch(b)
+                }
+            }
+        }
+    }
+
     /// `insert` into the slot that this packet's `keep_for_syn` chose (its search's record, in
     /// this CPU's search record): a re-selecting SYN scans its buckets once, not twice.
     #[inline(always)]
@@ -122,6 +140,25 @@ fn find<S: ct_table::Slot>(
     let b = buckets(map, key)?;
     let state = ct_table::find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
     copy(b, st, state)
+}
+
+/// Loads one byte of every cache line of both buckets (whole lines: see `CONNTRACK`) before a
+/// search that reads them all: the loads are independent, so the lines come from memory
+/// together rather than one after the other as the search's branches resolve (BPF has no
+/// prefetch instruction; these are plain loads). Not before a lookup: a hit usually ends in
+/// the first bucket's first lines, and loads retire in order, so it would wait for the second
+/// bucket's lines too (measured: 45-80 ns dearer; BENCHMARKS.md).
+#[inline(always)]
+fn prefetch<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2]) {
+    let lines = core::mem::size_of::<ct_table::Bucket<S>>() / 64;
+    let mut i = 0;
+    while i < lines {
+        unsafe {
+            core::ptr::read_volatile((b[0] as *const u8).add(i * 64));
+            core::ptr::read_volatile((b[1] as *const u8).add(i * 64));
+        }
+        i += 1;
+    }
 }
 
 /// Like `find`, with the search of an insert (`ct_table::victim`, whose choice of a slot for the

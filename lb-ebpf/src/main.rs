@@ -32,7 +32,8 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
 use lb_common::hash::flow_hash;
 use lb_common::maps::{
-    forwarding, stat, table_flags, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, BACKEND_DROP, FAMILY_V4,
+    forwarding, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef, BACKEND_DROP,
+    FAMILY_V4,
 };
 use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
 use lb_ebpf::packet::{as_key, parse_eth, Verdict};
@@ -126,6 +127,39 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     }
 }
 
+/// A new flow's backend, or why there is none. Every field is set on every path (no enum
+/// payload left undefined: the compiler may spill undefined bits from a register the verifier
+/// calls unreadable).
+#[derive(Clone, Copy)]
+struct Choice {
+    /// The backend record; None: drop, counted in `reason`.
+    backend: Option<&'static Backend>,
+    reason: u32,
+    class: u32,
+    table: TableRef,
+    id: u32,
+    hash: u32,
+}
+
+/// The backend of a new flow of `pkt`: the client's class, its table, `table[hash % M]`.
+#[inline(always)]
+fn choose(svc: &ServiceInfo, pkt: &Packet) -> Choice {
+    let hash = packet_hash(svc, pkt);
+    let none = |reason, table| Choice { backend: None, reason, class: 0, table, id: 0, hash };
+    let Some((class, table)) = select::class_table(svc.id, select::client_class(svc.id, pkt)) else {
+        return none(stat::DROP_NO_TABLE, TableRef::default());
+    };
+    let id = match select::table_entry(table.slot, hash) {
+        Some(id) if id != BACKEND_DROP => id,
+        _ if table.flags & table_flags::UNROUTABLE != 0 => return none(stat::DROP_CLASS_UNROUTABLE, table),
+        _ => return none(stat::DROP_NO_BACKEND, table),
+    };
+    match BACKENDS.get(id) {
+        Some(b) if b.family != 0 => Choice { backend: Some(b), reason: 0, class, table, id, hash },
+        _ => none(stat::DROP_NO_BACKEND, table),
+    }
+}
+
 /// The balancer's work on a parsed packet: service, connection table or backend choice,
 /// counters, encapsulation and transmit.
 #[inline(always)]
@@ -158,34 +192,26 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
 
     let new_by_rule = is_new_flow(pkt.is_syn, svc.tracking, svc.affinity);
     let tracked = if new_by_rule {
-        // Re-selects unless the key's entry has a backend still usable for a new connection;
-        // its search chose the slot the insert below writes.
-        conntrack::keep_for_syn(key, svc, now, counters)
+        // The key's buckets are loaded first and the backend chosen while they come from
+        // memory (a new flow's two cold accesses overlap instead of following each other).
+        // Then the search: it re-selects unless the key's entry has a backend still usable for
+        // a new connection, and chooses the slot the insert below writes.
+        key.prefetch();
+        let choice = choose(svc, pkt);
+        conntrack::keep_for_syn(key, svc, now, counters).ok_or(choice)
     } else {
-        conntrack::lookup(key, svc, proto, now, counters)
+        conntrack::lookup(key, svc, proto, now, counters).ok_or_else(|| choose(svc, pkt))
     };
     // (backend id, class, backend, new flows, spills, flow hash) of this packet.
     let (id, class, backend, new_flows, spills, hash) = match tracked {
-        Some((id, class, b, hash)) => {
+        Ok((id, class, b, hash)) => {
             counters.inc(stat::CT_HIT);
             (id, class, b, 0u64, 0, hash)
         }
-        None => {
+        Err(choice) => {
             counters.inc(stat::CT_MISS);
-            let hash = packet_hash(svc, &pkt);
-            let (class, table) = match select::class_table(svc.id, select::client_class(svc.id, &pkt)) {
-                Some(t) => t,
-                None => return drop(stat::DROP_NO_TABLE, counters),
-            };
-            let id = match select::table_entry(table.slot, hash) {
-                Some(id) if id != BACKEND_DROP => id,
-                _ if table.flags & table_flags::UNROUTABLE != 0 => return drop(stat::DROP_CLASS_UNROUTABLE, counters),
-                _ => return drop(stat::DROP_NO_BACKEND, counters),
-            };
-            let b = match BACKENDS.get(id) {
-                Some(b) if b.family != 0 => b,
-                _ => return drop(stat::DROP_NO_BACKEND, counters),
-            };
+            let Choice { backend, reason, class, table, id, hash } = choice;
+            let Some(b) = backend else { return drop(reason, counters) };
             let entry = CtEntry {
                 backend: id,
                 pool_gen: svc.pool_gen,

@@ -144,16 +144,19 @@ pub fn ns_per_jiffy() -> Result<u64> {
 }
 
 /// `BPF_PROG_LOAD` for `prog`, retried when it fails with EAGAIN: the verifier gives up with
-/// EAGAIN when a signal arrives while it runs (any signal with a handler, to any thread that
-/// happens to be verifying), which says nothing about the program. libbpf retries the same way.
+/// EAGAIN when `signal_pending()` holds while it runs (a signal with a handler to the verifying
+/// thread, or task work queued on it), which says nothing about the program. libbpf retries the
+/// same way. The retries back off (10, 20, ... ms): five immediate ones were once all refused
+/// in a test process, each after 33 instructions, so whatever was pending outlasted them.
 pub fn load_program(prog: &mut Xdp) -> Result<(), aya::programs::ProgramError> {
-    const ATTEMPTS: usize = 5;
+    const ATTEMPTS: u64 = 10;
     let mut attempt = 1;
     loop {
         match prog.load() {
             Err(aya::programs::ProgramError::LoadError { io_error, .. })
                 if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < ATTEMPTS =>
             {
+                std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
                 attempt += 1;
             }
             other => return other,

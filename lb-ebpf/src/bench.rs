@@ -100,7 +100,7 @@ fn bench_ct_key() -> CtKey4 {
 pub fn bench_ct_insert(_ctx: XdpContext) -> u32 {
     let counters = stats::counters();
     let entry = CtEntry { backend: 1, pool_gen: 0, last_seen_ns: 0, class: 0, backend_gen: 0, hash: 0 };
-    if FlowKey::V4(&bench_ct_key()).insert(&entry, 0, counters) {
+    if FlowKey::v4(&bench_ct_key()).insert(&entry, 0, counters) {
         counters.inc(stat::NEW_FLOW);
     }
     xdp_action::XDP_PASS
@@ -126,7 +126,7 @@ pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
         *next = (*next).wrapping_add(1);
         key.src = *next;
     }
-    if FlowKey::V4(&key).insert(&entry, 0, counters) {
+    if FlowKey::v4(&key).insert(&entry, 0, counters) {
         counters.inc(stat::NEW_FLOW);
     }
     xdp_action::XDP_PASS
@@ -138,7 +138,7 @@ pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn bench_ct_lookup(_ctx: XdpContext) -> u32 {
     let counters = stats::counters();
-    if FlowKey::V4(&bench_ct_key()).get(counters).is_some() {
+    if FlowKey::v4(&bench_ct_key()).get(counters).is_some() {
         counters.inc(stat::CT_HIT);
     }
     xdp_action::XDP_PASS

@@ -14,22 +14,33 @@ use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
 use crate::select;
 use crate::stats::Counters;
 
-/// A flow's key in its family's table. The balancer's body is inlined once per family, so
-/// each copy keeps only its own arm.
+/// A flow's key in its family's table, with its two candidate buckets (hashed once per packet:
+/// a SYN's loads, search and insert all use them). The balancer's body is inlined once per
+/// family, so each copy keeps only its own arm.
 #[derive(Clone, Copy)]
 pub enum FlowKey<'a> {
-    V4(&'a CtKey4),
-    V6(&'a CtKey),
+    V4(&'a CtKey4, [u32; 2]),
+    V6(&'a CtKey, [u32; 2]),
 }
 
-impl FlowKey<'_> {
+impl<'a> FlowKey<'a> {
+    #[inline(always)]
+    pub fn v4(key: &'a CtKey4) -> Self {
+        FlowKey::V4(key, ct_table::buckets::<ct_table::Slot4>(key, CT_SEED.load(), CT_BUCKET_MASK.load()))
+    }
+
+    #[inline(always)]
+    pub fn v6(key: &'a CtKey) -> Self {
+        FlowKey::V6(key, ct_table::buckets::<ct_table::Slot6>(key, CT_SEED.load(), CT_BUCKET_MASK.load()))
+    }
+
     /// The flow's slot, a consistent copy of its entry, and the slot's state when copied.
     #[inline(always)]
     pub fn get(self, counters: Counters) -> Option<(Slot, CtEntry, u32)> {
         let st = counters.ct_search()?;
         match self {
-            FlowKey::V4(k) => find(&CONNTRACK4, k, st).map(|(s, e, state)| (Slot::V4(s), e, state)),
-            FlowKey::V6(k) => find(&CONNTRACK, k, st).map(|(s, e, state)| (Slot::V6(s), e, state)),
+            FlowKey::V4(k, at) => find(&CONNTRACK4, k, at, st).map(|(s, e, state)| (Slot::V4(s), e, state)),
+            FlowKey::V6(k, at) => find(&CONNTRACK, k, at, st).map(|(s, e, state)| (Slot::V6(s), e, state)),
         }
     }
 
@@ -46,13 +57,13 @@ impl FlowKey<'_> {
     #[inline(always)]
     pub fn prefetch(self) {
         match self {
-            FlowKey::V4(k) => {
-                if let Some(b) = buckets(&CONNTRACK4, k) {
+            FlowKey::V4(_, at) => {
+                if let Some(b) = buckets(&CONNTRACK4, at) {
                     prefetch(b)
                 }
             }
-            FlowKey::V6(k) => {
-                if let Some(b) = buckets(&CONNTRACK, k) {
+            FlowKey::V6(_, at) => {
+                if let Some(b) = buckets(&CONNTRACK, at) {
                     prefetch(b)
                 }
             }
@@ -71,8 +82,8 @@ impl FlowKey<'_> {
         let Some(st) = counters.ct_search() else { return false };
         let fresh_after = ct_table::fresh_after(entry.last_seen_ns, idle_timeout_ns);
         let evicted = match self {
-            FlowKey::V4(k) => insert(&CONNTRACK4, k, entry, search_first.then_some(fresh_after), st),
-            FlowKey::V6(k) => insert(&CONNTRACK, k, entry, search_first.then_some(fresh_after), st),
+            FlowKey::V4(k, at) => insert(&CONNTRACK4, k, at, entry, search_first.then_some(fresh_after), st),
+            FlowKey::V6(k, at) => insert(&CONNTRACK, k, at, entry, search_first.then_some(fresh_after), st),
         };
         match evicted {
             Some(Some(last_seen)) if ct_table::evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
@@ -113,11 +124,10 @@ impl Slot {
     }
 }
 
-/// The key's two candidate buckets.
+/// The buckets at `at` (a key's two candidates, `FlowKey::v4`/`v6`).
 #[inline(always)]
-fn buckets<S: ct_table::Slot>(map: &Array<ct_table::Bucket<S>>, key: &S::Key) -> Option<[*mut ct_table::Bucket<S>; 2]> {
-    let [a, b] = ct_table::buckets::<S>(key, CT_SEED.load(), CT_BUCKET_MASK.load());
-    Some([map.get_ptr_mut(a)?, map.get_ptr_mut(b)?])
+fn buckets<S: ct_table::Slot>(map: &Array<ct_table::Bucket<S>>, at: [u32; 2]) -> Option<[*mut ct_table::Bucket<S>; 2]> {
+    Some([map.get_ptr_mut(at[0])?, map.get_ptr_mut(at[1])?])
 }
 
 /// The slot at `index` (`candidate * ct_table::WAYS + way`), read back from the search record: the
@@ -135,9 +145,10 @@ fn slot_at<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2], index: u32) -> *
 fn find<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
+    at: [u32; 2],
     st: *mut ct_table::Search,
 ) -> Option<(*mut S, CtEntry, u32)> {
-    let b = buckets(map, key)?;
+    let b = buckets(map, at)?;
     let state = ct_table::find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
     copy(b, st, state)
 }
@@ -167,10 +178,11 @@ fn prefetch<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2]) {
 fn search<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
+    at: [u32; 2],
     fresh_after: u64,
     st: *mut ct_table::Search,
 ) -> Option<(*mut S, CtEntry, u32)> {
-    let b = buckets(map, key)?;
+    let b = buckets(map, at)?;
     ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
     if unsafe { core::ptr::read_volatile(&(*st).chosen) } != ct_table::chosen::OWN {
         return None;
@@ -232,11 +244,12 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
     key: &S::Key,
+    at: [u32; 2],
     entry: &CtEntry,
     fresh_after: Option<u64>,
     st: *mut ct_table::Search,
 ) -> Option<Option<u64>> {
-    let b = buckets(map, key)?;
+    let b = buckets(map, at)?;
     if let Some(fresh_after) = fresh_after {
         ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
     }
@@ -315,8 +328,8 @@ pub fn keep_for_syn(
     let st = counters.ct_search()?;
     let fresh_after = ct_table::fresh_after(now, service.idle_timeout_ns);
     let (slot, e) = match key {
-        FlowKey::V4(k) => search(&CONNTRACK4, k, fresh_after, st).map(|(s, e, _)| (Slot::V4(s), e))?,
-        FlowKey::V6(k) => search(&CONNTRACK, k, fresh_after, st).map(|(s, e, _)| (Slot::V6(s), e))?,
+        FlowKey::V4(k, at) => search(&CONNTRACK4, k, at, fresh_after, st).map(|(s, e, _)| (Slot::V4(s), e))?,
+        FlowKey::V6(k, at) => search(&CONNTRACK, k, at, fresh_after, st).map(|(s, e, _)| (Slot::V6(s), e))?,
     };
     let backend = BACKENDS.get(e.backend)?;
     if !syn_keeps_entry(&e, Some(backend), service, now) {

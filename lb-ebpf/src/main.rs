@@ -186,7 +186,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     let key4 = CtKey4::new(&t, svc.id);
     let w = t.words();
     let key_words = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], svc.id];
-    let key = if pkt.family == FAMILY_V4 { FlowKey::V4(&key4) } else { FlowKey::V6(as_key::<CtKey, 11>(&key_words)) };
+    let key = if pkt.family == FAMILY_V4 { FlowKey::v4(&key4) } else { FlowKey::v6(as_key::<CtKey, 11>(&key_words)) };
     // Tick granularity (see `clock`); one load instead of a clock read.
     let now = clock::now_ns();
 

@@ -130,11 +130,11 @@ fn an_ipv4_mapped_prefix_survives_adoption() {
 /// tables of another size: `e2e_grow`). The same table with the flag passes that check.
 #[test]
 fn connection_tables_pinned_without_mmapable_are_recreated() {
-    use lb_user::dataplane::pinning::{prepare_reuse, PinState};
+    use lb_user::dataplane::pinning::{prepare_reuse, PinState, BPF_F_MMAPABLE};
     let sizes = lb_tests::fixture::sizes();
     let buckets = lb_common::ct_table::buckets_for(sizes.conntrack_entries);
     let value = std::mem::size_of::<lb_common::ct_table::Bucket4>() as u32;
-    for (flags, aligned) in [(0, false), (1 << 10, true)] {
+    for (flags, aligned) in [(0, false), (BPF_F_MMAPABLE, true)] {
         let dir = lb_tests::fixture::PinDir::new(&format!("ct-flags-{flags}"));
         let pin = dir.path().join("CONNTRACK4");
         let map = lb_tests::rawbpf::array_map(value, buckets, flags).expect("an array map (needs root)");

@@ -16,7 +16,7 @@ use std::path::Path;
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 /// `map_flags` bit of an array whose values start on a page (uapi `BPF_F_MMAPABLE`).
-const BPF_F_MMAPABLE: u32 = 1 << 10;
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Default directory for the daemon's pins.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/lb";

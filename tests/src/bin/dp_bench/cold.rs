@@ -229,10 +229,9 @@ pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rou
         Ok(timed(objs[k], frames, per_frame)?.1)
     };
     let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
-    let print = |case: &str, above: &mut [Vec<f64>; 2]| {
-        let mut diffs: Vec<f64> = above[1].iter().zip(&above[0]).map(|(b, a)| b - a).collect();
-        let [a, b] = [Spread::of(above[0].clone()), Spread::of(above[1].clone())];
-        let d = Spread::of(std::mem::take(&mut diffs));
+    let print = |case: &str, [a, b]: [Vec<f64>; 2]| {
+        let d = Spread::of(b.iter().zip(&a).map(|(b, a)| b - a).collect());
+        let (a, b) = (Spread::of(a), Spread::of(b));
         println!(
             "  {name} {case:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A {:>+5.0} [{:+.0}, {:+.0}]",
             a.median, a.min, a.max, b.median, b.min, b.max, d.median, d.min, d.max
@@ -248,7 +247,7 @@ pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rou
             above[k].push(round(k, &frames, CT_HIT_PATH)?);
         }
     }
-    print("cold hit", &mut above);
+    print("cold hit", above);
     for b in objs {
         fill(b, family, p.ct_entries..ct_slots)?;
     }
@@ -261,7 +260,7 @@ pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rou
             above[k].push(round(k, &frames, NEW_FLOW_PATH)?);
         }
     }
-    print("new flow", &mut above);
+    print("new flow", above);
     Ok(())
 }
 

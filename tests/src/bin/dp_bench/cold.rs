@@ -196,23 +196,41 @@ pub fn measure(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<C
     Ok(Cold { floor: Spread::of(floors).median, hit: Spread::of(hits), new_flow: Spread::of(news) })
 }
 
-/// Fills `b`'s table as `measure` does for one case (`new`: full, new flows; else at capacity,
-/// cold hits) and then runs that case's frames through `lb` for `secs` seconds, each batch
-/// checked: for `perf record`, with no floor runs in between.
-pub fn profile(b: &Bench, p: &Params, family: Family, new: bool, ct_slots: u32, secs: u64) -> Result<()> {
+/// A case of `profile`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ProfileCase {
+    /// Cold hits over a table filled to capacity.
+    Hit,
+    /// New flows into a full table.
+    New,
+    /// One established flow's ACK, every call (the side-by-side's hot hit), table filled.
+    Hot,
+}
+
+/// Fills `b`'s table as `measure` does for one case and then runs that case's frames through
+/// `lb` for `secs` seconds, each batch checked: for `perf record`, with no floor runs in
+/// between.
+pub fn profile(b: &Bench, p: &Params, family: Family, case: ProfileCase, ct_slots: u32, secs: u64) -> Result<()> {
     let mut rng = SplitMix64(0x5eed + family as u64);
     fill(b, family, 0..p.ct_entries)?;
-    if new {
+    if case == ProfileCase::New {
         fill(b, family, p.ct_entries..ct_slots)?;
     }
+    let hot = vec![flow_frame(family, 0, TCP_ACK); p.frames];
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     let mut next = ct_slots;
     while std::time::Instant::now() < end {
-        if new {
-            run_each(b, "lb", &new_flows(family, next, p.frames), XDP_TX, NEW_FLOW_PATH)?;
-            next += p.frames as u32;
-        } else {
-            run_each(b, "lb", &hit_sample(&mut rng, family, p.ct_entries, p.frames), XDP_TX, CT_HIT_PATH)?;
+        match case {
+            ProfileCase::New => {
+                run_each(b, "lb", &new_flows(family, next, p.frames), XDP_TX, NEW_FLOW_PATH)?;
+                next += p.frames as u32;
+            }
+            ProfileCase::Hit => {
+                run_each(b, "lb", &hit_sample(&mut rng, family, p.ct_entries, p.frames), XDP_TX, CT_HIT_PATH)?;
+            }
+            ProfileCase::Hot => {
+                run_each(b, "lb", &hot, XDP_TX, CT_HIT_PATH)?;
+            }
         }
     }
     Ok(())

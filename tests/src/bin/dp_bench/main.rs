@@ -41,7 +41,9 @@
 //! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
 //! SECONDS without reporting, so that `perf record -a` sees only that path; the headline cases
 //! are `cold4-hit`, `cold4-new`, `cold6-hit`, `cold6-new` (`lb` on many flows, the table
-//! filled as for the headline first; `perf record -e cpu-clock` works without a PMU); --compare: A/B of
+//! filled as for the headline first; `perf record -e cpu-clock` works without a PMU), and
+//! `hot4-hit`, `hot6-hit` are the side-by-side's hot hit (`lb` alone, one flow's ACK, one call
+//! per frame, the table filled); --compare: A/B of
 //! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
 //! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
 //! the other object must have this build's map layout; --compare-cold: the same for the headline
@@ -697,19 +699,19 @@ fn main() -> Result<()> {
     if let Some(i) = args.iter().position(|a| a == "--profile") {
         let case = args.get(i + 1).cloned().unwrap_or_default();
         let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
-        if let Some(cold_case) = case.strip_prefix("cold") {
-            let (family, new) = match cold_case {
-                "4-hit" => (cold::Family::V4, false),
-                "4-new" => (cold::Family::V4, true),
-                "6-hit" => (cold::Family::V6, false),
-                "6-new" => (cold::Family::V6, true),
-                _ => {
-                    bail!("--profile CASE: the cold cases are cold4-hit, cold4-new, cold6-hit, cold6-new, not {case:?}")
-                }
-            };
+        let cold_case = match case.as_str() {
+            "cold4-hit" => Some((cold::Family::V4, cold::ProfileCase::Hit)),
+            "cold4-new" => Some((cold::Family::V4, cold::ProfileCase::New)),
+            "cold6-hit" => Some((cold::Family::V6, cold::ProfileCase::Hit)),
+            "cold6-new" => Some((cold::Family::V6, cold::ProfileCase::New)),
+            "hot4-hit" => Some((cold::Family::V4, cold::ProfileCase::Hot)),
+            "hot6-hit" => Some((cold::Family::V6, cold::ProfileCase::Hot)),
+            _ => None,
+        };
+        if let Some((family, pcase)) = cold_case {
             return in_netns(move |topo| -> Result<()> {
                 let b = Bench::load_object(topo.lbv0, &read_object()?, p.cold.ct_entries)?;
-                cold::profile(&b, &p.cold, family, new, ct_slots(p.cold.ct_entries), secs)
+                cold::profile(&b, &p.cold, family, pcase, ct_slots(p.cold.ct_entries), secs)
             });
         }
         return profile(&case, secs);
@@ -752,7 +754,7 @@ fn profile(case: &str, secs: u64) -> Result<()> {
         "v6-syn" => (6, true, false),
         "l2-hit" => (4, false, true),
         "l2-syn" => (4, true, true),
-        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, l2-hit, l2-syn, not {case:?}"),
+        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, l2-hit, l2-syn, cold4-hit, cold4-new, cold6-hit, cold6-new, hot4-hit, hot6-hit, not {case:?}"),
     };
     in_netns(move |topo| -> Result<()> {
         let b = Bench::load(topo.lbv0)?;

@@ -93,23 +93,24 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
     counters.inc(stat::RX_PACKETS);
     // `forward` is inlined once per family, so in each copy the family is a constant: the IPv4
     // copy has no IPv6 address words and no family tests (fewer instructions).
-    // The common IPv4 packet is parsed with one bounds check; the full parser handles the rest.
-    // Both IPv4 parsers feed the one IPv4 copy of `forward`.
-    let v4 = match parse::parse_v4_fast(ctx) {
-        Some(pkt) => Ok(pkt),
-        None => match parse_eth(ctx) {
-            Ok((l3_off, ETH_P_IP)) => parse::parse_v4(ctx, l3_off),
-            Ok((l3_off, ETH_P_IPV6)) => match parse::parse_v6(ctx, l3_off) {
-                Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
-                Err(v) => Err(v),
+    // The common IPv4 and IPv6 packets are parsed with one bounds check each; the full parsers
+    // handle the rest. Both parsers of a family feed its one copy of `forward`.
+    let parsed = match parse::parse_v4_fast(ctx) {
+        Some(pkt) => Parsed::V4(pkt),
+        None => match parse::parse_v6_fast(ctx) {
+            Some(pkt) => Parsed::V6(pkt),
+            None => match parse_eth(ctx) {
+                Ok((l3_off, ETH_P_IP)) => Parsed::from(parse::parse_v4(ctx, l3_off), Parsed::V4),
+                Ok((l3_off, ETH_P_IPV6)) => Parsed::from(parse::parse_v6(ctx, l3_off), Parsed::V6),
+                Ok(_) => Parsed::Not(Verdict::Pass),
+                Err(v) => Parsed::Not(v),
             },
-            Ok(_) => Err(Verdict::Pass),
-            Err(v) => Err(v),
         },
     };
-    let verdict = match v4 {
-        Ok(pkt) => return forward::<STOP>(ctx, &pkt, counters),
-        Err(v) => v,
+    let verdict = match parsed {
+        Parsed::V4(pkt) => return forward::<STOP>(ctx, &pkt, counters),
+        Parsed::V6(pkt) => return forward::<STOP>(ctx, &pkt, counters),
+        Parsed::Not(v) => v,
     };
     match verdict {
         Verdict::Pass => {
@@ -123,6 +124,23 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
             }
             counters.inc(stat::PASS_NOT_VIP);
             xdp_action::XDP_PASS
+        }
+    }
+}
+
+/// What the parsers made of a frame: a packet of either family, or the verdict on it.
+enum Parsed {
+    V4(Packet),
+    V6(Packet),
+    Not(Verdict),
+}
+
+impl Parsed {
+    #[inline(always)]
+    fn from(r: Result<Packet, Verdict>, family: fn(Packet) -> Parsed) -> Parsed {
+        match r {
+            Ok(pkt) => family(pkt),
+            Err(v) => Parsed::Not(v),
         }
     }
 }

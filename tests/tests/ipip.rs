@@ -196,6 +196,34 @@ fn ipv6_tcp_to_vip_is_ip6ip6_encapsulated() {
     });
 }
 
+/// The untagged frames above take the data plane's fast IPv6 parser, a tagged one its full
+/// parser: both must make the same packet of it (tuple, SYN bit, traffic class, length), so the
+/// same encapsulation comes out.
+#[test]
+fn ipv6_vlan_tagged_input_is_encapsulated_as_untagged_input() {
+    in_netns(|topo| {
+        let mut dp = fixture::load();
+        setup(&mut dp, 0);
+        let tcp = ipv6(CLIENT6, VIP6, PROTO_TCP, 9, 0x28, &tcp6(CLIENT6, VIP6, 40001, 80, TCP_SYN, b"tagged"));
+        let udp = ipv6(CLIENT6, VIP6, PROTO_UDP, 9, 0xb8, &udp6(CLIENT6, VIP6, 40002, 53, b"q"));
+        for (inner, sport, dport, proto) in [(&tcp, 40001, 80, PROTO_TCP), (&udp, 40002, 53, PROTO_UDP)] {
+            let h = predicted_hash(affinity::NONE, CLIENT6.into(), VIP6.into(), sport, dport, proto, true);
+            let want = expected_ip6ip6(GW_MAC, LB_MAC, NEAR6, inner, h);
+            let tagged = dp.run_test(Program::Lb, &ethernet_vlan(LB_MAC, CLIENT_MAC, 42, ETH_P_IPV6, inner), topo.lbv0);
+            let tagged = tagged.unwrap();
+            assert_eq!(tagged.action, XDP_TX);
+            assert_eq!(tagged.data, want, "tagged {proto}");
+            let untagged =
+                dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, inner), topo.lbv0).unwrap();
+            assert_eq!(untagged.data, want, "untagged {proto}");
+        }
+        // The TCP flow's SYN made its entry (both parsers saw the SYN bit); the rest were hits.
+        let stats = dp.stats().unwrap();
+        assert_eq!(stats.get(stat::NEW_FLOW), 2);
+        assert_eq!(stats.get(stat::CT_HIT), 2);
+    });
+}
+
 #[test]
 fn ipv6_udp_to_vip_is_ip6ip6_encapsulated() {
     in_netns(|topo| {

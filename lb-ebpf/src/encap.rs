@@ -87,6 +87,7 @@ pub fn ipip_v4(
     svc: &ServiceInfo,
     hash: u32,
     now: u64,
+    ingress: u32,
     counters: Counters,
 ) -> u32 {
     if backend.family != FAMILY_V4 {
@@ -106,7 +107,7 @@ pub fn ipip_v4(
         src_mask: svc.encap_src_hash_mask,
         dst: backend.addr,
     };
-    let route = match nexthop::route(ctx, backend_id, outer, now) {
+    let route = match nexthop::route(ctx, backend_id, outer, now, ingress) {
         Ok(r) => r,
         Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV4_HDR_LEN as u32, now, counters),
     };
@@ -140,6 +141,7 @@ pub fn ip6ip6(
     svc: &ServiceInfo,
     hash: u32,
     now: u64,
+    ingress: u32,
     counters: Counters,
 ) -> u32 {
     if backend.family != FAMILY_V6 {
@@ -159,7 +161,7 @@ pub fn ip6ip6(
         src_mask: svc.encap_src_hash_mask,
         dst: backend.addr,
     };
-    let route = match nexthop::route(ctx, backend_id, outer, now) {
+    let route = match nexthop::route(ctx, backend_id, outer, now, ingress) {
         Ok(r) => r,
         Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV6_HDR_LEN as u32, now, counters),
     };
@@ -191,12 +193,20 @@ pub fn ip6ip6(
 /// one the host's neighbour table holds for the backend's address (from the route lookup, as
 /// IPVS direct routing does; the daemon keeps that entry resolved). An untagged frame leaves by
 /// the device the route to the backend's address uses: the ingress device (XDP_TX; source = the
-/// MAC the frame was sent to, which `parse::to_local_mac` checked is that device's own) or
+/// MAC the frame was sent to, which `parse::local_ingress` checked is that device's own) or
 /// another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
 /// device, on which native XDP cannot transmit.
 #[inline(always)]
-pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend, now: u64, counters: Counters) -> u32 {
+pub fn l2_dsr(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    backend_id: u32,
+    backend: &Backend,
+    now: u64,
+    ingress: u32,
+    counters: Counters,
+) -> u32 {
     let m = backend.mac;
     let mut dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
     let mut dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
@@ -218,7 +228,7 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, backend_id: u32, backend: &Backend
             src_mask: 0,
             dst: backend.addr,
         };
-        match nexthop::route(ctx, backend_id, outer, now) {
+        match nexthop::route(ctx, backend_id, outer, now, ingress) {
             Ok(r) => {
                 if from_neigh {
                     // The next hop's MAC: word 0 and the low half of word 1 (see `Route::macs`).

@@ -193,10 +193,10 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
     };
     // Only frames sent to the ingress device's own MAC: not a broadcast or multicast, nor a
     // frame flooded to us for another host (whatever the forwarding method).
-    if !parse::to_local_mac(ctx) {
+    let Some(ingress) = parse::local_ingress(ctx) else {
         counters.inc(stat::PASS_NOT_OUR_MAC);
         return xdp_action::XDP_PASS;
-    }
+    };
     stop_before!(STOP, 2);
     let proto = pkt.tuple.proto;
     let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
@@ -276,8 +276,8 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
 
     stop_before!(STOP, 4);
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, counters),
-        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, counters),
-        _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, counters),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, ingress, counters),
+        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, ingress, counters),
+        _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, ingress, counters),
     }
 }

@@ -123,16 +123,15 @@ fn src_fixed(o: &Outer) -> [u32; 4] {
     }
 }
 
-/// Next hop towards `backend_id`'s address `o.dst`: cached, or looked up (Err = a drop reason,
-/// or `TOO_BIG | mtu`).
+/// Next hop towards `backend_id`'s address `o.dst` from device `ingress` (the packet's, read by
+/// the caller): cached, or looked up (Err = a drop reason, or `TOO_BIG | mtu`).
 #[inline(always)]
-pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64) -> Result<Route, u32> {
+pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64, ingress: u32) -> Result<Route, u32> {
     // Sized like BACKENDS, so a backend that was read has a slot.
     let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
     let h = unsafe { &*hop };
     let family = cache_family(&o);
     let src = src_fixed(&o);
-    let ingress = ctx.ingress_ifindex() as u32;
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
     let same_addrs = if o.ipv6 { h.dst == o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };

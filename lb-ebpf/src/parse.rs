@@ -43,21 +43,26 @@ pub struct Packet {
     pub id_df: u32,
 }
 
-/// Whether the frame's destination MAC is the ingress device's own (`LOCAL_MACS`): false for
-/// broadcast and multicast frames, frames flooded to us for another host, and devices the
-/// daemon did not register. One inlined array lookup and two compares.
+/// The ingress device's ifindex if the frame's destination MAC is that device's own
+/// (`LOCAL_MACS`); None for broadcast and multicast frames, frames flooded to us for another
+/// host, and devices the daemon did not register. One inlined array lookup and two compares.
+/// The caller keeps the ifindex for the route (in XDP its read is three dependent loads).
 #[inline(always)]
-pub fn to_local_mac(ctx: &XdpContext) -> bool {
+pub fn local_ingress(ctx: &XdpContext) -> Option<u32> {
     let ifindex = ctx.ingress_ifindex() as u32;
     let (Some(local), Some(eth)) = (LOCAL_MACS.get(local_mac_slot(ifindex)), ptr_at::<[u16; 3]>(ctx, 0)) else {
-        return false;
+        return None;
     };
     let m = local.mac.as_ptr();
     let p = eth as *const u8;
     // Words as they lie in the frame and in the map (the MAC sits at offset 4 of the value).
     let (want_lo, want_hi) = unsafe { (core::ptr::read(m as *const u32), core::ptr::read(m.add(4) as *const u16)) };
     let (lo, hi) = unsafe { (core::ptr::read(p as *const u32), core::ptr::read(p.add(4) as *const u16)) };
-    local.ifindex == ifindex && lo == want_lo && hi == want_hi
+    if local.ifindex == ifindex && lo == want_lo && hi == want_hi {
+        Some(ifindex)
+    } else {
+        None
+    }
 }
 
 /// Whether `addr` is a VIP: packets to it are ours (malformed ones are dropped).

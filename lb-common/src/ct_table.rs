@@ -86,6 +86,9 @@ pub trait Slot: Copy {
     /// count as words), so it is hashed and compared as words, read in place.
     type Key: Copy;
     const KEY_WORDS: usize;
+    /// Two key words that differ between most flows (the ports, the low source address word),
+    /// compared first by [`Slot::key_is`].
+    const TELLING_WORDS: [usize; 2];
     fn state_ptr(&self) -> *const u32;
     /// The state word for writing (a compare-and-swap or a store).
     fn state_mut(&mut self) -> *mut u32;
@@ -103,9 +106,17 @@ pub trait Slot: Copy {
         unsafe { *(key as *const Self::Key as *const u32).add(i) }
     }
 
-    /// Whether the slot's key is `key`, word by word (no memcmp in eBPF), branch-free.
+    /// Whether the slot's key is `key`, word by word (no memcmp in eBPF). Two telling words
+    /// first: a slot of another flow (most slots a search passes) usually differs there, and
+    /// its other words are then not read; the rest branch-free.
     #[inline(always)]
     fn key_is(&self, key: &Self::Key) -> bool {
+        let [a, b] = Self::TELLING_WORDS;
+        let telling = (Self::key_word(self.key(), a) ^ Self::key_word(key, a))
+            | (Self::key_word(self.key(), b) ^ Self::key_word(key, b));
+        if telling != 0 {
+            return false;
+        }
         let mut diff = 0;
         let mut i = 0;
         while i < Self::KEY_WORDS {
@@ -117,10 +128,11 @@ pub trait Slot: Copy {
 }
 
 macro_rules! ct_slot {
-    ($slot:ty, $key:ty) => {
+    ($slot:ty, $key:ty, $telling:expr) => {
         impl Slot for $slot {
             type Key = $key;
             const KEY_WORDS: usize = core::mem::size_of::<$key>() / 4;
+            const TELLING_WORDS: [usize; 2] = $telling;
             #[inline(always)]
             fn state_ptr(&self) -> *const u32 {
                 &self.state
@@ -151,8 +163,9 @@ macro_rules! ct_slot {
         }
     };
 }
-ct_slot!(Slot4, CtKey4);
-ct_slot!(Slot6, CtKey);
+// CtKey4: src, dst, ports, service | proto. CtKey: src[4], dst[4], ports, proto, service.
+ct_slot!(Slot4, CtKey4, [2, 0]);
+ct_slot!(Slot6, CtKey, [8, 3]);
 // The word views above rely on these: whole words, alignment 4, no implicit padding.
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16 && core::mem::align_of::<CtKey4>() == 4);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44 && core::mem::align_of::<CtKey>() == 4);
@@ -390,6 +403,48 @@ mod tests {
 
     fn key4(i: u32) -> CtKey4 {
         CtKey4 { src: i, dst: 0x6400_12c6, ports: 0x5000_409c, service_proto: 1 | 6 << 24 }
+    }
+
+    /// The telling words are the client port and the low source address word (a layout change
+    /// that moved them would make `key_is` test other words first: slower, not wrong), and a
+    /// key differing in any single word, telling or not, is another key.
+    #[test]
+    fn key_is_tells_words_first_and_compares_every_word() {
+        let t = FlowTuple {
+            src: [0x0db8_0120, 0, 0, 0x0500_0000],
+            dst: [0x0db8_0120, 0, 0, 0x0001_0000],
+            sport: 0x409c,
+            dport: 0x5000,
+            proto: 6,
+            _pad: [0; 3],
+        };
+        let six = CtKey { tuple: t, service: 3 };
+        let other_port = CtKey { tuple: FlowTuple { sport: 0x419c, ..t }, ..six };
+        let other_src = CtKey { tuple: FlowTuple { src: [t.src[0], 0, 0, 0x0600_0000], ..t }, ..six };
+        let [a, b] = <Slot6 as Slot>::TELLING_WORDS;
+        assert_ne!(Slot6::key_word(&six, a), Slot6::key_word(&other_port, a));
+        assert_ne!(Slot6::key_word(&six, b), Slot6::key_word(&other_src, b));
+        let four = CtKey4::new(&FlowTuple { src: [0x0501_12c6, 0, 0, 0], dst: [0x6400_12c6, 0, 0, 0], ..t }, 3);
+        let [a, b] = <Slot4 as Slot>::TELLING_WORDS;
+        assert_eq!(Slot4::key_word(&four, a), four.ports);
+        assert_eq!(Slot4::key_word(&four, b), four.src);
+
+        let slot6 = Slot6 { state: state::LIVE, key: six, entry: CtEntry::default() };
+        assert!(slot6.key_is(&six));
+        for i in 0..Slot6::KEY_WORDS {
+            let mut words: [u32; 11] = unsafe { core::mem::transmute(six) };
+            words[i] ^= 1;
+            let changed: CtKey = unsafe { core::mem::transmute(words) };
+            assert!(!slot6.key_is(&changed), "word {i}");
+        }
+        let slot4 = Slot4 { state: state::LIVE, key: four, _pad: 0, entry: CtEntry::default() };
+        assert!(slot4.key_is(&four));
+        for i in 0..Slot4::KEY_WORDS {
+            let mut words: [u32; 4] = unsafe { core::mem::transmute(four) };
+            words[i] ^= 1;
+            let changed: CtKey4 = unsafe { core::mem::transmute(words) };
+            assert!(!slot4.key_is(&changed), "word {i}");
+        }
     }
 
     #[test]

@@ -98,23 +98,7 @@ pub fn parse_v4_fast(ctx: &XdpContext) -> Option<Packet> {
     if u16::from_be((w1 >> 16) as u16) & 0x3fff != 0 || start + ETH_LEN + tot_len > ctx.data_end() {
         return None;
     }
-    let l4 = (start + ETH_LEN + 20) as *const u32;
-    let ports = word(l4, 0);
-    let is_syn = if proto == PROTO_TCP {
-        let w3 = word(l4, 3);
-        let data_off = (((w3 as u8) >> 4) as usize) * 4;
-        if data_off < 20 || 20 + data_off > tot_len {
-            return None;
-        }
-        (w3 >> 8) as u8 & 0x12 == 0x02
-    } else if proto == PROTO_UDP {
-        if 20 + 8 > tot_len {
-            return None;
-        }
-        false
-    } else {
-        return None;
-    };
+    let (ports, is_syn) = fast_l4((start + ETH_LEN + 20) as *const u32, proto, tot_len.saturating_sub(20))?;
     Some(Packet {
         family: FAMILY_V4,
         l3_off: ETH_LEN,
@@ -159,23 +143,7 @@ pub fn parse_v6_fast(ctx: &XdpContext) -> Option<Packet> {
     if payload_len == 0 || start + ETH_LEN + IPV6_HDR_LEN + payload_len > ctx.data_end() {
         return None;
     }
-    let l4 = (start + ETH_LEN + IPV6_HDR_LEN) as *const u32;
-    let ports = word(l4, 0);
-    let is_syn = if proto == PROTO_TCP {
-        let w3 = word(l4, 3);
-        let data_off = (((w3 as u8) >> 4) as usize) * 4;
-        if data_off < 20 || data_off > payload_len {
-            return None;
-        }
-        (w3 >> 8) as u8 & 0x12 == 0x02
-    } else if proto == PROTO_UDP {
-        if 8 > payload_len {
-            return None;
-        }
-        false
-    } else {
-        return None;
-    };
+    let (ports, is_syn) = fast_l4((start + ETH_LEN + IPV6_HDR_LEN) as *const u32, proto, payload_len)?;
     Some(Packet {
         family: FAMILY_V6,
         l3_off: ETH_LEN,
@@ -194,6 +162,27 @@ pub fn parse_v6_fast(ctx: &XdpContext) -> Option<Packet> {
         tclass: (u32::from_be(w0) >> 20) as u8,
         id_df: 0,
     })
+}
+
+/// The ports word and SYN bit of the fast parsers' TCP or UDP header at `l4`, whose first 16
+/// bytes their bounds check covered, in `l4_len` bytes of datagram; None for another protocol
+/// or a length the full parser (`parse_l4`) would refuse.
+#[inline(always)]
+fn fast_l4(l4: *const u32, proto: u8, l4_len: usize) -> Option<(u32, bool)> {
+    let ports = word(l4, 0);
+    if proto == PROTO_TCP {
+        let w3 = word(l4, 3);
+        let data_off = (((w3 as u8) >> 4) as usize) * 4;
+        if data_off < 20 || data_off > l4_len {
+            return None;
+        }
+        // SYN set, ACK clear (flags: byte 13).
+        Some((ports, (w3 >> 8) as u8 & 0x12 == 0x02))
+    } else if proto == PROTO_UDP && l4_len >= 8 {
+        Some((ports, false))
+    } else {
+        None
+    }
 }
 
 /// An IPv4 packet whose IP header starts at `l3_off` (the caller dispatches on the ethertype,

@@ -196,31 +196,46 @@ fn ipv6_tcp_to_vip_is_ip6ip6_encapsulated() {
     });
 }
 
-/// The untagged frames above take the data plane's fast IPv6 parser, a tagged one its full
-/// parser: both must make the same packet of it (tuple, SYN bit, traffic class, length), so the
-/// same encapsulation comes out.
+/// An untagged IPv6 TCP or UDP frame of 74 bytes or more takes the data plane's fast IPv6
+/// parser, a tagged one its full parser: both must make the same packet of it (tuple, SYN bit,
+/// traffic class, length), so the same encapsulation comes out. The SYN bit is told apart by a
+/// backend gone unhealthy: a SYN then selects again (a new flow), any other packet of the flow
+/// would be rerouted (`ct_rerouted_unhealthy`) or kept (a hit).
 #[test]
 fn ipv6_vlan_tagged_input_is_encapsulated_as_untagged_input() {
     in_netns(|topo| {
         let mut dp = fixture::load();
         setup(&mut dp, 0);
         let tcp = ipv6(CLIENT6, VIP6, PROTO_TCP, 9, 0x28, &tcp6(CLIENT6, VIP6, 40001, 80, TCP_SYN, b"tagged"));
-        let udp = ipv6(CLIENT6, VIP6, PROTO_UDP, 9, 0xb8, &udp6(CLIENT6, VIP6, 40002, 53, b"q"));
-        for (inner, sport, dport, proto) in [(&tcp, 40001, 80, PROTO_TCP), (&udp, 40002, 53, PROTO_UDP)] {
+        // 16 bytes of payload: 78 bytes in all, long enough for the fast parser.
+        let udp = ipv6(CLIENT6, VIP6, PROTO_UDP, 9, 0xb8, &udp6(CLIENT6, VIP6, 40002, 53, &[7; 16]));
+        let tagged = |inner: &[u8]| ethernet_vlan(LB_MAC, CLIENT_MAC, 42, ETH_P_IPV6, inner);
+        let untagged = |inner: &[u8]| ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, inner);
+        let want = |inner: &[u8], sport, dport, proto| {
             let h = predicted_hash(affinity::NONE, CLIENT6.into(), VIP6.into(), sport, dport, proto, true);
-            let want = expected_ip6ip6(GW_MAC, LB_MAC, NEAR6, inner, h);
-            let tagged = dp.run_test(Program::Lb, &ethernet_vlan(LB_MAC, CLIENT_MAC, 42, ETH_P_IPV6, inner), topo.lbv0);
-            let tagged = tagged.unwrap();
-            assert_eq!(tagged.action, XDP_TX);
-            assert_eq!(tagged.data, want, "tagged {proto}");
-            let untagged =
-                dp.run_test(Program::Lb, &ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, inner), topo.lbv0).unwrap();
-            assert_eq!(untagged.data, want, "untagged {proto}");
-        }
-        // The TCP flow's SYN made its entry (both parsers saw the SYN bit); the rest were hits.
+            expected_ip6ip6(GW_MAC, LB_MAC, NEAR6, inner, h)
+        };
+        let send = |dp: &Dataplane, frame: &[u8], want: &[u8], what: &str| {
+            let out = dp.run_test(Program::Lb, frame, topo.lbv0).unwrap();
+            assert_eq!(out.action, XDP_TX, "{what}");
+            assert_eq!(out.data, want, "{what}");
+        };
+        let (want_tcp, want_udp) = (want(&tcp, 40001, 80, PROTO_TCP), want(&udp, 40002, 53, PROTO_UDP));
+        // UDP: the first datagram makes the entry, the second hits it.
+        send(&dp, &tagged(&udp), &want_udp, "tagged UDP");
+        send(&dp, &untagged(&udp), &want_udp, "untagged UDP");
+        // TCP: the SYN makes the entry; a second SYN keeps it (its backend is healthy).
+        send(&dp, &tagged(&tcp), &want_tcp, "tagged SYN");
+        send(&dp, &untagged(&tcp), &want_tcp, "untagged SYN, healthy backend");
         let stats = dp.stats().unwrap();
-        assert_eq!(stats.get(stat::NEW_FLOW), 2);
-        assert_eq!(stats.get(stat::CT_HIT), 2);
+        assert_eq!((stats.get(stat::NEW_FLOW), stats.get(stat::CT_HIT)), (2, 2));
+        // Unhealthy: each parser's SYN selects again (the table still names the one backend).
+        dp.set_backend_state(13, 0, 0).unwrap();
+        send(&dp, &untagged(&tcp), &want_tcp, "untagged SYN, unhealthy backend");
+        send(&dp, &tagged(&tcp), &want_tcp, "tagged SYN, unhealthy backend");
+        let stats = dp.stats().unwrap();
+        assert_eq!((stats.get(stat::NEW_FLOW), stats.get(stat::CT_HIT)), (4, 2));
+        assert_eq!(stats.get(stat::CT_REROUTED_UNHEALTHY), 0);
     });
 }
 

@@ -137,7 +137,7 @@ enum Parsed {
 
 impl Parsed {
     #[inline(always)]
-    fn from(r: Result<Packet, Verdict>, family: fn(Packet) -> Parsed) -> Parsed {
+    fn from(r: Result<Packet, Verdict>, family: impl FnOnce(Packet) -> Parsed) -> Parsed {
         match r {
             Ok(pkt) => family(pkt),
             Err(v) => Parsed::Not(v),

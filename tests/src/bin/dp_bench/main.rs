@@ -42,8 +42,8 @@
 //! SECONDS without reporting, so that `perf record -a` sees only that path; the headline cases
 //! are `cold4-hit`, `cold4-new`, `cold6-hit`, `cold6-new` (`lb` on many flows, the table
 //! filled as for the headline first; `perf record -e cpu-clock` works without a PMU), and
-//! `hot4-hit`, `hot6-hit` are the side-by-side's hot hit (`lb` alone, one flow's ACK, one call
-//! per frame, the table filled); --compare: A/B of
+//! `hot4-hit`, `hot6-hit` are like the side-by-side's hot hit (`lb` alone, one flow's ACK, one
+//! call per frame, the table filled to capacity); --compare: A/B of
 //! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
 //! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
 //! the other object must have this build's map layout; --compare-cold: the same for the headline

@@ -103,14 +103,7 @@ pub fn parse_v4_fast(ctx: &XdpContext) -> Option<Packet> {
         family: FAMILY_V4,
         l3_off: ETH_LEN,
         l3_len: tot_len,
-        tuple: FlowTuple {
-            src: [src, 0, 0, 0],
-            dst: [dst, 0, 0, 0],
-            sport: ports as u16,
-            dport: (ports >> 16) as u16,
-            proto,
-            _pad: [0; 3],
-        },
+        tuple: fast_tuple([src, 0, 0, 0], [dst, 0, 0, 0], ports, proto),
         ports_valid: true,
         is_syn,
         tclass: (w0 >> 8) as u8,
@@ -148,14 +141,12 @@ pub fn parse_v6_fast(ctx: &XdpContext) -> Option<Packet> {
         family: FAMILY_V6,
         l3_off: ETH_LEN,
         l3_len: IPV6_HDR_LEN + payload_len,
-        tuple: FlowTuple {
-            src: [word(ip, 2), word(ip, 3), word(ip, 4), word(ip, 5)],
-            dst: [word(ip, 6), word(ip, 7), word(ip, 8), word(ip, 9)],
-            sport: ports as u16,
-            dport: (ports >> 16) as u16,
+        tuple: fast_tuple(
+            [word(ip, 2), word(ip, 3), word(ip, 4), word(ip, 5)],
+            [word(ip, 6), word(ip, 7), word(ip, 8), word(ip, 9)],
+            ports,
             proto,
-            _pad: [0; 3],
-        },
+        ),
         ports_valid: true,
         is_syn,
         // Version (4 bits), traffic class (8), flow label (20), big-endian.
@@ -183,6 +174,13 @@ fn fast_l4(l4: *const u32, proto: u8, l4_len: usize) -> Option<(u32, bool)> {
     } else {
         None
     }
+}
+
+/// The fast parsers' tuple: addresses, the L4 header's first word (source port in the low half,
+/// destination port in the high half, network order each) and protocol.
+#[inline(always)]
+fn fast_tuple(src: [u32; 4], dst: [u32; 4], ports: u32, proto: u8) -> FlowTuple {
+    FlowTuple { src, dst, sport: ports as u16, dport: (ports >> 16) as u16, proto, _pad: [0; 3] }
 }
 
 /// An IPv4 packet whose IP header starts at `l3_off` (the caller dispatches on the ethertype,

@@ -162,18 +162,23 @@ pub fn parse_v6_fast(ctx: &XdpContext) -> Option<Packet> {
 fn fast_l4(l4: *const u32, proto: u8, l4_len: usize) -> Option<(u32, bool)> {
     let ports = word(l4, 0);
     if proto == PROTO_TCP {
-        let w3 = word(l4, 3);
-        let data_off = (((w3 as u8) >> 4) as usize) * 4;
+        let (data_off, is_syn) = tcp_offset_and_syn(word(l4, 3));
         if data_off < 20 || data_off > l4_len {
             return None;
         }
-        // SYN set, ACK clear (flags: byte 13).
-        Some((ports, (w3 >> 8) as u8 & 0x12 == 0x02))
+        Some((ports, is_syn))
     } else if proto == PROTO_UDP && l4_len >= 8 {
         Some((ports, false))
     } else {
         None
     }
+}
+
+/// A TCP header's data offset in bytes and whether it is a SYN without ACK, from its fourth
+/// word as loaded (little-endian: the data offset in byte 12's high nibble, the flags in byte 13).
+#[inline(always)]
+fn tcp_offset_and_syn(w3: u32) -> (usize, bool) {
+    ((((w3 as u8) >> 4) as usize) * 4, (w3 >> 8) as u8 & 0x12 == 0x02)
 }
 
 /// The fast parsers' tuple: addresses, the L4 header's first word (source port in the low half,
@@ -317,14 +322,13 @@ fn parse_l4(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize) ->
         // 16 bytes are there: the 20 just checked lie within the datagram, which is in the frame.
         let tcp = ptr_at::<[u32; 4]>(ctx, l4_off).ok_or(stat::DROP_TRUNCATED_L4)? as *const u32;
         let (ports, w3) = (word(tcp, 0), word(tcp, 3));
-        let data_off = (((w3 as u8) >> 4) as usize) * 4;
+        let (data_off, is_syn) = tcp_offset_and_syn(w3);
         if data_off < 20 || l4_off + data_off > l3_end {
             return Err(stat::DROP_TRUNCATED_L4);
         }
         pkt.tuple.sport = ports as u16;
         pkt.tuple.dport = (ports >> 16) as u16;
-        // SYN set, ACK clear (flags: byte 13).
-        pkt.is_syn = (w3 >> 8) as u8 & 0x12 == 0x02;
+        pkt.is_syn = is_syn;
         pkt.ports_valid = true;
     } else if proto == PROTO_UDP {
         if l4_off + 8 > l3_end {

@@ -429,21 +429,19 @@ mod tests {
         assert_eq!(Slot4::key_word(&four, a), four.ports);
         assert_eq!(Slot4::key_word(&four, b), four.src);
 
-        let slot6 = Slot6 { state: state::LIVE, key: six, entry: CtEntry::default() };
-        assert!(slot6.key_is(&six));
-        for i in 0..Slot6::KEY_WORDS {
-            let mut words: [u32; 11] = unsafe { core::mem::transmute(six) };
-            words[i] ^= 1;
-            let changed: CtKey = unsafe { core::mem::transmute(words) };
-            assert!(!slot6.key_is(&changed), "word {i}");
-        }
-        let slot4 = Slot4 { state: state::LIVE, key: four, _pad: 0, entry: CtEntry::default() };
-        assert!(slot4.key_is(&four));
-        for i in 0..Slot4::KEY_WORDS {
-            let mut words: [u32; 4] = unsafe { core::mem::transmute(four) };
-            words[i] ^= 1;
-            let changed: CtKey4 = unsafe { core::mem::transmute(words) };
-            assert!(!slot4.key_is(&changed), "word {i}");
+        assert_every_word_counts(&Slot6 { state: state::LIVE, key: six, entry: CtEntry::default() });
+        assert_every_word_counts(&Slot4 { state: state::LIVE, key: four, _pad: 0, entry: CtEntry::default() });
+    }
+
+    /// `slot` holds its own key, and a key differing from it in any one word is another key.
+    fn assert_every_word_counts<S: Slot>(slot: &S) {
+        let key = *slot.key();
+        assert!(slot.key_is(&key));
+        for i in 0..S::KEY_WORDS {
+            let mut changed = key;
+            // SAFETY: a key is KEY_WORDS 32-bit words without padding (`Slot::Key`).
+            unsafe { *(&mut changed as *mut S::Key as *mut u32).add(i) ^= 1 };
+            assert!(!slot.key_is(&changed), "word {i}");
         }
     }
 

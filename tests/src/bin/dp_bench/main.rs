@@ -32,12 +32,13 @@
 //! the production program `lb` alone; and two `bpf_xdp_adjust_head` calls alone
 //! (`bench_helper_calls`), the price of the IPIP hit path's two helper calls.
 //!
-//! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages] [--profile CASE SECONDS]
+//! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages | --stages-single] [--profile CASE SECONDS]
 //!        dp_bench --compare OTHER_OBJECT [ROUNDS]
 //!        dp_bench --compare-cold OTHER_OBJECT [ROUNDS]
 //! (--quick: fewer iterations and a small table, for a smoke run; --headline: the headline
 //! cases only; --no-single: skip the single-call cross-check;
-//! --stages: the cost split by stage of the balancer; --profile: run one case, `v4-hit`,
+//! --stages: the cost split by stage of the balancer; --stages-single: the same split with one
+//! call per frame, as the side-by-side's hot hit is measured; --profile: run one case, `v4-hit`,
 //! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
 //! SECONDS without reporting, so that `perf record -a` sees only that path; the headline cases
 //! are `cold4-hit`, `cold4-new`, `cold6-hit`, `cold6-new` (`lb` on many flows, the table
@@ -659,8 +660,8 @@ fn main() -> Result<()> {
             .ok_or_else(|| anyhow!("LB_BENCH_CT_ENTRIES: {v:?} is not a number of flows from 1024 to 2^24"))?;
     }
     let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--stages") {
-        return stages();
+    if args.iter().any(|a| a == "--stages" || a == "--stages-single") {
+        return stages(args.iter().any(|a| a == "--stages-single"));
     }
     if let Some(i) = args.iter().position(|a| a == "--compare") {
         let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare needs the other object's path"))?;
@@ -781,11 +782,24 @@ fn profile(case: &str, secs: u64) -> Result<()> {
 /// Cost by stage: `bench_stageN` runs the balancer up to stage N (lb-ebpf `balance_until`),
 /// so the differences between consecutive columns are the stages' costs. Not checked by
 /// counters (the stages stop before counting); noisy, for finding where the time goes.
-fn stages() -> Result<()> {
+fn stages(single: bool) -> Result<()> {
     in_netns(move |topo| -> Result<()> {
         let b = Bench::load(topo.lbv0)?;
+        // Repeat mode: the kernel-reported mean of 10^6 iterations. Single calls: the mean of
+        // 40,000 calls of one iteration (each on a fresh copy of the frame, after the syscall's
+        // own work has run through the caches and branch predictors), as the side-by-side runs.
+        let run = |prog: &str, frame: &[u8]| -> Result<f64> {
+            if !single {
+                return b.run_unchecked(prog, frame, 1_000_000);
+            }
+            let mut total = 0.0;
+            for _ in 0..40_000 {
+                total += b.run_unchecked(prog, frame, 1)?;
+            }
+            Ok(total / 40_000.0)
+        };
         let median = |prog: &str, frame: &[u8]| -> Result<f64> {
-            let mut v = (0..7).map(|_| b.run_unchecked(prog, frame, 1_000_000)).collect::<Result<Vec<_>>>()?;
+            let mut v = (0..if single { 5 } else { 7 }).map(|_| run(prog, frame)).collect::<Result<Vec<_>>>()?;
             v.sort_unstable_by(f64::total_cmp);
             Ok(v[v.len() / 2])
         };
@@ -797,7 +811,8 @@ fn stages() -> Result<()> {
             ("bench_stage4", "+class counters"),
             ("bench_lb", "+forwarding"),
         ];
-        println!("ns above the floor, cumulative (each column includes the wrapper's save/restore)");
+        let how = if single { "one call per frame, median of 5 means of 40000 calls" } else { "repeat mode" };
+        println!("ns above the floor, cumulative (each column includes the wrapper's save/restore); {how}");
         println!("{:<10}{}", "case", PROGS.iter().map(|(_, h)| format!("{h:>19}")).collect::<String>());
         for (family, syn, ack) in
             [("IPv4", frame4(TCP_SYN), frame4(TCP_ACK)), ("IPv6", frame6(TCP_SYN), frame6(TCP_ACK))]

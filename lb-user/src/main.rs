@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, decap, plan, render, validate};
+use lb_user::cli::{self, decap, flows, plan, render, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -37,6 +37,8 @@ enum Command {
     Stats(Common),
     /// Which backend a flow from CLIENT gets, and why.
     Explain(ExplainArgs),
+    /// The connection tables' entries: client, VIP, backend, idle time, state (from the pins).
+    Flows(flows::FlowsArgs),
     /// Operator actions on one backend.
     Backend {
         #[command(subcommand)]
@@ -182,6 +184,7 @@ fn main() -> std::process::ExitCode {
         Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
         }
+        Command::Flows(args) => flows::run(&args),
         Command::Backend {
             action: BackendAction::Set { backend: BackendRef { common, service, address }, health },
         } => call(&common, Request::BackendSet { service, address, health }, render::backend),

@@ -3,6 +3,7 @@
 //! trip.
 
 pub mod decap;
+pub mod flows;
 pub mod plan;
 pub mod render;
 pub mod validate;

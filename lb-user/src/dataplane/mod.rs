@@ -16,6 +16,7 @@
 mod admission;
 mod classes;
 mod conntrack;
+pub mod flows;
 pub mod pinning;
 mod programs;
 pub mod service_table;

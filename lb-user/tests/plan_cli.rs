@@ -78,22 +78,28 @@ fn json_for_zonal_config_with_one_unhealthy_backend() {
         "rule": "E-1",
         "active_pool": "ALL",
         "zones": [
-            {"client_zone": "zone-a", "affinity": "REFINED", "eligible": ["198.18.1.10"]},
-            {"client_zone": "zone-b", "affinity": "REPLACED", "eligible": ["198.18.2.10"]},
-            {"client_zone": null, "affinity": "NOT_COMPATIBLE", "eligible": ["198.18.1.10"]},
+            {"client_zone": "zone-a", "affinity": "REFINED", "why": "eligible backends in the zone",
+             "spill": null, "eligible": ["198.18.1.10"]},
+            {"client_zone": "zone-b", "affinity": "REPLACED",
+             "why": "every backend of the zone unhealthy: stays in zone", "spill": null, "eligible": ["198.18.2.10"]},
+            {"client_zone": null, "affinity": "NOT_COMPATIBLE", "why": "client outside every zone", "spill": null,
+             "eligible": ["198.18.1.10"]},
         ],
     }]});
     assert_eq!(got, want);
 }
 
-/// The row of a table whose first column is `label`, split into its columns.
+/// The row of a table whose first column is `label`, split into its columns (label, affinity,
+/// eligible set; the why column between the last two is checked by its own test).
 fn row<'a>(table: &'a str, label: &'a str) -> Vec<&'a str> {
     let line = table
         .lines()
         .find(|l| l.trim_start().starts_with(label))
         .unwrap_or_else(|| panic!("no row {label} in:\n{table}"));
     let rest = line.trim_start()[label.len()..].trim_start();
-    let (outcome, eligible) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let (outcome, rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    // Columns are separated by at least two spaces; the why column has single spaces only.
+    let eligible = rest.trim().rsplit_once("  ").map_or("", |(_, e)| e);
     vec![label, outcome, eligible.trim()]
 }
 
@@ -171,4 +177,40 @@ fn missing_config_file_is_an_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("lb.toml"), "error names the file: {err}");
+}
+
+/// The spec's Z13 example: zones of five backends, SPILL_CROSS_ZONE with ratio 0.8. `lb plan`
+/// shows the ratio test's arithmetic per zone, in the table and in JSON.
+#[test]
+fn plan_shows_the_spillover_arithmetic_per_zone() {
+    let mut text = String::from(
+        "[[zone]]\nname = \"z1\"\nclient_prefixes = [\"198.18.1.0/24\"]\n\
+         [[zone]]\nname = \"z2\"\nclient_prefixes = [\"198.18.2.0/24\"]\n\n\
+         [[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\
+         [service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_SPILL_CROSS_ZONE\"\nspillover_ratio = 0.8\n",
+    );
+    for z in 1..=2 {
+        for i in 1..=5 {
+            text += &format!("[[service.backend]]\naddress = \"198.18.1{z}.{i}\"\nzone = \"z{z}\"\n");
+        }
+    }
+    let cfg = TempConfig::new(&text);
+    let path = cfg.path.to_str().unwrap();
+    // Zone 1 loses one backend (4/5 >= 0.8: stays), zone 2 two (3/5 < 0.8: spills).
+    let args = ["plan", "--config", path, "--unhealthy", "198.18.11.1,198.18.12.1,198.18.12.2"];
+    let table = stdout(&lb(&args));
+    let row = |zone: &str| table.lines().find(|l| l.trim_start().starts_with(zone)).unwrap_or_default().to_owned();
+    assert!(row("z1").contains("REFINED") && row("z1").contains("4/5 = 0.80 >= 0.80: stays in zone"), "{table}");
+    assert!(row("z2").contains("UNCHANGED") && row("z2").contains("3/5 = 0.60 < 0.80: spills"), "{table}");
+    assert!(row("(non-compatible)").contains("client outside every zone"), "{table}");
+
+    let json: Value = serde_json::from_str(&stdout(&lb(&[&args[..], &["--json"]].concat()))).unwrap();
+    let zones = &json["services"][0]["zones"];
+    assert_eq!(
+        zones[1]["spill"],
+        json!({"healthy_in_zone": 3, "configured_in_zone": 5, "ratio": 0.6, "spillover_ratio": 0.8})
+    );
+    assert_eq!(zones[1]["why"], "3/5 = 0.60 < 0.80: spills");
+    assert_eq!(zones[0]["spill"]["healthy_in_zone"], 4);
+    assert_eq!(zones[2]["spill"], Value::Null);
 }

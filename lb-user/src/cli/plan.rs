@@ -7,7 +7,7 @@
 use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
 use crate::policy::tm::{TmServicePlan, DEFAULT_CLASS};
-use crate::policy::{plan_config, route_service, ClassPlan, ServicePlan};
+use crate::policy::{plan_config, route_service, ClassPlan, EligibleKind, ServicePlan, ZonalOutcome};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -107,6 +107,13 @@ pub fn render_json(cfg: &Config, plans: &Plans) -> Value {
                     json!({
                         "client_zone": class.client_zone.map(|z| cfg.zones[z].name.clone()),
                         "affinity": class.outcome.as_str(),
+                        "why": zonal_why(svc, plan, class),
+                        "spill": class.spill.map(|a| json!({
+                            "healthy_in_zone": a.healthy_in_zone,
+                            "configured_in_zone": a.relevant_in_zone,
+                            "ratio": a.healthy_in_zone as f64 / a.relevant_in_zone as f64,
+                            "spillover_ratio": svc.zonal_affinity.spillover_ratio,
+                        })),
                         "eligible": addresses(svc, class),
                     })
                 })
@@ -174,7 +181,7 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
             plan.rule.reason(),
             plan.active_pool.as_str(),
         ));
-        let rows: Vec<[String; 3]> = plan
+        let rows: Vec<[String; 4]> = plan
             .classes
             .iter()
             .map(|class| {
@@ -184,18 +191,39 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
                 };
                 let eligible = addresses(svc, class);
                 let eligible = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
-                [zone, class.outcome.as_str().to_string(), eligible]
+                [zone, class.outcome.as_str().to_string(), zonal_why(svc, plan, class), eligible]
             })
             .collect();
-        let header = ["CLIENT ZONE".to_string(), "AFFINITY".to_string(), "ELIGIBLE".to_string()];
+        let header = ["CLIENT ZONE", "AFFINITY", "WHY", "ELIGIBLE"].map(String::from);
         let width =
             |col: usize| std::iter::once(&header).chain(&rows).map(|r| r[col].chars().count()).max().unwrap_or(0);
-        let (w0, w1) = (width(0), width(1));
+        let (w0, w1, w2) = (width(0), width(1), width(2));
         for row in std::iter::once(&header).chain(&rows) {
-            out.push_str(&format!("  {:<w0$}  {:<w1$}  {}\n", row[0], row[1], row[2]));
+            out.push_str(&format!("  {:<w0$}  {:<w1$}  {:<w2$}  {}\n", row[0], row[1], row[2], row[3]));
         }
     }
     out
+}
+
+/// Why zonal affinity left a class's set as it did (spec §1.2 step 2.2), with the ratio test's
+/// arithmetic where it decided, e.g. `3/5 = 0.60 < 0.80: spills`.
+pub fn zonal_why(svc: &Service, plan: &ServicePlan, class: &ClassPlan) -> String {
+    if let Some(a) = class.spill {
+        let r = a.healthy_in_zone as f64 / a.relevant_in_zone as f64;
+        let want = svc.zonal_affinity.spillover_ratio;
+        let (op, then) = if class.outcome == ZonalOutcome::Refined { (">=", "stays in zone") } else { ("<", "spills") };
+        return format!("{}/{} = {r:.2} {op} {want:.2}: {then}", a.healthy_in_zone, a.relevant_in_zone);
+    }
+    match class.outcome {
+        ZonalOutcome::Disabled => "zonal affinity disabled".into(),
+        ZonalOutcome::NotCompatible => "client outside every zone".into(),
+        ZonalOutcome::NoZonalMatch => "no backend of the active pool in the zone".into(),
+        ZonalOutcome::Refined => "eligible backends in the zone".into(),
+        ZonalOutcome::Replaced => "every backend of the zone unhealthy: stays in zone".into(),
+        ZonalOutcome::Unchanged if plan.kind == EligibleKind::Drop => "the set is empty (dropped)".into(),
+        ZonalOutcome::Unchanged if !plan.kind.is_healthy_set() => "a last-resort set is never refined".into(),
+        ZonalOutcome::Unchanged => "no eligible backend in the zone: spills".into(),
+    }
 }
 
 /// The class's eligible backends as written in the config, in config order.

@@ -192,6 +192,17 @@ pub struct ClassPlan {
     pub outcome: ZonalOutcome,
     /// Indices into the service's backends, in config order. Empty = drop new connections.
     pub eligible: Vec<usize>,
+    /// The ratio test of SPILL_CROSS_ZONE with a spillover ratio, when it decided the outcome.
+    pub spill: Option<SpillArithmetic>,
+}
+
+/// The numbers of a SPILL_CROSS_ZONE ratio test (spec §1.2 step 2.2): r = healthy backends in
+/// the client zone / configured backends of the active pool in the zone, refined iff r >= the
+/// configured `spillover_ratio` (`lb plan` prints it, e.g. `3/5 = 0.60 < 0.80`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpillArithmetic {
+    pub healthy_in_zone: usize,
+    pub relevant_in_zone: usize,
 }
 
 /// Everything the data plane needs to know about one service's selection state.

@@ -2,7 +2,7 @@
 //! configured zones (config order) followed by the non-compatible class (clients outside every
 //! zone prefix, e.g. via VPN/Interconnect or from another region).
 
-use super::{BackendState, BaseSet, ClassPlan, EligibleKind, ZonalOutcome, ZonalParams};
+use super::{BackendState, BaseSet, ClassPlan, EligibleKind, SpillArithmetic, ZonalOutcome, ZonalParams};
 use crate::model::Spillover;
 
 /// One class per zone `0..zones`, then the non-compatible class (`client_zone: None`).
@@ -21,7 +21,7 @@ pub fn plan_class(
     backends: &[BackendState],
     client_zone: Option<usize>,
 ) -> ClassPlan {
-    let unchanged = |outcome| ClassPlan { client_zone, outcome, eligible: base.members.clone() };
+    let unchanged = |outcome| ClassPlan { client_zone, outcome, eligible: base.members.clone(), spill: None };
 
     // Gate, in the spec's order: option enabled, compatible client, zonal match.
     let stay_within_zone = match params.spillover {
@@ -48,7 +48,8 @@ pub fn plan_class(
     // Z: eligible backends in the client zone.
     let eligible_in_zone: Vec<usize> =
         base.members.iter().copied().filter(|&i| backends[i].zone == Some(zone)).collect();
-    let refined = || ClassPlan { client_zone, outcome: ZonalOutcome::Refined, eligible: eligible_in_zone.clone() };
+    let refined =
+        || ClassPlan { client_zone, outcome: ZonalOutcome::Refined, eligible: eligible_in_zone.clone(), spill: None };
 
     if stay_within_zone {
         if !eligible_in_zone.is_empty() {
@@ -57,7 +58,7 @@ pub fn plan_class(
         // Z = ∅ only happens for a healthy set, so every backend of K is unhealthy; the filter
         // keeps that explicit.
         let eligible = relevant_in_zone.into_iter().filter(|&i| !backends[i].healthy).collect();
-        return ClassPlan { client_zone, outcome: ZonalOutcome::Replaced, eligible };
+        return ClassPlan { client_zone, outcome: ZonalOutcome::Replaced, eligible, spill: None };
     }
     // SPILL_CROSS_ZONE. Last-resort sets (all backends / all primaries) are never refined.
     if !base.kind().is_healthy_set() || eligible_in_zone.is_empty() {
@@ -70,9 +71,7 @@ pub fn plan_class(
     // correctly rounded, so e.g. 4/5 compares equal to a configured 0.8.
     let healthy_in_zone = eligible_in_zone.iter().filter(|&&i| backends[i].healthy).count();
     let r = healthy_in_zone as f64 / relevant_in_zone.len() as f64;
-    if r >= params.spillover_ratio {
-        refined()
-    } else {
-        unchanged(ZonalOutcome::Unchanged)
-    }
+    let spill = Some(SpillArithmetic { healthy_in_zone, relevant_in_zone: relevant_in_zone.len() });
+    let outcome = if r >= params.spillover_ratio { refined() } else { unchanged(ZonalOutcome::Unchanged) };
+    ClassPlan { spill, ..outcome }
 }

@@ -111,6 +111,14 @@ struct ExplainArgs {
     /// The flow's protocol (default: the service's; icmp for L3_DEFAULT services only).
     #[arg(long, value_enum)]
     proto: Option<Proto>,
+    /// Offline: explain with the tables this configuration file compiles to, instead of
+    /// asking the daemon (same output).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// With --config: backends to treat as unhealthy (comma-separated, repeatable; the others
+    /// are healthy).
+    #[arg(long, value_delimiter = ',', requires = "config")]
+    unhealthy: Vec<IpAddr>,
 }
 
 #[derive(Subcommand)]
@@ -181,8 +189,21 @@ fn main() -> std::process::ExitCode {
         Command::Validate(ValidateArgs { config }) => validate::check(&config).map(|summary| println!("{summary}")),
         Command::Status(c) => call(&c, Request::Status, render::status),
         Command::Stats(c) => call(&c, Request::Stats, render::stats),
-        Command::Explain(ExplainArgs { common, service, client, sport, dport, proto }) => {
+        Command::Explain(ExplainArgs { common, service, client, sport, dport, proto, config: None, .. }) => {
             call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
+        }
+        Command::Explain(ExplainArgs {
+            common,
+            service,
+            client,
+            sport,
+            dport,
+            proto,
+            config: Some(config),
+            unhealthy,
+        }) => {
+            let flow = cli::explain::FlowArgs { service, client, sport, dport, proto };
+            cli::explain::offline(&config, &unhealthy, &flow).and_then(|e| cli::print(common.json, &e, render::explain))
         }
         Command::Flows(args) => flows::run(&args),
         Command::Backend {

@@ -3,6 +3,7 @@
 //! trip.
 
 pub mod decap;
+pub mod explain;
 pub mod flows;
 pub mod plan;
 pub mod render;
@@ -26,10 +27,15 @@ pub fn call<T: serde::Serialize + serde::de::DeserializeOwned>(
 ) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let value: T = rt.block_on(api::call(socket, &req))?;
+    print(json, &value, human)
+}
+
+/// Print `value` as JSON or through `human`: the form of every answer, from a daemon or offline.
+pub fn print<T: serde::Serialize>(json: bool, value: &T, human: fn(&T) -> String) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        println!("{}", serde_json::to_string_pretty(value)?);
     } else {
-        print!("{}", human(&value));
+        print!("{}", human(value));
     }
     Ok(())
 }

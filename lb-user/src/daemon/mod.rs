@@ -18,8 +18,8 @@ pub mod notify;
 pub mod reply;
 pub mod state;
 pub mod tunnel_source;
+pub mod views;
 
-use crate::compile::explain::{self, Flow};
 use crate::config::Config;
 use crate::controller::{CompileOutput, Controller, PersistentState};
 use crate::dataplane::pinning::{self, PinState};
@@ -1076,34 +1076,8 @@ impl Daemon {
         dport: Option<u16>,
         proto: Option<Proto>,
     ) -> Result<reply::Explanation> {
-        use crate::model::Protocol;
-        let cfg = self.ctl.config();
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
-        let svc = cfg
-            .services
-            .iter()
-            .find(|s| s.name == service)
-            .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        let proto = match (
-            proto.unwrap_or(if svc.protocol == Protocol::Udp { Proto::Udp } else { Proto::Tcp }),
-            svc.protocol,
-        ) {
-            (Proto::Tcp, _) => lb_common::maps::PROTO_TCP,
-            (Proto::Udp, _) => lb_common::maps::PROTO_UDP,
-            (Proto::Icmp, Protocol::L3Default) if client.is_ipv4() => libc::IPPROTO_ICMP as u8,
-            (Proto::Icmp, Protocol::L3Default) => libc::IPPROTO_ICMPV6 as u8,
-            (Proto::Icmp, p) => bail!(
-                "--proto icmp: service {service:?} is {}; allowed values: tcp, udp (icmp for L3_DEFAULT services)",
-                p.as_str()
-            ),
-        };
-        let flow = Flow {
-            client,
-            sport: sport.unwrap_or(40000),
-            dport: dport.or(svc.ports.first().copied()).unwrap_or(0),
-            proto,
-        };
-        explain::explain(cfg, applied, service, &flow)
+        views::explain(self.ctl.config(), applied, service, client, sport, dport, proto)
     }
 
     fn shutdown(mut self) -> Result<()> {

@@ -51,4 +51,24 @@ mod tests {
         );
         assert!(err.matches("\n  - ").count() >= 2, "{err}");
     }
+
+    #[test]
+    fn syntax_and_type_errors_of_every_table_are_listed_with_line_and_path() {
+        let path = file(
+            "syntax.toml",
+            "[dataplane]\nmaglev_table_size = \"big\"\n\
+             [[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80\n\
+             [[service]]\nname = \"db\"\nvip = \"198.18.0.101\"\nprotocol = \"UDP\"\nweight = 1\n",
+        );
+        let err = format!("{:#}", check(&path).unwrap_err());
+        assert!(err.contains("(3 syntax or type problems)"), "{err}");
+        for want in [
+            "dataplane.maglev_table_size: line 2, column 21:",
+            // An unclosed array: the parser notices at the next line, the next table's header.
+            "line 8, column 1: invalid array; expected `]`",
+            "service[1].weight: line 12, column 1: unknown field `weight`",
+        ] {
+            assert!(err.contains(want), "{want} in {err}");
+        }
+    }
 }

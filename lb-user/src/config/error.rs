@@ -73,8 +73,9 @@ impl fmt::Display for Violation {
 #[derive(Debug)]
 pub enum ConfigErrorKind {
     Read(std::io::Error),
-    /// TOML syntax, unknown keys, unknown enum values, wrong types (toml shows the line).
-    Syntax(toml::de::Error),
+    /// TOML syntax, unknown keys, unknown enum values, wrong types (toml shows the line): every
+    /// one found, in file order, each with its field path (`super::recover`).
+    Syntax(Vec<super::recover::SyntaxError>),
     /// Parsed, but breaks the rules of the contract.
     Invalid(Vec<Violation>),
 }
@@ -103,7 +104,17 @@ impl fmt::Display for ConfigError {
         }
         match &self.kind {
             ConfigErrorKind::Read(e) => write!(f, "cannot read configuration: {e}"),
-            ConfigErrorKind::Syntax(e) => write!(f, "invalid configuration: {e}"),
+            ConfigErrorKind::Syntax(e) if e.len() == 1 => write!(f, "invalid configuration: {}", e[0]),
+            ConfigErrorKind::Syntax(e) => {
+                write!(f, "invalid configuration ({} syntax or type problems):", e.len())?;
+                for problem in e.iter().take(super::recover::MAX_LISTED) {
+                    write!(f, "\n  - {}", problem.short())?;
+                }
+                if e.len() > super::recover::MAX_LISTED {
+                    write!(f, "\n  ... and {} more", e.len() - super::recover::MAX_LISTED)?;
+                }
+                Ok(())
+            }
             ConfigErrorKind::Invalid(v) if v.len() == 1 => {
                 write!(f, "invalid configuration: {}", v[0])
             }

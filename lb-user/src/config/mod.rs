@@ -9,6 +9,7 @@ mod error;
 pub mod monitor;
 mod prefix;
 pub mod ranges;
+mod recover;
 pub mod regions;
 mod tm_validate;
 mod validate;
@@ -429,7 +430,8 @@ impl Config {
     }
 
     fn parse_text(text: &str) -> Result<Config, ConfigErrorKind> {
-        let cfg: Config = toml::from_str(text).map_err(ConfigErrorKind::Syntax)?;
+        let cfg: Config =
+            toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(recover::all_errors(text, first)))?;
         let violations = cfg.violations();
         if violations.is_empty() {
             Ok(cfg)

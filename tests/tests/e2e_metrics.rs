@@ -93,7 +93,7 @@ fn prometheus_scrapes_counters_health_reloads_and_occupancy() {
     let names = tcp_spread(client, vip(false, 80), N).unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     assert!(names.iter().all(|n| n.starts_with("b1-")), "{:?}", tally(&names));
     let n = N as f64;
-    expect(&topo.lb, &d, "lb_new_flow_total", n);
+    expect(&topo.lb, &d, "lb_new_flows_total", n);
     expect(&topo.lb, &d, "sum(lb_backend_new_flows_total{service=\"web\",zone=\"zone-1\"})", n);
     expect(&topo.lb, &d, "sum(lb_backend_new_flows_total{service=\"web\",zone=\"zone-2\"})", 0.0);
     expect(&topo.lb, &d, "lb_class_new_flows_total{service=\"web\",zone=\"zone-1\"}", n);
@@ -104,6 +104,36 @@ fn prometheus_scrapes_counters_health_reloads_and_occupancy() {
     expect(&topo.lb, &d, "lb_conntrack_live_slots{family=\"ipv4\"}", n);
     expect(&topo.lb, &d, "count(lb_backend_healthy == 1)", 4.0);
     expect(&topo.lb, &d, "lb_table_swaps_total >= bool 3", 1.0);
+    expect(&topo.lb, &d, "lb_interface_attached{interface=\"eth0\"}", 1.0);
+    expect(&topo.lb, &d, "count(lb_build_info{ebpf_sha256!=\"\"} == 1)", 1.0);
+    expect(&topo.lb, &d, "lb_conntrack_occupancy_ratio{family=\"ipv4\"} > bool 0", 1.0);
+    expect(&topo.lb, &d, "sum(lb_dropped_packets_total)", 0.0);
+    // The endpoint's classic text passes promtool's linter.
+    let text = topo
+        .lb
+        .ns
+        .run(|| -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(METRICS)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: lb\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .unwrap()
+        .unwrap();
+    let body = text.split_once("\r\n\r\n").expect("an HTTP answer").1.to_owned();
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
+    promtool.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{body}");
 
     d.sighup().unwrap();
     expect(&topo.lb, &d, "lb_reloads_total{result=\"applied\"}", 1.0);

@@ -6,10 +6,13 @@
 //! the data plane. Events the daemon sees (health changes, reloads, table swaps, DNS answers)
 //! are counted as they happen in [`Metrics`], which the HTTP and DNS tasks share.
 //!
-//! Names follow Prometheus conventions: `lb_` prefix, counters end in `_total`, labels
-//! `service`, `zone`, `backend`. Every `STATS` counter is exported as `lb_<name>_total`,
-//! generated from `lb_common::maps::stat::NAMES`, so new counters appear without a change here.
+//! Names follow Prometheus conventions: `lb_` prefix, a unit suffix (`_packets`, `_bytes`),
+//! counters end in `_total`, labels `service`, `zone`, `backend`, `reason`; every metric has a
+//! HELP text saying what it counts (`promtool check metrics` passes, tested). The `STATS`
+//! counters are exported as `daemon::exported` says: drops, passes and voided entries as one
+//! family each with non-overlapping reasons, the others as metrics of their own.
 
+use super::exported::{self, Export, FAMILIES};
 use crate::compile::CompiledService;
 use crate::config::Config;
 use crate::controller::Controller;
@@ -24,6 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -120,6 +124,29 @@ pub struct Snapshot {
     pub classes: Vec<ClassSample>,
     pub backends: Vec<BackendSample>,
     pub conntrack: Vec<ConntrackSample>,
+    /// Each `--interface` and whether the program is attached to it.
+    pub links: Vec<LinkSample>,
+    /// The VIPs announced now; None without `[announce]`.
+    pub announced: Option<Vec<std::net::IpAddr>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinkSample {
+    pub interface: String,
+    pub attached: bool,
+}
+
+impl Snapshot {
+    /// Adds what the daemon's status says of its interfaces and announcement.
+    pub fn with_status(mut self, st: &super::reply::Status) -> Self {
+        self.links = st
+            .links
+            .iter()
+            .map(|l| LinkSample { interface: l.interface.clone(), attached: l.state == "attached" })
+            .collect();
+        self.announced = st.announce.as_ref().map(|a| a.announced.clone());
+        self
+    }
 }
 
 /// Counters of one (service, client class).
@@ -211,6 +238,12 @@ fn counters(samples: impl IntoIterator<Item = (Labels, u64)>) -> Family<Labels, 
     f
 }
 
+fn gauge(value: u64) -> Gauge {
+    let g = Gauge::default();
+    g.set(value as i64);
+    g
+}
+
 fn gauges(samples: impl IntoIterator<Item = (Labels, u64)>) -> Family<Labels, Gauge> {
     let f = Family::<Labels, Gauge>::default();
     for (labels, v) in samples {
@@ -222,9 +255,46 @@ fn gauges(samples: impl IntoIterator<Item = (Labels, u64)>) -> Family<Labels, Ga
 /// The exposition (OpenMetrics text) of `snap` and `events`.
 pub fn render(snap: &Snapshot, events: &Metrics) -> String {
     let mut r = Registry::with_prefix("lb");
+    // The data plane's counters (summed over CPUs): reasons of a few families, else metrics of
+    // their own (`exported`).
+    let families: Vec<Family<Labels, Counter>> = FAMILIES.iter().map(|_| Family::default()).collect();
     for (i, name) in stat::NAMES.iter().enumerate() {
-        let help = format!("Data-plane counter {name} (lb stats), summed over CPUs");
-        r.register(*name, help, counter(snap.global.get(i).copied().unwrap_or(0)));
+        let value = exported::exported_value(&stat::NAMES, &snap.global, i);
+        match exported::export(name) {
+            Some(Export::Reason { family, reason }) => {
+                families[family].get_or_create(&vec![("reason", reason.to_owned())]).inc_by(value);
+            }
+            Some(Export::Own { name, help }) => r.register(name, help, counter(value)),
+            None => r.register(*name, format!("Data-plane counter {name} (lb stats)"), counter(value)),
+        }
+    }
+    for ((name, help, _), family) in FAMILIES.iter().zip(families) {
+        r.register(*name, *help, family);
+    }
+    r.register(
+        "build_info",
+        "1, labelled with the lb release, the commit it was built from and its eBPF object's SHA-256",
+        gauges([(
+            vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("commit", env!("LB_GIT_COMMIT").to_owned()),
+                ("ebpf_sha256", env!("LB_EBPF_SHA256").to_owned()),
+            ],
+            1,
+        )]),
+    );
+    r.register(
+        "interface_attached",
+        "1 if the balancer's XDP program is attached to the interface (a --interface of lb run), else 0",
+        gauges(snap.links.iter().map(|l| (vec![("interface", l.interface.clone())], l.attached as u64))),
+    );
+    if let Some(vips) = &snap.announced {
+        r.register("announced_vips", "VIPs this balancer announces now ([announce])", gauge(vips.len() as u64));
+        r.register(
+            "vip_announced",
+            "1 for each VIP this balancer announces now ([announce])",
+            gauges(vips.iter().map(|v| (vec![("vip", v.to_string())], 1))),
+        );
     }
     let class_labels = |c: &ClassSample| {
         vec![("service", c.service.clone()), ("zone", c.zone.clone()), ("class", c.class.to_string())]
@@ -268,9 +338,35 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         "Slots of the connection table",
         gauges(snap.conntrack.iter().map(|c| (family(c), c.slots))),
     );
+    let ratio = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for c in &snap.conntrack {
+        ratio.get_or_create(&family(c)).set(if c.slots == 0 { 0.0 } else { c.live as f64 / c.slots as f64 });
+    }
+    r.register("conntrack_occupancy_ratio", "Live connection-table slots over all slots (0 to 1)", ratio);
     events.register(&mut r);
     let mut out = String::new();
     encode(&mut out, &r).expect("writing into a String cannot fail");
+    out
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition: a counter's HELP and TYPE
+/// name its `_total` series, and there is no `# EOF` or `# UNIT`.
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|tag| {
+            let rest = line.strip_prefix(tag)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{tag}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
     out
 }
 
@@ -325,6 +421,11 @@ async fn respond<B>(
             .body(Full::new(Bytes::from(body)))
             .expect("a valid response")
     };
+    let openmetrics = req
+        .headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("application/openmetrics-text")));
     if req.uri().path() != "/metrics" {
         return reply(404, "text/plain", "not found; metrics are at /metrics\n".into());
     }
@@ -337,8 +438,12 @@ async fn respond<B>(
         Err(_) => return reply(503, "text/plain", "the daemon is shutting down\n".into()),
     };
     match snap {
-        Ok(Ok(Ok(snap))) => {
+        // Prometheus asks for OpenMetrics; other clients (curl, promtool) get the classic text.
+        Ok(Ok(Ok(snap))) if openmetrics => {
             reply(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", render(&snap, events))
+        }
+        Ok(Ok(Ok(snap))) => {
+            reply(200, "text/plain; version=0.0.4; charset=utf-8", classic_text(&render(&snap, events)))
         }
         Ok(Ok(Err(e))) => reply(503, "text/plain", format!("reading the data plane: {e}\n")),
         _ => reply(503, "text/plain", "the daemon did not answer in time\n".into()),
@@ -372,6 +477,7 @@ mod tests {
                 counters: BackendCounters { packets: 4, bytes: 400, new_flows: 2 },
             }],
             conntrack: vec![ConntrackSample { family: "ipv4", live: 9, slots: 64 }],
+            ..Snapshot::default()
         }
     }
 
@@ -380,19 +486,84 @@ mod tests {
     }
 
     #[test]
-    fn every_stats_counter_is_exported_as_a_total_from_the_list() {
-        let text = render(&sample(), &Metrics::default());
-        for name in stat::NAMES {
-            let value = if name == "rx_packets" {
-                7
-            } else if name == "new_flow" {
-                3
-            } else {
-                0
-            };
-            has(&text, &format!("lb_{name}_total {value}"));
-            has(&text, &format!("# TYPE lb_{name} counter"));
-        }
+    fn data_plane_counters_are_exported_once_each_without_overlap() {
+        let mut snap = sample();
+        let at = |name: &str| stat::NAMES.iter().position(|n| *n == name).unwrap();
+        snap.global[at("drop_fib")] = 10;
+        snap.global[at("drop_no_neigh")] = 4;
+        snap.global[at("drop_too_big")] = 3;
+        snap.global[at("drop_too_big_no_df")] = 3;
+        snap.global[at("pass_not_our_mac")] = 2;
+        snap.global[at("ct_expired")] = 5;
+        snap.global[at("tx")] = 6;
+        let text = render(&snap, &Metrics::default());
+        has(&text, "lb_rx_packets_total 7");
+        has(&text, "lb_new_flows_total 3");
+        has(&text, "lb_tx_packets_total 6");
+        has(&text, r#"lb_dropped_packets_total{reason="fib"} 6"#);
+        has(&text, r#"lb_dropped_packets_total{reason="no_neigh"} 4"#);
+        has(&text, r#"lb_dropped_packets_total{reason="too_big"} 0"#);
+        has(&text, r#"lb_dropped_packets_total{reason="too_big_no_df"} 3"#);
+        has(&text, r#"lb_passed_packets_total{reason="not_our_mac"} 2"#);
+        has(&text, r#"lb_conntrack_voided_entries_total{reason="idle"} 5"#);
+        // The drops sum to the packets dropped, each once.
+        let dropped: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("lb_dropped_packets_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(dropped, 13, "{text}");
+        // No counter is exported under its raw name any more.
+        assert!(!text.contains("lb_drop_fib"), "{text}");
+    }
+
+    #[test]
+    fn build_interfaces_announcement_and_occupancy_gauges() {
+        let mut snap = sample();
+        snap.links = vec![
+            LinkSample { interface: "eth0".into(), attached: true },
+            LinkSample { interface: "eth1".into(), attached: false },
+        ];
+        snap.announced = Some(vec!["198.18.0.100".parse().unwrap()]);
+        let text = render(&snap, &Metrics::default());
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("lb_build_info{version=\"") && l.contains("ebpf_sha256=") && l.ends_with(" 1")),
+            "{text}"
+        );
+        has(&text, r#"lb_interface_attached{interface="eth0"} 1"#);
+        has(&text, r#"lb_interface_attached{interface="eth1"} 0"#);
+        has(&text, "lb_announced_vips 1");
+        has(&text, r#"lb_vip_announced{vip="198.18.0.100"} 1"#);
+        has(&text, r#"lb_conntrack_occupancy_ratio{family="ipv4"} 0.140625"#);
+        // Without [announce], no announcement series.
+        assert!(!render(&sample(), &Metrics::default()).contains("lb_announced_vips"));
+    }
+
+    /// The exposition passes Prometheus's own linter (Debian's `prometheus` package, which
+    /// `cargo xtask setup` installs, ships promtool).
+    #[test]
+    fn promtool_check_metrics_passes() {
+        use std::io::Write;
+        let mut snap = sample();
+        snap.links = vec![LinkSample { interface: "eth0".into(), attached: true }];
+        snap.announced = Some(vec![]);
+        let m = Metrics::default();
+        m.reload(true);
+        m.health_change("web", "198.18.11.1".parse().unwrap(), true);
+        m.dns_answer(&[0, 0, 0x81, 0x80]);
+        let text = classic_text(&render(&snap, &m));
+        let mut child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && said.trim().is_empty(), "promtool: {said}\n{text}");
     }
 
     #[test]
@@ -429,6 +600,38 @@ mod tests {
         has(&text, r#"lb_dns_answers_total{rcode="NOERROR"} 1"#);
     }
 
+    /// The shipped Grafana dashboard queries only metrics the daemon exports (a rename breaks
+    /// this test, not the operator's dashboard), and every graph panel states its unit.
+    #[test]
+    fn the_dashboard_uses_exported_metrics_with_units() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../../packaging/grafana/lb-zonal-spill.json")).unwrap();
+        let mut snap = sample();
+        snap.links = vec![LinkSample { interface: "eth0".into(), attached: true }];
+        snap.announced = Some(vec![]);
+        let m = Metrics::default();
+        m.reload(true);
+        m.health_change("web", "198.18.11.1".parse().unwrap(), true);
+        m.dns_answer(&[0, 0, 0x81, 0x80]);
+        let exposition = classic_text(&render(&snap, &m));
+        let exported: std::collections::HashSet<&str> =
+            exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+        for panel in dashboard["panels"].as_array().unwrap() {
+            if panel["type"] == "row" {
+                continue;
+            }
+            assert!(panel["fieldConfig"]["defaults"]["unit"].is_string(), "panel {} has no unit", panel["title"]);
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let names =
+                    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("lb_"));
+                for name in names {
+                    assert!(exported.contains(name), "panel {}: {name} is not exported", panel["title"]);
+                }
+            }
+        }
+    }
+
     #[tokio::test]
     async fn serves_metrics_over_http_and_404_elsewhere() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -439,20 +642,25 @@ mod tests {
                 let _ = reply.send(Ok(sample()));
             }
         });
-        let get = |path: &'static str| async move {
+        let get = |path: &'static str, accept: &'static str| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
         };
-        let ok = get("/metrics").await;
+        // As Prometheus asks: OpenMetrics.
+        let ok = get("/metrics", "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n").await;
         assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-        assert!(ok.contains("lb_rx_packets_total 7"), "{ok}");
+        assert!(ok.contains("lb_rx_packets_total 7") && ok.contains("\n# TYPE lb_rx_packets counter"), "{ok}");
         assert!(ok.to_ascii_lowercase().contains("content-type: application/openmetrics-text"), "{ok}");
-        assert!(get("/").await.starts_with("HTTP/1.1 404"));
+        // Without: the classic text format.
+        let plain = get("/metrics", "").await;
+        assert!(plain.contains("\n# TYPE lb_rx_packets_total counter") && !plain.contains("# EOF"), "{plain}");
+        assert!(plain.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{plain}");
+        assert!(get("/", "").await.starts_with("HTTP/1.1 404"));
         task.abort();
     }
 }

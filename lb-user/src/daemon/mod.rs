@@ -7,6 +7,7 @@ pub mod announce;
 pub mod api;
 pub mod dns;
 pub mod dry_run;
+mod exported;
 pub mod health;
 pub mod limits;
 pub mod links;
@@ -554,7 +555,8 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
             Some((epoch, out)) = compiled_rx.recv() => d.on_compiled(epoch, out),
             Some(ev) = link_rx.recv() => d.on_link(ev),
             Some(reply) = snapshot_rx.recv() => {
-                let _ = reply.send(metrics::snapshot(&d.ctl, &d.dp).map_err(|e| format!("{e:#}")));
+                let snap = metrics::snapshot(&d.ctl, &d.dp).map(|s| s.with_status(&d.status()));
+                let _ = reply.send(snap.map_err(|e| format!("{e:#}")));
             }
             _ = tick.tick() => {
                 d.on_tick();

@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, decap, flows, plan, render, validate};
+use lb_user::cli::{self, config_schema, decap, flows, plan, render, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -51,6 +51,8 @@ enum Command {
         #[command(subcommand)]
         action: DecapAction,
     },
+    /// Print the JSON Schema of the configuration file, for editors (docs/config.md).
+    ConfigSchema,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to complete for.
@@ -227,6 +229,10 @@ fn main() -> std::process::ExitCode {
         }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
+        Command::ConfigSchema => {
+            print!("{}", config_schema::schema_text());
+            Ok(())
+        }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
             Ok(())

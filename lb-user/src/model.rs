@@ -7,7 +7,7 @@ use std::fmt;
 macro_rules! api_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
         pub enum $name {
             $($(#[$vm])* #[serde(rename = $text)] $variant),+
         }
@@ -183,6 +183,21 @@ impl TryFrom<String> for MacAddr {
 impl From<MacAddr> for String {
     fn from(mac: MacAddr) -> Self {
         mac.to_string()
+    }
+}
+
+/// The configuration's schema of a MAC: a string of the form `FromStr` accepts.
+impl schemars::JsonSchema for MacAddr {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MacAddr".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$",
+            "description": "Six two-digit hex octets separated by ':', e.g. \"02:00:c6:12:0b:01\"."
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 //! `validate`, human rendering of the daemon's answers, `decap`, and the control-socket round
 //! trip.
 
+pub mod config_schema;
 pub mod decap;
 pub mod explain;
 pub mod flows;

@@ -7,6 +7,7 @@
 
 use super::error::Scope;
 use super::validate::{Report, Sink};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Default kernel routing table of the VIP routes.
@@ -20,7 +21,7 @@ pub const MAX_DRAIN_GRACE_SEC: u32 = 3600;
 /// Tables the kernel itself uses: unspec (0), default (253), main (254), local (255).
 const RESERVED_TABLES: [u32; 4] = [0, 253, 254, 255];
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Announce {
     /// Kernel routing table the VIP routes go into; no `ip rule` should point at it (the host

@@ -24,6 +24,7 @@ pub use validate::{
 
 use crate::model::*;
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::Path;
@@ -37,7 +38,7 @@ pub const DEFAULT_IDLE_TIMEOUT_SEC: u32 = 600;
 /// Spec §2.4 MultiValue: `maxReturn` default.
 pub const DEFAULT_MAX_RETURN: u32 = 2;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -64,7 +65,7 @@ pub struct Config {
 }
 
 /// `[metrics]`: where the daemon serves its Prometheus metrics (`GET /metrics`, HTTP/1).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Metrics {
     /// "ADDR:PORT", e.g. "127.0.0.1:9405".
@@ -73,7 +74,7 @@ pub struct Metrics {
 
 /// `[dns]`: where the daemon answers A/AAAA queries for the Traffic Manager services'
 /// `dns_name`s with the same routing engine as the data plane.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DnsFront {
     /// "ADDR:PORT", UDP and TCP.
@@ -82,10 +83,11 @@ pub struct DnsFront {
 
 /// `[[latency]]`: clients in these prefixes measure these regions nearest first (spec §2.4
 /// Performance). Prefixes may nest; the longest match wins.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LatencyEntry {
     #[serde(deserialize_with = "prefix::prefix_list")]
+    #[schemars(with = "Vec<String>")]
     pub client_prefixes: Vec<IpNet>,
     /// Region names (e.g. "westeurope") in ascending round-trip time.
     pub regions: Vec<String>,
@@ -93,17 +95,18 @@ pub struct LatencyEntry {
 
 /// `[[geo]]`: clients in these prefixes are located in `region` (a code of the built-in
 /// hierarchy, as specific as known: "US-CA", "IE", ...). Prefixes may nest; the longest wins.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GeoEntry {
     #[serde(deserialize_with = "prefix::prefix_list")]
+    #[schemars(with = "Vec<String>")]
     pub client_prefixes: Vec<IpNet>,
     pub region: String,
 }
 
 /// `[service.monitor]`: Traffic Manager endpoint monitoring (spec §2.3). Defaults are resolved
 /// by `monitor::MonitorSettings::from_config`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Monitor {
     #[serde(default)]
@@ -132,7 +135,7 @@ pub struct Monitor {
 }
 
 /// Data-plane sizing and addressing, fixed at load time.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Dataplane {
     /// Maglev table size M; must be prime.
@@ -144,9 +147,11 @@ pub struct Dataplane {
     /// Outer source of IPIP packets: an address, or a prefix whose host bits vary by flow hash.
     /// A bare address is read as a host prefix (/32).
     #[serde(deserialize_with = "prefix::opt_prefix")]
+    #[schemars(with = "Option<String>")]
     pub encap_source_v4: Option<IpNet>,
     /// Outer source of IP6IP6 packets (a bare address is read as /128).
     #[serde(deserialize_with = "prefix::opt_prefix")]
+    #[schemars(with = "Option<String>")]
     pub encap_source_v6: Option<IpNet>,
 }
 
@@ -161,17 +166,18 @@ impl Default for Dataplane {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Zone {
     pub name: String,
     /// Client sources in these prefixes are in this zone (IPv4 and IPv6). Must be canonical
     /// (no host bits set) and must not overlap any other prefix of any zone.
     #[serde(default, deserialize_with = "prefix::prefix_list")]
+    #[schemars(with = "Vec<String>")]
     pub client_prefixes: Vec<IpNet>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Service {
     pub name: String,
@@ -220,14 +226,14 @@ pub struct Service {
     pub dns_name: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ZonalAffinity {
     pub spillover: Spillover,
     pub spillover_ratio: f64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct FailoverPolicy {
     pub failover_ratio: f64,
@@ -235,7 +241,7 @@ pub struct FailoverPolicy {
     pub disable_connection_drain_on_failover: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConnectionTracking {
     pub tracking_mode: TrackingMode,
@@ -244,14 +250,14 @@ pub struct ConnectionTracking {
     pub idle_timeout_sec: Option<u32>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConnectionDraining {
     /// 0..=3600; 0 = no draining.
     pub draining_timeout_sec: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     #[serde(default)]
@@ -296,11 +302,13 @@ fn unspecified_address() -> IpAddr {
     IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
     /// Required, except on a nested endpoint (`target_service`), which must omit it.
     #[serde(default = "unspecified_address")]
+    // The unspecified address stands for "absent": no default to offer in the schema.
+    #[schemars(extend("default" = null))]
     pub address: IpAddr,
     /// Name of a `[[zone]]`; absent = the backend is in no client zone.
     #[serde(default)]

@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, config_schema, decap, flows, plan, render, validate};
+use lb_user::cli::{self, backend_host, config_schema, decap, flows, plan, render, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -50,6 +50,12 @@ enum Command {
     Decap {
         #[command(subcommand)]
         action: DecapAction,
+    },
+    /// On a backend: check or set up what it needs to serve VIPs behind lb (VIP on lo, ARP and
+    /// rp_filter sysctls, decapsulation).
+    BackendHost {
+        #[command(subcommand)]
+        action: backend_host::Action,
     },
     /// Print the JSON Schema of the configuration file, for editors (docs/config.md).
     ConfigSchema,
@@ -229,6 +235,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
+        Command::BackendHost { action } => backend_host::run(&action),
         Command::ConfigSchema => {
             print!("{}", config_schema::schema_text());
             Ok(())

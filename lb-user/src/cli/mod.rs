@@ -1,7 +1,8 @@
 //! The command line's work beyond argument parsing (`main.rs` is clap only): offline `plan` and
-//! `validate`, human rendering of the daemon's answers, `decap`, and the control-socket round
-//! trip.
+//! `validate`, human rendering of the daemon's answers, `decap`, `backend-host`, and the
+//! control-socket round trip.
 
+pub mod backend_host;
 pub mod config_schema;
 pub mod decap;
 pub mod explain;

@@ -58,7 +58,7 @@ fn a_bare_backend_fails_the_check_and_serves_after_setup() {
         ("198.18.0.100/32 on lo", "fix: ip addr add 198.18.0.100/32 dev lo"),
         ("2001:db8::100/128 on lo", "fix: ip -6 addr add 2001:db8::100/128 dev lo nodad"),
         ("arp_ignore >= 1", "fix: sysctl -w net.ipv4.conf.all.arp_ignore=1"),
-        ("arp_announce = 2", "fix: sysctl -w net.ipv4.conf.all.arp_announce=2"),
+        ("arp_announce >= 2", "fix: sysctl -w net.ipv4.conf.all.arp_announce=2"),
         ("rp_filter not strict on eth0", "fix: sysctl -w net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0"),
         ("IPIP and IP6IP6 decapsulation", "lb decap attach --interface eth0"),
     ] {

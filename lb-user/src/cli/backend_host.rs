@@ -228,26 +228,22 @@ fn inspect(args: &Args, interface: &str) -> Result<Vec<Finding>> {
         let effective = |key: &str, dev: &str| -> Result<(u32, u32)> {
             Ok((sysctl(&conf_name("all", key))?, sysctl(&conf_name(dev, key))?))
         };
-        let (all, dev) = effective("arp_ignore", interface)?;
-        out.push(Finding {
-            what: "arp_ignore >= 1 (no ARP replies for the VIP on the segment)".into(),
-            missing: (all.max(dev) < 1).then(|| {
-                (
-                    format!("arp_ignore is {} (all {all}, {interface} {dev})", all.max(dev)),
-                    Fix::Sysctls(vec![("net.ipv4.conf.all.arp_ignore".into(), 1)]),
-                )
-            }),
-        });
-        let (all, dev) = effective("arp_announce", interface)?;
-        out.push(Finding {
-            what: "arp_announce = 2 (the VIP is never an ARP source)".into(),
-            missing: (all.max(dev) < 2).then(|| {
-                (
-                    format!("arp_announce is {} (all {all}, {interface} {dev})", all.max(dev)),
-                    Fix::Sysctls(vec![("net.ipv4.conf.all.arp_announce".into(), 2)]),
-                )
-            }),
-        });
+        for (key, least, why) in [
+            ("arp_ignore", 1, "no ARP replies for the VIP on the segment"),
+            ("arp_announce", 2, "the VIP is never an ARP source"),
+        ] {
+            let (all, dev) = effective(key, interface)?;
+            let value = all.max(dev);
+            out.push(Finding {
+                what: format!("{key} >= {least} ({why})"),
+                missing: (value < least).then(|| {
+                    (
+                        format!("{key} is {value} (all {all}, {interface} {dev})"),
+                        Fix::Sysctls(vec![(conf_name("all", key), least)]),
+                    )
+                }),
+            });
+        }
         let mut devices = vec![interface.to_owned()];
         if args.forwarding == Forwarding::Ipip && link(TUNL_V4)?.is_some() {
             devices.push(TUNL_V4.into());

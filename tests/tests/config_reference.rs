@@ -155,18 +155,24 @@ fn entries_state_the_schemas_defaults_and_allowed_values() {
 #[test]
 fn schema_enumerations_are_the_validators() {
     let schema = schema();
-    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
-        ("Protocol", Protocol::ALLOWED),
-        ("SessionAffinity", SessionAffinity::ALLOWED),
-        ("Forwarding", Forwarding::ALLOWED),
-        ("Spillover", Spillover::ALLOWED),
-        ("TrackingMode", TrackingMode::ALLOWED),
-        ("Persistence", Persistence::ALLOWED),
-        ("Subsetting", Subsetting::ALLOWED),
-        ("HealthProtocol", HealthProtocol::ALLOWED),
-        ("RoutingMethod", RoutingMethod::ALLOWED),
-        ("AdminStatus", AdminStatus::ALLOWED),
-        ("MonitorProtocol", MonitorProtocol::ALLOWED),
+    // Per enumeration: the validator's spellings (its error messages list them) and whether the
+    // parser takes a string.
+    fn takes<T: serde::de::DeserializeOwned>(text: &str) -> bool {
+        serde_json::from_value::<T>(Value::from(text)).is_ok()
+    }
+    type Parse = fn(&str) -> bool;
+    let allowed: BTreeMap<&str, (&[&str], Parse)> = BTreeMap::from([
+        ("Protocol", (Protocol::ALLOWED, takes::<Protocol> as Parse)),
+        ("SessionAffinity", (SessionAffinity::ALLOWED, takes::<SessionAffinity>)),
+        ("Forwarding", (Forwarding::ALLOWED, takes::<Forwarding>)),
+        ("Spillover", (Spillover::ALLOWED, takes::<Spillover>)),
+        ("TrackingMode", (TrackingMode::ALLOWED, takes::<TrackingMode>)),
+        ("Persistence", (Persistence::ALLOWED, takes::<Persistence>)),
+        ("Subsetting", (Subsetting::ALLOWED, takes::<Subsetting>)),
+        ("HealthProtocol", (HealthProtocol::ALLOWED, takes::<HealthProtocol>)),
+        ("RoutingMethod", (RoutingMethod::ALLOWED, takes::<RoutingMethod>)),
+        ("AdminStatus", (AdminStatus::ALLOWED, takes::<AdminStatus>)),
+        ("MonitorProtocol", (MonitorProtocol::ALLOWED, takes::<MonitorProtocol>)),
     ]);
     let defs = schema["definitions"].as_object().unwrap();
     let in_schema: Vec<&String> = defs.iter().filter(|(_, d)| d.get("enum").is_some()).map(|(n, _)| n).collect();
@@ -175,9 +181,13 @@ fn schema_enumerations_are_the_validators() {
         allowed.keys().copied().collect(),
         "enumerations of the schema and of this test differ: add the new one here"
     );
-    for (name, values) in allowed {
+    for (name, (values, parses)) in allowed {
         let strings: Vec<&str> = defs[name]["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert_eq!(strings, values, "{name}");
+        for v in strings {
+            assert!(parses(v), "{name}: the parser refuses the schema's {v:?}");
+        }
+        assert!(!parses("NOT_A_VALUE"), "{name} takes anything");
     }
 }
 

@@ -253,7 +253,7 @@ fn inspect(args: &Args, interface: &str) -> Result<Vec<Finding>> {
             // 1 is strict; 0 (off) and 2 (loose) accept a client's packet from anywhere routable.
             let mut set = Vec::new();
             if all == 1 {
-                set.push(("net.ipv4.conf.all.rp_filter".to_owned(), 0));
+                set.push((conf_name("all", "rp_filter"), 0));
             }
             if own == 1 {
                 set.push((conf_name(&dev, "rp_filter"), 0));

@@ -11,3 +11,4 @@ pub mod ct_table;
 pub mod decide;
 pub mod hash;
 pub mod maps;
+pub mod trace;

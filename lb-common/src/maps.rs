@@ -493,6 +493,8 @@ mod pod {
         )*};
     }
     pod!(
+        crate::trace::TraceFilter,
+        crate::trace::TraceEvent,
         ServiceKey,
         ServiceInfo,
         ServiceSlot,

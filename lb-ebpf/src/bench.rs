@@ -215,7 +215,7 @@ macro_rules! stage_bench {
             if !save(&ctx) {
                 return xdp_action::XDP_ABORTED;
             }
-            let action = crate::balance_until::<$stop>(&ctx);
+            let action = crate::balance_until::<$stop, false>(&ctx);
             match restore(&ctx) {
                 true => action,
                 false => xdp_action::XDP_ABORTED,

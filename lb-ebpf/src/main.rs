@@ -27,6 +27,7 @@ mod nexthop;
 mod parse;
 mod select;
 mod stats;
+mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
@@ -50,6 +51,25 @@ use crate::stats::{drop, Counters};
 #[inline(always)]
 pub fn lb(ctx: XdpContext) -> u32 {
     balance(&ctx)
+}
+
+/// The balancer with tracing (`trace`): attached in place of `lb` only while `lb trace` runs.
+#[xdp]
+#[inline(always)]
+pub fn lb_traced(ctx: XdpContext) -> u32 {
+    trace::begin();
+    let action = balance_until::<{ u32::MAX }, true>(&ctx);
+    trace::end(&ctx, action);
+    action
+}
+
+/// What the traced build notes on the way (`trace`); nothing at all in `lb` (`TRACE` false).
+macro_rules! note {
+    ($trace:ident, $e:expr) => {
+        if $trace {
+            $e;
+        }
+    };
 }
 
 /// Stage boundary `$n` of `dp_bench --stages`: `balance_until::<$n>` passes the packet here
@@ -80,14 +100,14 @@ fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
 
 #[inline(always)]
 fn balance(ctx: &XdpContext) -> u32 {
-    balance_until::<{ u32::MAX }>(ctx)
+    balance_until::<{ u32::MAX }, false>(ctx)
 }
 
 /// The balancer. In the bench build it stops with XDP_PASS before stage `STOP` (1 service
 /// lookup, 2 connection table / backend choice, 3 class counters, 4 forwarding) for
 /// `dp_bench --stages`; `lb` runs it with `u32::MAX` (no stop, see `stop_before!`).
 #[inline(always)]
-pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
+pub fn balance_until<const STOP: u32, const TRACE: bool>(ctx: &XdpContext) -> u32 {
     // One lookup of this CPU's counter record for the whole packet.
     let counters = stats::counters();
     counters.inc(stat::RX_PACKETS);
@@ -108,8 +128,8 @@ pub fn balance_until<const STOP: u32>(ctx: &XdpContext) -> u32 {
         },
     };
     let verdict = match parsed {
-        Parsed::V4(pkt) => return forward::<STOP>(ctx, &pkt, counters),
-        Parsed::V6(pkt) => return forward::<STOP>(ctx, &pkt, counters),
+        Parsed::V4(pkt) => return forward::<STOP, TRACE>(ctx, &pkt, counters),
+        Parsed::V6(pkt) => return forward::<STOP, TRACE>(ctx, &pkt, counters),
         Parsed::Not(v) => v,
     };
     match verdict {
@@ -181,8 +201,9 @@ fn choose(svc: &ServiceInfo, pkt: &Packet) -> Choice {
 /// The balancer's work on a parsed packet: service, connection table or backend choice,
 /// counters, encapsulation and transmit.
 #[inline(always)]
-fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
+fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
     stop_before!(STOP, 1);
+    note!(TRACE, trace::packet(pkt.family, &pkt.tuple));
     let svc = match select::lookup_service(&pkt) {
         Some(s) => s,
         None => {
@@ -191,6 +212,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
             return xdp_action::XDP_PASS;
         }
     };
+    note!(TRACE, trace::service(svc.id));
     // Only frames sent to the ingress device's own MAC: not a broadcast or multicast, nor a
     // frame flooded to us for another host (whatever the forwarding method).
     let Some(ingress) = parse::local_ingress(ctx) else {
@@ -252,6 +274,7 @@ fn forward<const STOP: u32>(ctx: &XdpContext, pkt: &Packet, counters: Counters) 
         }
     };
     stop_before!(STOP, 3);
+    note!(TRACE, trace::backend(id, class));
     let len = (ctx.data_end() - ctx.data()) as u64;
     if let Some(c) = stats::class_counters(svc.id, class, CLASSES_PER_SERVICE.load()) {
         unsafe {

@@ -39,6 +39,8 @@ enum Command {
     Explain(ExplainArgs),
     /// The connection tables' entries: client, VIP, backend, idle time, state (from the pins).
     Flows(flows::FlowsArgs),
+    /// Live per-packet verdicts of the data plane for packets matching a filter.
+    Trace(cli::trace::TraceArgs),
     /// Operator actions on one backend.
     Backend {
         #[command(subcommand)]
@@ -214,6 +216,7 @@ fn main() -> std::process::ExitCode {
             cli::explain::offline(&config, &unhealthy, &flow).and_then(|e| cli::print(common.json, &e, render::explain))
         }
         Command::Flows(args) => flows::run(&args),
+        Command::Trace(args) => cli::trace::run(&args),
         Command::Backend {
             action: BackendAction::Set { backend: BackendRef { common, service, address }, health },
         } => call(&common, Request::BackendSet { service, address, health }, render::backend),

@@ -46,7 +46,7 @@ pub struct FlowsArgs {
     pub json: bool,
 }
 
-fn parse_prefix(s: &str) -> Result<IpNet, String> {
+pub(crate) fn parse_prefix(s: &str) -> Result<IpNet, String> {
     s.parse::<IpNet>()
         .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
         .map_err(|_| format!("`{s}` is not an address or a prefix (e.g. 198.18.1.0/24, 2001:db8::/48)"))
@@ -191,7 +191,7 @@ fn resolve_service(s: &str, names: &BTreeMap<u32, String>, ids: impl Iterator<It
 }
 
 /// Service id -> name, from the daemon's state file (absent or unreadable: none).
-fn service_names(socket: &Path) -> BTreeMap<u32, String> {
+pub(crate) fn service_names(socket: &Path) -> BTreeMap<u32, String> {
     #[derive(serde::Deserialize)]
     struct Saved {
         ids: IdsSnapshot,

@@ -9,6 +9,7 @@ pub mod explain;
 pub mod flows;
 pub mod plan;
 pub mod render;
+pub mod trace;
 pub mod validate;
 
 use crate::daemon::api::{self, Request};

@@ -67,6 +67,13 @@ pub enum Request {
     HostDrain {
         grace_sec: Option<u32>,
     },
+    /// Attach the traced program with this filter for `seconds` (`lb trace`).
+    TraceStart {
+        spec: super::trace::TraceSpec,
+        seconds: u32,
+    },
+    /// Attach the balancer's own program again.
+    TraceStop,
 }
 
 /// One reply line: `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`. The daemon

@@ -18,6 +18,7 @@ mod netlink;
 pub mod notify;
 pub mod reply;
 pub mod state;
+pub mod trace;
 pub mod tunnel_source;
 pub mod views;
 
@@ -236,6 +237,8 @@ struct Daemon {
     neighbours: std::sync::mpsc::Sender<std::collections::BTreeSet<std::net::IpAddr>>,
     /// Interfaces known to be gone (logged once), until they return and are attached again.
     detached: BTreeSet<String>,
+    /// While `lb trace` runs: when the daemon attaches `lb` again by itself.
+    trace_until: Option<std::time::Instant>,
     /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
     pins_lost: Vec<String>,
     /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
@@ -476,6 +479,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         checkers: Vec::new(),
         next_probe: 0,
         tick_error: None,
+        trace_until: None,
         events: health_events,
         dns_view,
         metrics: counts,
@@ -562,6 +566,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
                 d.on_tick();
                 d.check_links();
                 d.check_pins();
+                d.check_trace();
             }
             Some(pending) = request_rx.recv() => {
                 let resp = d.handle(pending.request);
@@ -925,6 +930,8 @@ impl Daemon {
             }
             Request::Reload => Some(("reload", "control socket".to_owned())),
             Request::HostDrain { grace_sec } => Some(("host drain", format!("grace {grace_sec:?} s"))),
+            Request::TraceStart { spec, seconds } => Some(("trace start", format!("{spec:?} for {seconds} s"))),
+            Request::TraceStop => Some(("trace stop", "control socket".to_owned())),
             Request::Status | Request::Stats | Request::Explain { .. } | Request::ReloadDryRun => None,
         };
         let result = match req {
@@ -957,6 +964,8 @@ impl Daemon {
             Request::Reload => self.reload().map(Reply::Reloaded),
             Request::ReloadDryRun => self.reload_dry_run().map(Reply::ReloadPlan),
             Request::HostDrain { grace_sec } => self.host_drain(grace_sec).map(Reply::HostDrain),
+            Request::TraceStart { spec, seconds } => self.trace_start(&spec, seconds).map(Reply::Trace),
+            Request::TraceStop => self.trace_stop("lb trace stopped").map(Reply::Trace),
         };
         if let Some((verb, what)) = action {
             audit(verb, &what, &result);
@@ -1082,7 +1091,49 @@ impl Daemon {
         views::explain(self.ctl.config(), applied, service, client, sport, dport, proto)
     }
 
+    /// `lb trace`: the filter written, the traced program attached for `seconds`.
+    fn trace_start(&mut self, spec: &trace::TraceSpec, seconds: u32) -> Result<trace::TraceState> {
+        if !(1..=trace::MAX_SECONDS).contains(&seconds) {
+            bail!("seconds {seconds}: allowed values are 1..={}", trace::MAX_SECONDS);
+        }
+        let filter = spec.filter()?;
+        let pin_dir = self.args.pin_dir.clone();
+        self.dp.set_tracing(Some(&filter), |ifname| pinning::link_pin(&pin_dir, ifname))?;
+        self.trace_until = Some(std::time::Instant::now() + std::time::Duration::from_secs(seconds.into()));
+        tracing::info!("tracing packets ({spec:?}) for {seconds} s: lb_traced attached");
+        Ok(self.trace_state())
+    }
+
+    /// Attaches `lb` again (a trace stopped or over); `why` goes to the log.
+    fn trace_stop(&mut self, why: &str) -> Result<trace::TraceState> {
+        if self.dp.tracing() {
+            let pin_dir = self.args.pin_dir.clone();
+            self.dp.set_tracing(None, |ifname| pinning::link_pin(&pin_dir, ifname))?;
+            tracing::info!("{why}: lb attached again");
+        }
+        self.trace_until = None;
+        Ok(self.trace_state())
+    }
+
+    fn trace_state(&self) -> trace::TraceState {
+        let left = self.trace_until.map(|t| t.saturating_duration_since(std::time::Instant::now()).as_secs() as u32);
+        trace::TraceState { tracing: self.dp.tracing(), seconds_left: left, interfaces: self.args.interfaces.clone() }
+    }
+
+    /// A trace whose time is over stops (its client may have died).
+    fn check_trace(&mut self) {
+        if self.trace_until.is_some_and(|t| std::time::Instant::now() >= t) {
+            if let Err(e) = self.trace_stop("the trace's time is over") {
+                tracing::error!("stopping the trace: {e:#}");
+            }
+        }
+    }
+
     fn shutdown(mut self) -> Result<()> {
+        // A kept data plane goes on with the balancer's own program, not the traced one.
+        if let Err(e) = self.trace_stop("exiting") {
+            tracing::error!("attaching lb again on exit: {e:#}");
+        }
         // Withdraw first: the routers stop sending before the data plane goes.
         drop(self.announcer.take());
         for (_, h, _) in self.checkers.drain(..) {

@@ -220,6 +220,7 @@ pub enum Reply {
     Reloaded(Reloaded),
     ReloadPlan(ReloadPlan),
     HostDrain(HostDrain),
+    Trace(super::trace::TraceState),
 }
 
 #[cfg(test)]

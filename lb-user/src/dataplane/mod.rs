@@ -26,6 +26,7 @@ mod sizes;
 mod stats;
 mod sys;
 mod tables;
+pub mod trace;
 
 use std::collections::{HashMap as StdHashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
@@ -41,6 +42,7 @@ use lb_common::maps::{
     table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef,
     CLASS_KEY_SERVICE_BITS,
 };
+use lb_common::trace::TraceFilter;
 
 pub use admission::{Demand, ServiceDemand};
 pub use conntrack::{ct_seed, table_set, Carried};
@@ -108,6 +110,10 @@ pub struct Dataplane {
     /// The bpf_links of [`Dataplane::attach_pinned`] by interface, held: the program stays
     /// attached while this data plane lives, whatever happens to the pins.
     links: StdHashMap<String, OwnedFd>,
+    /// Packet tracing (`trace`): the filter, the events, and whether `lb_traced` is attached.
+    trace_filter: Array<MapData, TraceFilter>,
+    trace_events: aya::maps::RingBuf<MapData>,
+    tracing: bool,
 }
 
 pub(crate) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T> {
@@ -185,7 +191,7 @@ impl Dataplane {
         let settings = LoadSettings::new(&sizes, pin_dir)?;
         let ct_seed = settings.ct_seed;
         let mut ebpf = settings.apply(&mut loader).load(EBPF_OBJECT).map_err(|e| load_error(e, &sizes))?;
-        for p in [Program::Lb, Program::ClockProbe] {
+        for p in [Program::Lb, Program::LbTraced, Program::ClockProbe] {
             verify(&mut ebpf, p.name())?;
         }
         let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
@@ -212,6 +218,9 @@ impl Dataplane {
             backend_stats: take(&mut ebpf, "BACKEND_STATS")?,
             local_macs: take(&mut ebpf, "LOCAL_MACS")?,
             clock_probe: take(&mut ebpf, "CLOCK_PROBE")?,
+            trace_filter: take(&mut ebpf, "TRACE_FILTER")?,
+            trace_events: take(&mut ebpf, "TRACE_EVENTS")?,
+            tracing: false,
             ebpf,
             sizes,
             vip_refs: StdHashMap::new(),

@@ -21,6 +21,9 @@ use super::Dataplane;
 pub enum Program {
     /// The balancer.
     Lb,
+    /// The balancer with packet tracing (`lb trace`): attached in place of `Lb` only while a
+    /// trace runs.
+    LbTraced,
     /// Writes the data-plane clock for [`Dataplane::now_ns`]; never attached.
     ClockProbe,
 }
@@ -29,6 +32,7 @@ impl Program {
     pub(super) fn name(self) -> &'static str {
         match self {
             Program::Lb => "lb",
+            Program::LbTraced => "lb_traced",
             Program::ClockProbe => "clock_probe",
         }
     }
@@ -93,7 +97,9 @@ impl Dataplane {
     /// Attaches a program to an interface through a bpf_link pinned at `link_pin`, so that it
     /// stays attached when this process exits. If a link is already pinned there (a previous
     /// daemon), its program is replaced atomically: no packet sees the interface without XDP.
+    /// While a trace runs ([`Dataplane::set_tracing`]), `Program::Lb` means its traced build.
     pub fn attach_pinned(&mut self, ifname: &str, p: Program, link_pin: &Path) -> Result<Attached> {
+        let p = if p == Program::Lb && self.tracing { Program::LbTraced } else { p };
         self.register_interface(ifname)?;
         let (how, link) = attach_pinned(&mut self.ebpf, p.name(), ifname, link_pin)?;
         self.links.insert(ifname.to_owned(), link);

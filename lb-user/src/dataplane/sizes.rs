@@ -5,6 +5,7 @@ use lb_common::ct_table;
 use lb_common::maps::{
     AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID,
 };
+use lb_common::trace::{TraceEvent, TraceFilter};
 use std::mem::size_of;
 
 use super::service_table;
@@ -21,6 +22,11 @@ struct SizedMap {
     entry_bytes: usize,
     max_entries: fn(&DataplaneSizes) -> u32,
 }
+
+/// Bytes of the trace events' ring buffer: about 700 events, read by `lb trace` every few ms.
+pub const TRACE_RING_BYTES: u32 = 1 << 16;
+/// lb-ebpf `trace::Scratch`: the counters, an event, the token bucket and a count.
+const TRACE_SCRATCH_BYTES: usize = size_of::<GlobalStats>() + size_of::<TraceEvent>() + 24;
 
 /// A hash or trie element's own overhead (list links, hash, lock; about).
 const HASHED: usize = 48;
@@ -120,6 +126,25 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: true,
         entry_bytes: NEXT_HOP_BYTES,
         max_entries: |s| s.max_backends,
+    },
+    // Packet tracing (`lb trace`, lb-ebpf `trace`): the filter and the events' ring buffer
+    // (its size in bytes; counted as 8 bytes a byte here, an over-estimate of 448 KiB), pinned
+    // so that `lb trace` reads the events the daemon's traced program writes; each CPU's packet
+    // in progress, not pinned.
+    SizedMap {
+        name: "TRACE_FILTER",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: size_of::<TraceFilter>(),
+        max_entries: |_| 1,
+    },
+    SizedMap { name: "TRACE_EVENTS", pinned: true, per_cpu: false, entry_bytes: 1, max_entries: |_| TRACE_RING_BYTES },
+    SizedMap {
+        name: "TRACE_SCRATCH",
+        pinned: false,
+        per_cpu: true,
+        entry_bytes: TRACE_SCRATCH_BYTES,
+        max_entries: |_| 1,
     },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.

@@ -33,10 +33,12 @@
 //! (`bench_helper_calls`), the price of the IPIP hit path's two helper calls.
 //!
 //! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages | --stages-single] [--profile CASE SECONDS]
+//!        dp_bench [--quick] --trace
 //!        dp_bench --compare OTHER_OBJECT [ROUNDS]
 //!        dp_bench --compare-cold OTHER_OBJECT [ROUNDS]
 //! (--quick: fewer iterations and a small table, for a smoke run; --headline: the headline
-//! cases only; --no-single: skip the single-call cross-check;
+//! cases only; --no-single: skip the single-call cross-check; --trace: what packet tracing costs
+//! (module `trace`);
 //! --stages: the cost split by stage of the balancer; --stages-single: the same split with one
 //! call per frame, as the side-by-side's hot hit is measured; --profile: run one case, `v4-hit`,
 //! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
@@ -54,6 +56,7 @@
 
 mod cold;
 mod katran;
+mod trace;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -195,6 +198,7 @@ impl Bench {
         let mut ebpf = settings.apply(&mut loader).load(object).context("loading the XDP object (needs root)")?;
         for name in [
             "lb",
+            "lb_traced",
             "bench_empty",
             "bench_mac_swap",
             "bench_lb",
@@ -660,6 +664,9 @@ fn main() -> Result<()> {
             .ok_or_else(|| anyhow!("LB_BENCH_CT_ENTRIES: {v:?} is not a number of flows from 1024 to 2^24"))?;
     }
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--trace") {
+        return trace::run(p);
+    }
     if args.iter().any(|a| a == "--stages" || a == "--stages-single") {
         return stages(args.iter().any(|a| a == "--stages-single"));
     }

@@ -165,6 +165,8 @@ fn bench() -> Result<()> {
     require_root("cargo xtask bench (data-plane part)")?;
     bpffs::guarded(|| {
         run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench"]))?;
+        // What packet tracing costs while a trace runs (without one, nothing: BENCHMARKS.md).
+        run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "dp_bench", "--", "--trace"]))?;
         // Control plane: health change to live tables, daemon memory with 1M tracked connections.
         run(cargo().args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"]))?;
         run(cargo().args(["run", "--release", "-q", "-p", "lb-tests", "--bin", "cp_bench"]))

@@ -38,6 +38,9 @@ pub type Dump = BTreeMap<String, Vec<(Vec<u8>, Vec<u8>)>>;
 
 /// Map name -> its (key, value) pairs in iteration order, for every map pinned directly in
 /// `dir` whose name is not in `skip` (counters and other maps the kernel writes per packet).
+/// `bpf_map_type` of a ring buffer.
+const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+
 pub fn dump(dir: &Path, skip: &[&str]) -> Result<Dump> {
     let mut out = BTreeMap::new();
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
@@ -56,6 +59,10 @@ pub fn dump(dir: &Path, skip: &[&str]) -> Result<Dump> {
             continue;
         }
         let info = data.info().with_context(|| format!("reading the map info of {}", path.display()))?;
+        // A ring buffer (`TRACE_EVENTS`) has no keys to walk: its content is a stream.
+        if info.map_type().map(|t| t as u32).unwrap_or(0) == BPF_MAP_TYPE_RINGBUF {
+            continue;
+        }
         let key_size = info.key_size() as usize;
         let mut value_size = info.value_size() as usize;
         if PERCPU_TYPES.contains(&(info.map_type().map(|t| t as u32).unwrap_or(0))) {

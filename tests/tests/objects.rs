@@ -1,5 +1,6 @@
 //! What each XDP object holds, read from the ELF without loading it (no BPF, no lock needed):
-//! the production object exactly `lb` and `clock_probe`, the decapsulator's exactly `lb_decap`,
+//! the production object exactly `lb`, its traced build `lb_traced` and `clock_probe`, the
+//! decapsulator's exactly `lb_decap`,
 //! and the bench build the production programs plus the bench programs `dp_bench` runs.
 
 use std::collections::BTreeSet;
@@ -21,17 +22,17 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|n| n.to_string()).collect()
 }
 
-const PRODUCTION_PROGRAMS: &[&str] = &["lb", "clock_probe"];
+const PRODUCTION_PROGRAMS: &[&str] = &["lb", "lb_traced", "clock_probe"];
 
 #[test]
-fn the_production_object_holds_the_balancer_and_its_clock_probe_only() {
+fn the_production_object_holds_the_balancer_its_traced_build_and_clock_probe_only() {
     let object = lb_user::dataplane::EBPF_OBJECT;
     assert_eq!(programs(object), set(PRODUCTION_PROGRAMS));
     let mut expected: BTreeSet<String> = set(&lb_user::dataplane::MAP_NAMES);
     // Not pinned: the next-hop cache, the route lookup's parameter block, the clock's slot,
     // the MACs of the interfaces the balancer is attached to (each loaded object its own), the
-    // ICMP replies' per-CPU rate limit.
-    expected.extend(set(&["NEXT_HOPS", "FIB_PARAMS", "CLOCK_PROBE", "LOCAL_MACS", "ICMP_RATE"]));
+    // ICMP replies' per-CPU rate limit, the traced build's per-CPU packet in progress.
+    expected.extend(set(&["NEXT_HOPS", "FIB_PARAMS", "CLOCK_PROBE", "LOCAL_MACS", "ICMP_RATE", "TRACE_SCRATCH"]));
     assert_eq!(maps(object), expected);
     assert!(!lb_user::dataplane::MAP_NAMES.contains(&"DECAP_ADDRS"));
 }

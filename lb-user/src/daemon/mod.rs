@@ -977,19 +977,24 @@ impl Daemon {
                     .backends
                     .iter()
                     .map(|b| {
+                        let unchecked = self.ctl.unchecked(&svc.name, b.address);
                         let source = if self.ctl.override_of(&svc.name, b.address).is_some() {
                             "override"
-                        } else if self.ctl.checker_verdict(&svc.name, b.address).is_some() {
+                        } else if unchecked || self.ctl.checker_verdict(&svc.name, b.address).is_some() {
                             "health_check"
                         } else {
                             "initial"
+                        };
+                        let health = match (unchecked, self.ctl.healthy(&svc.name, b.address)) {
+                            (true, _) => "unchecked",
+                            (false, true) => "healthy",
+                            (false, false) => "unhealthy",
                         };
                         BackendStatus {
                             address: b.address,
                             zone: b.zone.clone(),
                             role: if b.failover { "failover" } else { "primary" }.to_owned(),
-                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }
-                                .to_owned(),
+                            health: health.to_owned(),
                             health_source: source.to_owned(),
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, b.address),

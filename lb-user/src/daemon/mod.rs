@@ -606,7 +606,8 @@ impl Daemon {
             self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
         let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
         let ctl = &self.ctl;
-        let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
+        let usable = |s: &str, b| ctl.healthy(s, b) && !ctl.is_drained(s, b);
+        let want = announce::servable_vips(cfg, &applied, require, &usable, &|s, b| ctl.unchecked(s, b));
         if let Err(e) = a.set(&want) {
             tracing::warn!("announce: {e:#} (retried)");
         }

@@ -46,7 +46,7 @@ fn backends_added_by_a_reload_get_connections_only_after_a_pass() {
     // b1-4 serves on port 80 but fails its health check until its HC_PORT server starts.
     servers.push(start_server(late, 80).unwrap());
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-fv4-decap")).unwrap();
-    let d = Daemon::start(&topo, "fv4", &config(&steady)).unwrap();
+    let mut d = Daemon::start_keeping(&topo, "fv4", &config(&steady)).unwrap();
     let fail = |e: anyhow::Error| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
     let client = topo.clients_in_zone(1).next().unwrap();
     let (reached, failed) = burst(client, 24);
@@ -85,6 +85,16 @@ fn backends_added_by_a_reload_get_connections_only_after_a_pass() {
         reached.contains_key("b1-4").then_some(())
     })
     .unwrap_or_else(|e| fail(e));
+
+    // A restart that adopts the data plane keeps the verdicts: no backend starts over
+    // unchecked (no first verdict is logged again), and b1-3 stays out.
+    d.restart().unwrap();
+    let log = d.log();
+    let after = &log[log.rfind("adopting the pinned data plane").unwrap_or_else(|| panic!("not adopted:\n{log}"))..];
+    assert!(!after.contains("health: service"), "verdicts after the restart:\n{after}");
+    let (reached, failed) = burst(client, 30);
+    assert!(failed.is_empty(), "{failed:?}\n{}", d.diagnostics());
+    assert!(!reached.contains_key("b1-3"), "{reached:?}");
 }
 
 /// A balancer that starts with unreachable backends announces nothing (behind ECMP it would

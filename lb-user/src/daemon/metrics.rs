@@ -82,7 +82,7 @@ impl Metrics {
     fn register(&self, r: &mut Registry) {
         r.register(
             "backend_health_changes",
-            "Health verdict changes reported by the health checks, by new state",
+            "Health verdict changes reported by the health checks (first verdicts included), by new state",
             self.health_changes.clone(),
         );
         r.register(

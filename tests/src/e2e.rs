@@ -169,7 +169,7 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if self.cli(&["status", "--json"]).is_ok() {
-                return Ok(());
+                return self.wait_first_verdicts();
             }
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
@@ -181,6 +181,16 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Waits until no backend is `unchecked` (each has its first health-check verdict), so
+    /// that a test starts from the tables its backends' health gives.
+    pub fn wait_first_verdicts(&self) -> Result<()> {
+        wait_for("every backend's first health-check verdict", Duration::from_secs(60), || {
+            let st = self.status().ok()?;
+            st.services.iter().all(|s| s.backends.iter().all(|b| b.health != "unchecked")).then_some(())
+        })
+        .with_context(|| format!("lb status:\n{}\nlog:\n{}", self.cli(&["status"]).unwrap_or_default(), self.log()))
     }
 
     /// The daemon's process id, while it runs.

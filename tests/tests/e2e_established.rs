@@ -83,6 +83,8 @@ fn run(prefix: &str, mode: Mode) {
     d.rewrite_config(&config(&topo, &|_| true)).unwrap();
     d.cli(&["reload"]).unwrap_or_else(|e| fail(e, &d));
     assert_eq!(s.ask("after lb reload").unwrap(), home);
+    // b1-4 takes new connections once it passed its first check.
+    d.wait_first_verdicts().unwrap_or_else(|e| fail(e, &d));
     let fresh = tcp_spread(client, target, 32).unwrap_or_else(|e| fail(e, &d));
     assert!(
         fresh.iter().any(|n| n == "b1-4"),

@@ -41,6 +41,10 @@ pub struct PersistentState {
     /// daemon restart; pinned maps do not survive a reboot either).
     #[serde(default)]
     pub pool_changed_ns: Vec<(String, u64)>,
+    /// Set by daemons whose `checked` holds every verdict (a backend starts unchecked); an
+    /// older daemon's `checked` left out backends healthy since their start.
+    #[serde(default)]
+    pub first_verdicts: bool,
 }
 
 /// A backend that left its service (drain or removal), kept until its drain deadline passes so
@@ -87,7 +91,7 @@ pub struct CompileOutput {
 pub struct Controller {
     cfg: Config,
     ids: Ids,
-    /// Health checker verdicts; absent = healthy (optimistic start, see `healthy`).
+    /// Health checker verdicts; absent = not yet checked (see `healthy`).
     checked: BTreeMap<BackendKey, bool>,
     /// Operator overrides (`lb backend set --health`).
     overrides: BTreeMap<BackendKey, bool>,
@@ -126,6 +130,7 @@ impl Controller {
             overrides: self.overrides.iter().map(|(k, h)| (k.clone(), *h)).collect(),
             drained: self.drained.iter().cloned().collect(),
             pool_changed_ns: self.pool_changed_ns.iter().map(|(n, t)| (n.clone(), *t)).collect(),
+            first_verdicts: true,
         }
     }
 
@@ -137,6 +142,15 @@ impl Controller {
         self.overrides = st.overrides.iter().cloned().collect();
         self.drained = st.drained.iter().cloned().collect();
         self.pool_changed_ns = st.pool_changed_ns.iter().cloned().collect();
+        if !st.first_verdicts {
+            // An older daemon counted a probed backend without a verdict as healthy: it keeps
+            // that verdict instead of starting over unchecked.
+            for svc in self.cfg.services.iter().filter(|s| s.health_check_port().is_some()) {
+                for b in &svc.backends {
+                    self.checked.entry(BackendKey::new(&svc.name, b.address)).or_insert(true);
+                }
+            }
+        }
         // An older daemon's state has generations but no change times: a changed pool's drain
         // then counts from this daemon's first reconcile (not as over already).
         for (name, _, generation) in &st.pools {
@@ -182,12 +196,30 @@ impl Controller {
         self.applied.as_ref()
     }
 
-    /// A backend's health as the tables see it: override, else checker verdict, else healthy.
-    /// Starting healthy avoids a flap to "all backends" (E-2) on every daemon restart; a dead
-    /// backend is caught by its first `unhealthy_threshold` probes.
+    /// A backend's health as the tables see it: override, else checker verdict, else healthy
+    /// only if its service has no health check. A probed backend without a verdict yet (new,
+    /// or after a fresh start) takes no new connections until it passes a probe: while no
+    /// backend of its service has, the all-unhealthy rule (E-2, E-9) decides. A restart that
+    /// adopts the data plane restores the verdicts, so it does not flap.
     pub fn healthy(&self, service: &str, addr: IpAddr) -> bool {
+        self.health_in(service, addr, self.probed(service))
+    }
+
+    /// [`Controller::healthy`] of a backend of a service that is `probed` or not.
+    fn health_in(&self, service: &str, addr: IpAddr, probed: bool) -> bool {
         let key = BackendKey::new(service, addr);
-        self.overrides.get(&key).or_else(|| self.checked.get(&key)).copied().unwrap_or(true)
+        self.overrides.get(&key).or_else(|| self.checked.get(&key)).map_or(!probed, |h| *h)
+    }
+
+    /// A health-checked backend waiting for its first verdict (and not overridden).
+    pub fn unchecked(&self, service: &str, addr: IpAddr) -> bool {
+        let key = BackendKey::new(service, addr);
+        self.probed(service) && !self.overrides.contains_key(&key) && !self.checked.contains_key(&key)
+    }
+
+    /// Whether the service's backends are health-checked (`health::probes_for` probes them).
+    fn probed(&self, service: &str) -> bool {
+        self.cfg.services.iter().any(|s| s.name == service && s.health_check_port().is_some())
     }
 
     /// A Traffic Manager endpoint's probe-derived monitor status (spec §2.3): the probe runner
@@ -383,7 +415,10 @@ impl Controller {
         let health: Vec<Vec<bool>> = eff
             .services
             .iter()
-            .map(|s| s.backends.iter().map(|b| self.healthy(&s.name, b.address)).collect())
+            .map(|s| {
+                let probed = s.health_check_port().is_some();
+                s.backends.iter().map(|b| self.health_in(&s.name, b.address, probed)).collect()
+            })
             .collect();
         // Ids of departed backends stay reserved until their deadline.
         self.departed.retain(|_, d| d.deadline_ns > now);
@@ -842,6 +877,60 @@ mod tests {
         assert_eq!(r.backends[&1].flags & backend_flags::HEALTHY, 0);
     }
 
+    /// A probed backend takes new connections only after it passed a probe; until any backend
+    /// of the service has, the all-unhealthy rule (E-2: all backends) decides.
+    #[test]
+    fn probed_backends_start_unchecked_and_join_after_a_pass() {
+        let probed =
+            CFG.replace("[service.connection_draining]", "[service.health_check]\n[service.connection_draining]");
+        let mut c = Controller::new(Config::parse(&probed).unwrap());
+        let mut r = Recorder::default();
+        c.reconcile(&mut r).unwrap();
+        assert!(c.unchecked("web", ip("198.18.11.1")) && !c.healthy("web", ip("198.18.11.1")));
+        assert_eq!(members(&r, 0), BTreeSet::from([0, 1, 2]), "none passed yet: E-2, all backends");
+        c.set_checked("web", ip("198.18.11.1"), true);
+        c.reconcile(&mut r).unwrap();
+        assert!(!c.unchecked("web", ip("198.18.11.1")));
+        assert_eq!(members(&r, 0), BTreeSet::from([0]), "only the backend that passed");
+        assert_eq!(r.backends[&1].flags & backend_flags::HEALTHY, 0, "unchecked is not healthy");
+        // A backend a reload adds waits for its first pass too.
+        let more = probed.replace(
+            "        [[service.backend]]\n        address = \"198.18.12.1\"",
+            "        [[service.backend]]\n        address = \"198.18.11.3\"\n        zone = \"zone-a\"\n        [[service.backend]]\n        address = \"198.18.12.1\"",
+        );
+        c.set_checked("web", ip("198.18.11.2"), true);
+        c.set_checked("web", ip("198.18.12.1"), true);
+        c.reload(Config::parse(&more).unwrap(), &mut r).unwrap();
+        assert!(c.unchecked("web", ip("198.18.11.3")));
+        assert_eq!(members(&r, 1).len(), 2, "zone-a: the two checked backends, not the new one");
+        // Without a health check a backend is healthy at once.
+        let plain = Controller::new(Config::parse(CFG).unwrap());
+        assert!(plain.healthy("web", ip("198.18.11.1")) && !plain.unchecked("web", ip("198.18.11.1")));
+    }
+
+    /// A restart keeps the verdicts; an older daemon's state (which left out backends healthy
+    /// since their start) counts a missing verdict as healthy, as that daemon did.
+    #[test]
+    fn a_restart_keeps_first_verdicts_and_reads_older_states_as_healthy() {
+        let probed =
+            CFG.replace("[service.connection_draining]", "[service.health_check]\n[service.connection_draining]");
+        let mut c = Controller::new(Config::parse(&probed).unwrap());
+        c.set_checked("web", ip("198.18.11.1"), true);
+        let text = serde_json::to_string(&c.persistent_state()).unwrap();
+        let mut next = Controller::new(Config::parse(&probed).unwrap());
+        next.restore(&serde_json::from_str(&text).unwrap());
+        assert!(next.healthy("web", ip("198.18.11.1")));
+        assert!(next.unchecked("web", ip("198.18.11.2")), "no verdict before the restart, none after");
+        let old: PersistentState = serde_json::from_str(
+            r#"{"ids":{"services":[],"backends":[]},"pools":[],"checked":[["web","198.18.11.2",false]]}"#,
+        )
+        .unwrap();
+        let mut next = Controller::new(Config::parse(&probed).unwrap());
+        next.restore(&old);
+        assert!(next.healthy("web", ip("198.18.11.1")) && !next.unchecked("web", ip("198.18.11.1")));
+        assert!(!next.healthy("web", ip("198.18.11.2")));
+    }
+
     #[test]
     fn override_beats_checker_and_auto_returns_to_it() {
         let mut c = Controller::new(Config::parse(CFG).unwrap());
@@ -1014,8 +1103,10 @@ mod tests {
         assert_eq!(c.override_of("web", ip("198.18.12.1")), Some(true));
         assert!(c.is_drained("web", ip("198.18.11.2")));
         assert_eq!(c.ids.backend_id("web", ip("198.18.12.1")), Some(2));
-        // And a state written now reads the same way (the wire format did not change).
-        let again: serde_json::Value = serde_json::to_value(c.persistent_state()).unwrap();
+        // And a state written now reads the same way (the wire format did not change; it only
+        // says that its verdicts are complete).
+        let mut again: serde_json::Value = serde_json::to_value(c.persistent_state()).unwrap();
+        assert_eq!(again.as_object_mut().unwrap().remove("first_verdicts"), Some(true.into()));
         assert_eq!(again, serde_json::from_str::<serde_json::Value>(text).unwrap());
     }
 

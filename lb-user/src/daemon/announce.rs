@@ -26,19 +26,25 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 
-/// The VIPs this host can serve now: the services whose tables are written (`applied`), and
-/// if `require_healthy_backend`, only those with a backend that is healthy and not drained.
-/// A VIP shared by several services (other ports) is announced if any of them qualifies.
+/// The VIPs this host can serve now: of the services whose tables are written (`applied`),
+/// those with a `usable` backend (passed its health check or has none, not drained); without
+/// `require_healthy_backend` also those whose first round of checks is over (no backend
+/// `unchecked`), healthy or not. So a balancer that (re)starts announces nothing before its
+/// checks have spoken: behind ECMP it would take its share of new connections to backends
+/// it cannot reach. A VIP shared by several services (other ports) is announced if any of
+/// them qualifies.
 pub fn servable_vips(
     cfg: &Config,
     applied: &[&str],
     require_healthy_backend: bool,
     usable: &dyn Fn(&str, IpAddr) -> bool,
+    unchecked: &dyn Fn(&str, IpAddr) -> bool,
 ) -> BTreeSet<IpAddr> {
+    let checked = |s: &crate::config::Service| !s.backends.iter().any(|b| unchecked(&s.name, b.address));
     cfg.services
         .iter()
         .filter(|s| applied.contains(&s.name.as_str()))
-        .filter(|s| !require_healthy_backend || s.backends.iter().any(|b| usable(&s.name, b.address)))
+        .filter(|s| s.backends.iter().any(|b| usable(&s.name, b.address)) || (!require_healthy_backend && checked(s)))
         .map(|s| s.vip)
         .collect()
 }
@@ -190,15 +196,37 @@ mod tests {
     fn only_written_services_with_a_usable_backend() {
         let cfg = Config::parse(CFG).unwrap();
         let all: &dyn Fn(&str, IpAddr) -> bool = &|_, _| true;
-        assert_eq!(vips(servable_vips(&cfg, &["a", "a443", "b"], true, all)), ["198.51.100.1", "2001:db8::b"]);
+        let none: &dyn Fn(&str, IpAddr) -> bool = &|_, _| false;
+        assert_eq!(vips(servable_vips(&cfg, &["a", "a443", "b"], true, all, none)), ["198.51.100.1", "2001:db8::b"]);
         // Tables not written yet: not announced.
-        assert_eq!(vips(servable_vips(&cfg, &["b"], true, all)), ["2001:db8::b"]);
+        assert_eq!(vips(servable_vips(&cfg, &["b"], true, all, none)), ["2001:db8::b"]);
         // One of two services on the VIP can serve: the VIP stays.
         let only_second: &dyn Fn(&str, IpAddr) -> bool = &|s, _| s == "a443";
-        assert_eq!(vips(servable_vips(&cfg, &["a", "a443", "b"], true, only_second)), ["198.51.100.1"]);
+        assert_eq!(vips(servable_vips(&cfg, &["a", "a443", "b"], true, only_second, none)), ["198.51.100.1"]);
         // Nothing usable: nothing announced, unless the check is off.
+        assert!(servable_vips(&cfg, &["a", "a443", "b"], true, none, none).is_empty());
+        assert_eq!(servable_vips(&cfg, &["a", "a443", "b"], false, none, none).len(), 2);
+    }
+
+    /// Before the first round of checks is over nothing is announced, even with the check
+    /// off; a backend that passed announces its VIP at once.
+    #[test]
+    fn nothing_before_the_first_verdicts() {
+        let cfg = Config::parse(CFG).unwrap();
         let none: &dyn Fn(&str, IpAddr) -> bool = &|_, _| false;
-        assert!(servable_vips(&cfg, &["a", "a443", "b"], true, none).is_empty());
-        assert_eq!(servable_vips(&cfg, &["a", "a443", "b"], false, none).len(), 2);
+        let all: &dyn Fn(&str, IpAddr) -> bool = &|_, _| true;
+        let applied = ["a", "a443", "b"];
+        assert!(servable_vips(&cfg, &applied, true, none, all).is_empty());
+        assert!(
+            servable_vips(&cfg, &applied, false, none, all).is_empty(),
+            "no verdict yet: not even without the check"
+        );
+        // b's backend failed its first probe, a's are still unchecked.
+        let in_a: &dyn Fn(&str, IpAddr) -> bool = &|s, _| s != "b";
+        assert_eq!(vips(servable_vips(&cfg, &applied, false, none, in_a)), ["2001:db8::b"]);
+        assert!(servable_vips(&cfg, &applied, true, none, in_a).is_empty());
+        // a443's backend passed: its VIP is announced while a's is still unchecked.
+        let passed: &dyn Fn(&str, IpAddr) -> bool = &|s, _| s == "a443";
+        assert_eq!(vips(servable_vips(&cfg, &applied, true, passed, in_a)), ["198.51.100.1"]);
     }
 }

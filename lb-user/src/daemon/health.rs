@@ -147,28 +147,34 @@ fn parse_status_line(buf: &[u8]) -> Option<u16> {
 }
 
 /// Consecutive-result thresholds: the verdict flips after `healthy_threshold` successes in a
-/// row (when unhealthy) or `unhealthy_threshold` failures in a row (when healthy).
+/// row (when unhealthy) or `unhealthy_threshold` failures in a row (when healthy). A backend
+/// not yet checked (`None`) takes its first probe's result as its verdict: one pass admits it,
+/// one failure confirms what it already is for selection (not healthy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verdict {
-    pub healthy: bool,
+    pub healthy: Option<bool>,
     streak: u32,
 }
 
 impl Verdict {
-    pub fn new(healthy: bool) -> Self {
+    pub fn new(healthy: Option<bool>) -> Self {
         Self { healthy, streak: 0 }
     }
 
-    /// Record one probe result; returns the new verdict if it changed.
+    /// Record one probe result; returns the new verdict if it changed (the first always).
     pub fn record(&mut self, ok: bool, spec: &ProbeSpec) -> Option<bool> {
-        if ok == self.healthy {
+        let Some(healthy) = self.healthy else {
+            self.healthy = Some(ok);
+            return Some(ok);
+        };
+        if ok == healthy {
             self.streak = 0;
             return None;
         }
         self.streak += 1;
         let needed = if ok { spec.healthy_threshold } else { spec.unhealthy_threshold };
         if self.streak >= needed {
-            self.healthy = ok;
+            self.healthy = Some(ok);
             self.streak = 0;
             Some(ok)
         } else {
@@ -197,12 +203,13 @@ pub struct Spread {
     pub of: u32,
 }
 
-/// Probe one backend forever, sending verdict changes. `spread` places the first probe.
+/// Probe one backend forever, sending verdict changes (and the first verdict of a backend
+/// `initially` unchecked). `spread` places the first probe.
 pub fn spawn_checker(
     service: String,
     addr: SocketAddr,
     spec: ProbeSpec,
-    initially_healthy: bool,
+    initially: Option<bool>,
     spread: Spread,
     events: mpsc::Sender<HealthEvent>,
     probe: u64,
@@ -210,7 +217,7 @@ pub fn spawn_checker(
     tokio::spawn(async move {
         let offset = spec.interval.mul_f64(spread.slot as f64 / spread.of.max(1) as f64);
         tokio::time::sleep(offset).await;
-        let mut verdict = Verdict::new(initially_healthy);
+        let mut verdict = Verdict::new(initially);
         let mut local = LocalErrors::default();
         let mut ticker = tokio::time::interval(spec.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -471,7 +478,7 @@ impl Probe {
                 service.clone(),
                 SocketAddr::new(*backend, spec.port),
                 spec.clone(),
-                verdict.unwrap_or(true),
+                verdict,
                 Spread { slot: *slot, of: *of },
                 events.clone(),
                 id,
@@ -566,7 +573,7 @@ mod tests {
     #[test]
     fn thresholds_count_consecutive_results() {
         let s = spec(HealthProtocol::Tcp, 1);
-        let mut v = Verdict::new(true);
+        let mut v = Verdict::new(Some(true));
         assert_eq!(v.record(false, &s), None);
         assert_eq!(v.record(false, &s), None);
         assert_eq!(v.record(true, &s), None, "a success resets the failure streak");
@@ -575,6 +582,20 @@ mod tests {
         assert_eq!(v.record(false, &s), Some(false), "third failure in a row flips to unhealthy");
         assert_eq!(v.record(true, &s), None);
         assert_eq!(v.record(true, &s), Some(true), "second success in a row flips back");
+    }
+
+    /// A backend not yet checked gets its verdict from its first probe, whatever the
+    /// thresholds; from then on they count.
+    #[test]
+    fn the_first_probe_gives_an_unchecked_backend_its_verdict() {
+        let s = spec(HealthProtocol::Tcp, 1);
+        let mut v = Verdict::new(None);
+        assert_eq!(v.record(true, &s), Some(true), "one pass admits it");
+        assert_eq!(v.record(false, &s), None);
+        let mut v = Verdict::new(None);
+        assert_eq!(v.record(false, &s), Some(false), "one failure: unhealthy, reported");
+        assert_eq!(v.record(true, &s), None, "then healthy_threshold passes");
+        assert_eq!(v.record(true, &s), Some(true));
     }
 
     #[test]
@@ -634,7 +655,7 @@ mod tests {
             "web".into(),
             addr,
             spec(HealthProtocol::Tcp, addr.port()),
-            false,
+            Some(false),
             Spread { slot: 0, of: 1 },
             tx,
             7,
@@ -674,7 +695,7 @@ mod tests {
                         assert!(e.contains("local error") && e.contains("Too many open files"), "{e}");
                         let s = spec(HealthProtocol::Tcp, addr.port());
                         let (tx, mut rx) = mpsc::channel(8);
-                        let task = spawn_checker("web".into(), addr, s, true, Spread { slot: 0, of: 1 }, tx, 1);
+                        let task = spawn_checker("web".into(), addr, s, Some(true), Spread { slot: 0, of: 1 }, tx, 1);
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         assert!(rx.try_recv().is_err(), "no verdict change from local errors");
                         task.abort();

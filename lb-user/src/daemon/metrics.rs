@@ -86,7 +86,7 @@ impl Metrics {
     fn register(&self, r: &mut Registry) {
         r.register(
             "backend_health_changes",
-            "Health verdict changes reported by the health checks, by new state",
+            "Health verdict changes reported by the health checks (first verdicts included), by new state",
             self.health_changes.clone(),
         );
         r.register(
@@ -169,6 +169,8 @@ pub struct BackendSample {
     /// The backend's zone; empty without one.
     pub zone: String,
     pub healthy: bool,
+    /// Health-checked and without a verdict yet.
+    pub unchecked: bool,
     pub counters: BackendCounters,
 }
 
@@ -213,6 +215,7 @@ pub fn snapshot(ctl: &Controller, dp: &Dataplane) -> Result<Snapshot> {
                 backend: addr.to_string(),
                 zone: b.zone.clone().unwrap_or_default(),
                 healthy: ctl.healthy(&s.name, addr),
+                unchecked: ctl.unchecked(&s.name, addr),
                 counters: dp.backend_stats(id)?,
             });
         }
@@ -323,6 +326,11 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
         "backend_healthy",
         "1 if the backend counts as healthy (health checks, or the operator's override), else 0",
         gauges(snap.backends.iter().map(|b| (backend_labels(b), b.healthy as u64))),
+    );
+    r.register(
+        "backend_unchecked",
+        "1 while the backend waits for its first health-check verdict (no new connections meanwhile), else 0",
+        gauges(snap.backends.iter().map(|b| (backend_labels(b), b.unchecked as u64))),
     );
     let family = |c: &ConntrackSample| vec![("family", c.family.to_owned())];
     r.register(
@@ -474,6 +482,7 @@ mod tests {
                 backend: "198.18.11.1".into(),
                 zone: "zone-1".into(),
                 healthy: true,
+                unchecked: false,
                 counters: BackendCounters { packets: 4, bytes: 400, new_flows: 2 },
             }],
             conntrack: vec![ConntrackSample { family: "ipv4", live: 9, slots: 64 }],
@@ -574,6 +583,7 @@ mod tests {
         has(&text, r#"lb_backend_bytes_total{service="web",backend="198.18.11.1",zone="zone-1"} 400"#);
         has(&text, r#"lb_backend_new_flows_total{service="web",backend="198.18.11.1",zone="zone-1"} 2"#);
         has(&text, r#"lb_backend_healthy{service="web",backend="198.18.11.1",zone="zone-1"} 1"#);
+        has(&text, r#"lb_backend_unchecked{service="web",backend="198.18.11.1",zone="zone-1"} 0"#);
         has(&text, r#"lb_conntrack_live_slots{family="ipv4"} 9"#);
         has(&text, r#"lb_conntrack_slots{family="ipv4"} 64"#);
         assert!(text.ends_with("# EOF\n"), "{text}");

@@ -613,7 +613,8 @@ impl Daemon {
             self.ctl.applied().map(|c| c.services.iter().map(|s| s.name.as_str()).collect()).unwrap_or_default();
         let require = cfg.announce.as_ref().is_some_and(|x| x.require_healthy_backend);
         let ctl = &self.ctl;
-        let want = announce::servable_vips(cfg, &applied, require, &|s, b| ctl.healthy(s, b) && !ctl.is_drained(s, b));
+        let usable = |s: &str, b| ctl.healthy(s, b) && !ctl.is_drained(s, b);
+        let want = announce::servable_vips(cfg, &applied, require, &usable, &|s, b| ctl.unchecked(s, b));
         if let Err(e) = a.set(&want) {
             tracing::warn!("announce: {e:#} (retried)");
         }
@@ -988,19 +989,24 @@ impl Daemon {
                     .backends
                     .iter()
                     .map(|b| {
+                        let unchecked = self.ctl.unchecked(&svc.name, b.address);
                         let source = if self.ctl.override_of(&svc.name, b.address).is_some() {
                             "override"
-                        } else if self.ctl.checker_verdict(&svc.name, b.address).is_some() {
+                        } else if unchecked || self.ctl.checker_verdict(&svc.name, b.address).is_some() {
                             "health_check"
                         } else {
                             "initial"
+                        };
+                        let health = match (unchecked, self.ctl.healthy(&svc.name, b.address)) {
+                            (true, _) => "unchecked",
+                            (false, true) => "healthy",
+                            (false, false) => "unhealthy",
                         };
                         BackendStatus {
                             address: b.address,
                             zone: b.zone.clone(),
                             role: if b.failover { "failover" } else { "primary" }.to_owned(),
-                            health: if self.ctl.healthy(&svc.name, b.address) { "healthy" } else { "unhealthy" }
-                                .to_owned(),
+                            health: health.to_owned(),
                             health_source: source.to_owned(),
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, b.address),

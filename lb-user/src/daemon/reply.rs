@@ -64,9 +64,10 @@ pub struct BackendStatus {
     pub zone: Option<String>,
     /// `primary` or `failover`.
     pub role: String,
-    /// `healthy` or `unhealthy`.
+    /// `healthy`, `unhealthy`, or `unchecked` (health-checked, no verdict yet: takes no new
+    /// connections while a backend of its service is healthy).
     pub health: String,
-    /// Where the health comes from: `override`, `health_check` or `initial`.
+    /// Where the health comes from: `override`, `health_check` or `initial` (no health check).
     pub health_source: String,
     pub weight: u32,
     pub draining: bool,

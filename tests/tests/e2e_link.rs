@@ -6,6 +6,9 @@
 //! - The pin directory is removed under a running daemon: the daemon holds its link, so the
 //!   program stays attached; it notices the lost pins, says so in the log and `lb status`, and
 //!   does not claim at exit that the data plane keeps running.
+//! - The balancer's interface changes its MAC under a running daemon (a replaced NIC, VRRP): the
+//!   daemon follows it, says so in the log and `lb status`, and the established connection and
+//!   new ones go on once the peers learn the new MAC.
 //! - `lb run --keep-dataplane` and `lb decap attach` under `ip netns exec` (a bpffs private to
 //!   the command) are refused with a message that says why and what to use instead.
 use lb_tests::e2e::*;
@@ -142,4 +145,36 @@ fn commands_that_pin_into_a_private_bpffs_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn interface_mac_changed_under_the_daemon_is_followed() {
+    let (topo, _servers, _decap, d) = balancer("ln4");
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let client = topo.clients_in_zone(1).next().unwrap();
+    let mut s = Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
+
+    let new_mac = "02:00:c6:12:fe:01";
+    assert_ne!(topo.lb.mac, new_mac);
+    topo.lb.ns.ip(&["link", "set", "eth0", "address", new_mac]).unwrap();
+    // The peers learn the new MAC, as from the gratuitous ARP of a takeover (clients send to
+    // the VIP through it, backends answer the health checks to it).
+    for h in topo.clients.iter().chain(&topo.backends) {
+        h.ns.ip(&["neigh", "replace", &topo.lb.v4.to_string(), "lladdr", new_mac, "dev", "eth0"]).unwrap();
+    }
+
+    let back = wait_for("new connections through the new MAC", Duration::from_secs(30), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(back.len(), 4);
+    assert_eq!(s.ask("after the MAC changed").unwrap_or_else(|e| fail(e, &d)), s.greeting);
+    let link = d.status().unwrap_or_else(|e| fail(e, &d)).links.into_iter().find(|l| l.interface == "eth0").unwrap();
+    assert_eq!(link.state, "attached");
+    let note = link.mac.unwrap_or_default();
+    assert!(note.contains(new_mac) && note.contains("followed"), "{note:?}");
+    assert!(d.log().contains(&format!("changed its MAC from {} to {new_mac}", topo.lb.mac)), "{}", d.log());
+    let human = d.cli(&["status"]).unwrap_or_else(|e| fail(e, &d));
+    assert!(human.contains(&format!("interface eth0: MAC changed from {} to {new_mac}", topo.lb.mac)), "{human}");
 }

@@ -1,9 +1,12 @@
 //! Interface events for the daemon's loop: an rtnetlink socket subscribed to `RTMGRP_LINK`
 //! reports interfaces that appear (or change) and disappear, by name and index, so the daemon
-//! can say that an interface it is attached to went away and attach again when it returns.
+//! can say that an interface it is attached to went away and attach again when it returns,
+//! and follow a change of its MAC ([`MacFollower`]).
 
 use super::netlink::{self, attrs, messages, Message};
+use crate::model::MacAddr;
 use anyhow::{Context, Result};
+use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
@@ -102,6 +105,50 @@ pub fn exists(ifname: &str) -> bool {
     let Ok(c) = std::ffi::CString::new(ifname) else { return false };
     // SAFETY: if_nametoindex reads a valid C string.
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+/// What became of the MAC changes of the daemon's interfaces (`ip link set IF address`, a
+/// replaced NIC, a bond or VRRP taking over): the balancer takes only frames sent to the MAC
+/// it registered, so it must follow, or every frame passes to the stack (`pass_not_our_mac`).
+/// Each change is logged once; the last one of each interface shows in `lb status`.
+#[derive(Debug, Default)]
+pub struct MacFollower {
+    notes: BTreeMap<String, String>,
+}
+
+impl MacFollower {
+    /// Records the outcome of [`crate::dataplane::Dataplane::follow_mac`] on `ifname`: a
+    /// change followed, none, or an error (logged once until it changes).
+    pub fn record(&mut self, ifname: &str, outcome: Result<Option<([u8; 6], [u8; 6])>>) {
+        let note = match outcome {
+            Ok(None) => {
+                // A failure that cleared: the MAC the balancer holds is the interface's again.
+                if self.notes.get(ifname).is_some_and(|n| n.starts_with("not followed")) {
+                    tracing::info!("interface {ifname}: its MAC is registered again");
+                    self.notes.remove(ifname);
+                }
+                return;
+            }
+            Ok(Some((old, new))) => {
+                let (old, new) = (MacAddr(old), MacAddr(new));
+                tracing::warn!("interface {ifname} changed its MAC from {old} to {new}: the balancer now takes frames sent to {new}");
+                format!("changed from {old} to {new}, followed")
+            }
+            Err(e) => {
+                let note = format!("not followed: {e:#}");
+                if self.notes.get(ifname) != Some(&note) {
+                    tracing::error!("interface {ifname}: cannot read or register its MAC (frames sent to a new MAC pass unbalanced; retried at its next change and every few seconds): {e:#}");
+                }
+                note
+            }
+        };
+        self.notes.insert(ifname.to_owned(), note);
+    }
+
+    /// The last MAC change of `ifname` and what became of it, for `lb status`.
+    pub fn note(&self, ifname: &str) -> Option<String> {
+        self.notes.get(ifname).cloned()
+    }
 }
 
 #[cfg(test)]

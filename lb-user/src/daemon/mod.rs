@@ -237,6 +237,8 @@ struct Daemon {
     detached: BTreeSet<String>,
     /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
     pins_lost: Vec<String>,
+    /// The MAC changes of the interfaces, followed into `LOCAL_MACS`.
+    macs: links::MacFollower,
     /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
     /// of the state they started from (bumped by every reconcile on the loop, which makes a
     /// running compile's result stale), whether one runs, and whether another change came in
@@ -484,6 +486,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         neighbours: neighbours::spawn(),
         detached: BTreeSet::new(),
         pins_lost: Vec::new(),
+        macs: links::MacFollower::default(),
         epoch: 0,
         compiling: false,
         again: false,
@@ -774,7 +777,8 @@ impl Daemon {
                 self.note_removed(&ifname)
             }
             links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => {
-                self.attach_again(&ifname)
+                self.attach_again(&ifname);
+                self.follow_mac(&ifname);
             }
             links::LinkEvent::Overrun => self.check_links(),
             _ => {}
@@ -809,6 +813,7 @@ impl Daemon {
     fn check_links(&mut self) {
         for ifname in self.args.interfaces.clone() {
             if self.dp.link_attached(&ifname) {
+                self.follow_mac(&ifname);
                 continue;
             }
             if links::exists(&ifname) {
@@ -816,6 +821,14 @@ impl Daemon {
             } else {
                 self.note_removed(&ifname);
             }
+        }
+    }
+
+    /// Registers `ifname`'s MAC again if it changed (a change event, and every tick).
+    fn follow_mac(&mut self, ifname: &str) {
+        if links::exists(ifname) {
+            let outcome = self.dp.follow_mac(ifname);
+            self.macs.record(ifname, outcome);
         }
     }
 
@@ -849,7 +862,7 @@ impl Daemon {
                 } else {
                     "detached (interface removed)"
                 };
-                LinkStatus { interface: ifname.clone(), state: state.to_owned() }
+                LinkStatus { interface: ifname.clone(), state: state.to_owned(), mac: self.macs.note(ifname) }
             })
             .collect()
     }

@@ -4,10 +4,13 @@
 //! and follow a change of its MAC ([`MacFollower`]).
 
 use super::netlink::{self, attrs, messages, Message};
+use super::reply::LinkStatus;
+use crate::dataplane::{self, pinning};
 use crate::model::MacAddr;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
@@ -105,6 +108,30 @@ pub fn exists(ifname: &str) -> bool {
     let Ok(c) = std::ffi::CString::new(ifname) else { return false };
     // SAFETY: if_nametoindex reads a valid C string.
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+/// Detaches the balancer from the interfaces whose links a previous daemon pinned in
+/// `pin_dir` but `interfaces` (this command line) no longer names: a `--keep-dataplane` restart
+/// with one interface fewer would otherwise leave the old program running there, unmanaged and
+/// unreported. Each is logged; the returned entries show what became of them in `lb status`.
+pub fn detach_unlisted(pin_dir: &Path, interfaces: &[String]) -> Vec<LinkStatus> {
+    let unlisted = pinning::pinned_link_interfaces(pin_dir).into_iter().filter(|i| !interfaces.contains(i));
+    unlisted
+        .map(|ifname| {
+            let state = match dataplane::detach_pinned(&pinning::link_pin(pin_dir, &ifname)) {
+                Ok(_) => {
+                    tracing::warn!("interface {ifname} is no longer listed (--interface), but the previous daemon's balancer was attached to it: detached, its pin removed");
+                    "detached at start: no longer listed (--interface); the previous daemon's program was removed"
+                        .to_owned()
+                }
+                Err(e) => {
+                    tracing::error!("interface {ifname} is no longer listed (--interface), but detaching the previous daemon's balancer from it failed; it still runs there: {e:#}");
+                    format!("no longer listed (--interface), but still attached: detaching failed: {e:#}")
+                }
+            };
+            LinkStatus { interface: ifname, state, mac: None }
+        })
+        .collect()
 }
 
 /// What became of the MAC changes of the daemon's interfaces (`ip link set IF address`, a

@@ -239,6 +239,8 @@ struct Daemon {
     pins_lost: Vec<String>,
     /// The MAC changes of the interfaces, followed into `LOCAL_MACS`.
     macs: links::MacFollower,
+    /// Interfaces a previous daemon was attached to that this one is not: detached at start.
+    unlisted: Vec<LinkStatus>,
     /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
     /// of the state they started from (bumped by every reconcile on the loop, which makes a
     /// running compile's result stale), whether one runs, and whether another change came in
@@ -431,6 +433,9 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
             _ => tracing::info!("{ifname}: {how}"),
         }
     }
+    // Only once this start's interfaces are attached: until then a failed start leaves the
+    // adopted data plane as it found it.
+    let unlisted = links::detach_unlisted(&args.pin_dir, &args.interfaces);
     let (health_events, health_rx) = mpsc::channel(1024);
     let (compiled, compiled_rx) = mpsc::unbounded_channel();
     let (dns_view, dns_rx) =
@@ -487,6 +492,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         detached: BTreeSet::new(),
         pins_lost: Vec::new(),
         macs: links::MacFollower::default(),
+        unlisted,
         epoch: 0,
         compiling: false,
         again: false,
@@ -864,6 +870,7 @@ impl Daemon {
                 };
                 LinkStatus { interface: ifname.clone(), state: state.to_owned(), mac: self.macs.note(ifname) }
             })
+            .chain(self.unlisted.iter().cloned())
             .collect()
     }
 

@@ -180,6 +180,17 @@ pub fn link_pin(pin_dir: &Path, ifname: &str) -> std::path::PathBuf {
     pin_dir.join(format!("link_{ifname}"))
 }
 
+/// The interfaces with a balancer link pinned in `pin_dir` (see [`link_pin`]), sorted.
+pub fn pinned_link_interfaces(pin_dir: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(pin_dir) else { return Vec::new() };
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("link_").map(str::to_owned))
+        .filter(|name| !name.is_empty())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Remove pins of maps this version no longer has (nothing reads them; the program that used
 /// them is replaced when the new one is attached).
 pub fn remove_legacy_pins(pin_dir: &Path) -> Result<()> {

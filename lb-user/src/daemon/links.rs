@@ -224,6 +224,22 @@ mod tests {
     }
 
     #[test]
+    fn a_mac_change_is_noted_and_a_cleared_failure_forgotten() {
+        let mut f = MacFollower::default();
+        f.record("eth0", Ok(None));
+        assert_eq!(f.note("eth0"), None);
+        f.record("eth0", Ok(Some(([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0xfe]))));
+        assert_eq!(f.note("eth0").as_deref(), Some("changed from 02:00:00:00:00:01 to 02:00:00:00:00:fe, followed"));
+        // Nothing new: the last change stays shown.
+        f.record("eth0", Ok(None));
+        assert!(f.note("eth0").is_some_and(|n| n.ends_with("followed")));
+        f.record("eth0", Err(anyhow::anyhow!("no interface eth0")));
+        assert_eq!(f.note("eth0").as_deref(), Some("not followed: no interface eth0"));
+        f.record("eth0", Ok(None));
+        assert_eq!(f.note("eth0"), None);
+    }
+
+    #[test]
     fn a_truncated_message_ends_the_parse() {
         let buf = message(RTM_NEWLINK, 3, "veth1");
         assert!(parse(&buf[..buf.len() - 8]).is_empty());

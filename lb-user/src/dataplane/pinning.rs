@@ -252,3 +252,21 @@ pub fn missing_pins(pin_dir: &Path, interfaces: &[String]) -> Vec<String> {
         .map(|i| link_pin(pin_dir, i).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     maps.chain(links).filter(|name| !pin_dir.join(name).exists()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_links_are_named_by_their_interface() {
+        let dir = std::env::temp_dir().join(format!("lb-pinned-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["link_eth1", "link_eth0", "TABLES", "link_", "state.json"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let found = pinned_link_interfaces(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, vec!["eth0".to_owned(), "eth1".to_owned()]);
+        assert!(pinned_link_interfaces(&dir).is_empty());
+    }
+}

@@ -82,6 +82,8 @@ pub struct Daemon {
     keep: bool,
     /// RLIMIT_NOFILE (soft and hard) to start the daemon with; None = inherited.
     nofile: Option<u64>,
+    /// The `--interface`s of the next (re)start: `eth0` unless a test changes them.
+    pub interfaces: Vec<String>,
 }
 
 impl Daemon {
@@ -128,6 +130,7 @@ impl Daemon {
             ns_name: ns.name().to_owned(),
             keep: false,
             nofile,
+            interfaces: vec!["eth0".to_owned()],
         };
         d.spawn(keep)?;
         Ok(d)
@@ -138,7 +141,9 @@ impl Daemon {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", self.ns_name))
             .arg(bin("lb"))
-            .args(["run", "--interface", "eth0", "--config"])
+            .arg("run")
+            .args(self.interfaces.iter().flat_map(|i| ["--interface", i.as_str()]))
+            .arg("--config")
             .arg(&self.config)
             .arg("--socket")
             .arg(&self.socket)

@@ -6,6 +6,11 @@
 //! - The pin directory is removed under a running daemon: the daemon holds its link, so the
 //!   program stays attached; it notices the lost pins, says so in the log and `lb status`, and
 //!   does not claim at exit that the data plane keeps running.
+//! - The balancer's interface changes its MAC under a running daemon (a replaced NIC, VRRP): the
+//!   daemon follows it, says so in the log and `lb status`, and the established connection and
+//!   new ones go on once the peers learn the new MAC.
+//! - A `--keep-dataplane` restart with one interface fewer: the new daemon detaches the one no
+//!   longer listed (no program, no pin left) and says so in the log and `lb status`.
 //! - `lb run --keep-dataplane` and `lb decap attach` under `ip netns exec` (a bpffs private to
 //!   the command) are refused with a message that says why and what to use instead.
 use lb_tests::e2e::*;
@@ -142,4 +147,71 @@ fn commands_that_pin_into_a_private_bpffs_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("private") && err.contains("nsenter --net"), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn interface_mac_changed_under_the_daemon_is_followed() {
+    let (topo, _servers, _decap, d) = balancer("ln4");
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let client = topo.clients_in_zone(1).next().unwrap();
+    let mut s = Session::open(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
+
+    let new_mac = "02:00:c6:12:fe:01";
+    assert_ne!(topo.lb.mac, new_mac);
+    topo.lb.ns.ip(&["link", "set", "eth0", "address", new_mac]).unwrap();
+    // The peers learn the new MAC, as from the gratuitous ARP of a takeover (clients send to
+    // the VIP through it, backends answer the health checks to it).
+    for h in topo.clients.iter().chain(&topo.backends) {
+        h.ns.ip(&["neigh", "replace", &topo.lb.v4.to_string(), "lladdr", new_mac, "dev", "eth0"]).unwrap();
+    }
+
+    let back = wait_for("new connections through the new MAC", Duration::from_secs(30), || {
+        tcp_spread(client, vip(false, 80), 4).ok()
+    })
+    .unwrap_or_else(|e| fail(e, &d));
+    assert_eq!(back.len(), 4);
+    assert_eq!(s.ask("after the MAC changed").unwrap_or_else(|e| fail(e, &d)), s.greeting);
+    let link = d.status().unwrap_or_else(|e| fail(e, &d)).links.into_iter().find(|l| l.interface == "eth0").unwrap();
+    assert_eq!(link.state, "attached");
+    let note = link.mac.unwrap_or_default();
+    assert!(note.contains(new_mac) && note.contains("followed"), "{note:?}");
+    assert!(d.log().contains(&format!("changed its MAC from {} to {new_mac}", topo.lb.mac)), "{}", d.log());
+    let human = d.cli(&["status"]).unwrap_or_else(|e| fail(e, &d));
+    assert!(human.contains(&format!("interface eth0: MAC changed from {} to {new_mac}", topo.lb.mac)), "{human}");
+}
+
+/// Whether `ifname` in the balancer's namespace has an XDP program (`ip link` shows `prog/xdp`).
+fn has_xdp(topo: &Topology, ifname: &str) -> bool {
+    topo.lb.ns.ip(&["-d", "link", "show", "dev", ifname]).unwrap().contains("prog/xdp")
+}
+
+#[test]
+fn an_interface_dropped_across_a_kept_restart_is_detached_and_reported() {
+    let (topo, _servers, _decap, mut d) = balancer("ln5");
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let client = topo.clients_in_zone(1).next().unwrap();
+    // A second interface (one end of a veth pair), inside the topology's namespace.
+    topo.lb.ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth1p"]).unwrap();
+    topo.lb.ns.ip(&["link", "set", "eth1", "up"]).unwrap();
+    topo.lb.ns.ip(&["link", "set", "eth1p", "up"]).unwrap();
+    d.interfaces = vec!["eth0".into(), "eth1".into()];
+    d.restart().unwrap_or_else(|e| fail(e, &d));
+    let pin = d.pin_dir.join("link_eth1");
+    assert!(pin.exists() && has_xdp(&topo, "eth1"), "{}", d.log());
+
+    // Restarted keeping the data plane, with eth1 no longer listed.
+    d.interfaces = vec!["eth0".into()];
+    d.restart().unwrap_or_else(|e| fail(e, &d));
+    assert!(!pin.exists(), "link_eth1 is still pinned\n{}", d.diagnostics());
+    assert!(!has_xdp(&topo, "eth1"), "eth1 still has an XDP program\n{}", d.diagnostics());
+    assert!(d.log().contains("interface eth1 is no longer listed"), "{}", d.log());
+    let links = d.status().unwrap_or_else(|e| fail(e, &d)).links;
+    let eth1 = links.iter().find(|l| l.interface == "eth1").unwrap_or_else(|| panic!("{links:?}"));
+    assert!(eth1.state.starts_with("detached at start: no longer listed"), "{links:?}");
+    let human = d.cli(&["status"]).unwrap_or_else(|e| fail(e, &d));
+    assert!(human.contains("interface eth1: detached at start"), "{human}");
+    // The listed interface was adopted and balances.
+    assert_eq!(d.link_state().as_deref(), Some("attached"));
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
 }

@@ -72,6 +72,11 @@ pub fn status(v: &Status) -> String {
     for l in v.links.iter().filter(|l| l.state != "attached") {
         let _ = writeln!(out, "interface {}: {}", l.interface, l.state);
     }
+    for l in &v.links {
+        if let Some(mac) = &l.mac {
+            let _ = writeln!(out, "interface {}: MAC {mac}", l.interface);
+        }
+    }
     if v.pins != "ok" {
         let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", v.pins);
     }

@@ -1,10 +1,16 @@
 //! Interface events for the daemon's loop: an rtnetlink socket subscribed to `RTMGRP_LINK`
 //! reports interfaces that appear (or change) and disappear, by name and index, so the daemon
-//! can say that an interface it is attached to went away and attach again when it returns.
+//! can say that an interface it is attached to went away and attach again when it returns,
+//! and follow a change of its MAC ([`MacFollower`]).
 
 use super::netlink::{self, attrs, messages, Message};
+use super::reply::LinkStatus;
+use crate::dataplane::{self, pinning};
+use crate::model::MacAddr;
 use anyhow::{Context, Result};
+use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
@@ -104,6 +110,74 @@ pub fn exists(ifname: &str) -> bool {
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
 }
 
+/// Detaches the balancer from the interfaces whose links a previous daemon pinned in
+/// `pin_dir` but `interfaces` (this command line) no longer names: a `--keep-dataplane` restart
+/// with one interface fewer would otherwise leave the old program running there, unmanaged and
+/// unreported. Each is logged; the returned entries show what became of them in `lb status`.
+pub fn detach_unlisted(pin_dir: &Path, interfaces: &[String]) -> Vec<LinkStatus> {
+    let unlisted = pinning::pinned_link_interfaces(pin_dir).into_iter().filter(|i| !interfaces.contains(i));
+    unlisted
+        .map(|ifname| {
+            let state = match dataplane::detach_pinned(&pinning::link_pin(pin_dir, &ifname)) {
+                Ok(_) => {
+                    tracing::warn!("interface {ifname} is no longer listed (--interface), but the previous daemon's balancer was attached to it: detached, its pin removed");
+                    "detached at start: no longer listed (--interface); the previous daemon's program was removed"
+                        .to_owned()
+                }
+                Err(e) => {
+                    tracing::error!("interface {ifname} is no longer listed (--interface), but detaching the previous daemon's balancer from it failed; it still runs there: {e:#}");
+                    format!("no longer listed (--interface), but still attached: detaching failed: {e:#}")
+                }
+            };
+            LinkStatus { interface: ifname, state, mac: None }
+        })
+        .collect()
+}
+
+/// What became of the MAC changes of the daemon's interfaces (`ip link set IF address`, a
+/// replaced NIC, a bond or VRRP taking over): the balancer takes only frames sent to the MAC
+/// it registered, so it must follow, or every frame passes to the stack (`pass_not_our_mac`).
+/// Each change is logged once; the last one of each interface shows in `lb status`.
+#[derive(Debug, Default)]
+pub struct MacFollower {
+    notes: BTreeMap<String, String>,
+}
+
+impl MacFollower {
+    /// Records the outcome of [`crate::dataplane::Dataplane::follow_mac`] on `ifname`: a
+    /// change followed, none, or an error (logged once until it changes).
+    pub fn record(&mut self, ifname: &str, outcome: Result<Option<([u8; 6], [u8; 6])>>) {
+        let note = match outcome {
+            Ok(None) => {
+                // A failure that cleared: the MAC the balancer holds is the interface's again.
+                if self.notes.get(ifname).is_some_and(|n| n.starts_with("not followed")) {
+                    tracing::info!("interface {ifname}: its MAC is registered again");
+                    self.notes.remove(ifname);
+                }
+                return;
+            }
+            Ok(Some((old, new))) => {
+                let (old, new) = (MacAddr(old), MacAddr(new));
+                tracing::warn!("interface {ifname} changed its MAC from {old} to {new}: the balancer now takes frames sent to {new}");
+                format!("changed from {old} to {new}, followed")
+            }
+            Err(e) => {
+                let note = format!("not followed: {e:#}");
+                if self.notes.get(ifname) != Some(&note) {
+                    tracing::error!("interface {ifname}: cannot read or register its MAC (frames sent to a new MAC pass unbalanced; retried at its next change and every few seconds): {e:#}");
+                }
+                note
+            }
+        };
+        self.notes.insert(ifname.to_owned(), note);
+    }
+
+    /// The last MAC change of `ifname` and what became of it, for `lb status`.
+    pub fn note(&self, ifname: &str) -> Option<String> {
+        self.notes.get(ifname).cloned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +221,22 @@ mod tests {
                 LinkEvent::Present { ifname: "eth0".into(), ifindex: 9 },
             ]
         );
+    }
+
+    #[test]
+    fn a_mac_change_is_noted_and_a_cleared_failure_forgotten() {
+        let mut f = MacFollower::default();
+        f.record("eth0", Ok(None));
+        assert_eq!(f.note("eth0"), None);
+        f.record("eth0", Ok(Some(([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 0xfe]))));
+        assert_eq!(f.note("eth0").as_deref(), Some("changed from 02:00:00:00:00:01 to 02:00:00:00:00:fe, followed"));
+        // Nothing new: the last change stays shown.
+        f.record("eth0", Ok(None));
+        assert!(f.note("eth0").is_some_and(|n| n.ends_with("followed")));
+        f.record("eth0", Err(anyhow::anyhow!("no interface eth0")));
+        assert_eq!(f.note("eth0").as_deref(), Some("not followed: no interface eth0"));
+        f.record("eth0", Ok(None));
+        assert_eq!(f.note("eth0"), None);
     }
 
     #[test]

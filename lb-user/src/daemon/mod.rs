@@ -241,6 +241,10 @@ struct Daemon {
     trace_until: Option<std::time::Instant>,
     /// Pins found missing from the pin directory (logged once), see [`Daemon::check_pins`].
     pins_lost: Vec<String>,
+    /// The MAC changes of the interfaces, followed into `LOCAL_MACS`.
+    macs: links::MacFollower,
+    /// Interfaces a previous daemon was attached to that this one is not: detached at start.
+    unlisted: Vec<LinkStatus>,
     /// Compiles for health changes run off the loop ([`Daemon::reconcile_soon`]): the number
     /// of the state they started from (bumped by every reconcile on the loop, which makes a
     /// running compile's result stale), whether one runs, and whether another change came in
@@ -433,6 +437,9 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
             _ => tracing::info!("{ifname}: {how}"),
         }
     }
+    // Only once this start's interfaces are attached: until then a failed start leaves the
+    // adopted data plane as it found it.
+    let unlisted = links::detach_unlisted(&args.pin_dir, &args.interfaces);
     let (health_events, health_rx) = mpsc::channel(1024);
     let (compiled, compiled_rx) = mpsc::unbounded_channel();
     let (dns_view, dns_rx) =
@@ -489,6 +496,8 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         neighbours: neighbours::spawn(),
         detached: BTreeSet::new(),
         pins_lost: Vec::new(),
+        macs: links::MacFollower::default(),
+        unlisted,
         epoch: 0,
         compiling: false,
         again: false,
@@ -782,7 +791,8 @@ impl Daemon {
                 self.note_removed(&ifname)
             }
             links::LinkEvent::Present { ifname, .. } if self.args.interfaces.contains(&ifname) => {
-                self.attach_again(&ifname)
+                self.attach_again(&ifname);
+                self.follow_mac(&ifname);
             }
             links::LinkEvent::Overrun => self.check_links(),
             _ => {}
@@ -817,6 +827,7 @@ impl Daemon {
     fn check_links(&mut self) {
         for ifname in self.args.interfaces.clone() {
             if self.dp.link_attached(&ifname) {
+                self.follow_mac(&ifname);
                 continue;
             }
             if links::exists(&ifname) {
@@ -824,6 +835,14 @@ impl Daemon {
             } else {
                 self.note_removed(&ifname);
             }
+        }
+    }
+
+    /// Registers `ifname`'s MAC again if it changed (a change event, and every tick).
+    fn follow_mac(&mut self, ifname: &str) {
+        if links::exists(ifname) {
+            let outcome = self.dp.follow_mac(ifname);
+            self.macs.record(ifname, outcome);
         }
     }
 
@@ -857,8 +876,9 @@ impl Daemon {
                 } else {
                     "detached (interface removed)"
                 };
-                LinkStatus { interface: ifname.clone(), state: state.to_owned() }
+                LinkStatus { interface: ifname.clone(), state: state.to_owned(), mac: self.macs.note(ifname) }
             })
+            .chain(self.unlisted.iter().cloned())
             .collect()
     }
 

@@ -27,6 +27,10 @@ pub struct Status {
 pub struct LinkStatus {
     pub interface: String,
     pub state: String,
+    /// The interface's last MAC change and what the daemon did: `changed from A to B,
+    /// followed`, or `not followed: <why>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// What the balancer announces (`lb status`, `[announce]`).

@@ -180,6 +180,17 @@ pub fn link_pin(pin_dir: &Path, ifname: &str) -> std::path::PathBuf {
     pin_dir.join(format!("link_{ifname}"))
 }
 
+/// The interfaces with a balancer link pinned in `pin_dir` (see [`link_pin`]), sorted.
+pub fn pinned_link_interfaces(pin_dir: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(pin_dir) else { return Vec::new() };
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("link_").map(str::to_owned))
+        .filter(|name| !name.is_empty())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Remove pins of maps this version no longer has (nothing reads them; the program that used
 /// them is replaced when the new one is attached).
 pub fn remove_legacy_pins(pin_dir: &Path) -> Result<()> {
@@ -240,4 +251,22 @@ pub fn missing_pins(pin_dir: &Path, interfaces: &[String]) -> Vec<String> {
         .iter()
         .map(|i| link_pin(pin_dir, i).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     maps.chain(links).filter(|name| !pin_dir.join(name).exists()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_links_are_named_by_their_interface() {
+        let dir = std::env::temp_dir().join(format!("lb-pinned-links-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["link_eth1", "link_eth0", "TABLES", "link_", "state.json"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        let found = pinned_link_interfaces(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, vec!["eth0".to_owned(), "eth1".to_owned()]);
+        assert!(pinned_link_interfaces(&dir).is_empty());
+    }
 }

@@ -86,6 +86,21 @@ impl Dataplane {
         self.set_local_mac(ifindex, mac)
     }
 
+    /// Follows a change of `ifname`'s MAC (`ip link set IF address`, a bond or VRRP taking over):
+    /// if the interface registered at its index holds another MAC than the interface has now,
+    /// the entry is rewritten, so frames sent to the new MAC are balanced instead of passing as
+    /// `pass_not_our_mac`. Returns the (old, new) MAC when it changed. An interface not
+    /// registered at its index (not attached yet, or recreated) is left to the attach path.
+    pub fn follow_mac(&mut self, ifname: &str) -> Result<Option<([u8; 6], [u8; 6])>> {
+        let (ifindex, mac) = interface_mac(ifname)?;
+        let old = self.local_macs.get(&local_mac_slot(ifindex), 0).context("reading LOCAL_MACS")?;
+        if old.ifindex != ifindex || old.mac == mac {
+            return Ok(None);
+        }
+        self.set_local_mac(ifindex, mac)?;
+        Ok(Some((old.mac, mac)))
+    }
+
     /// Attaches a program to an interface, native (driver) mode first, else generic.
     /// Returns the mode used. The attachment lives as long as this `Dataplane`. The interface
     /// is registered first (`set_local_mac`), so the first packet already finds its MAC.

@@ -160,11 +160,14 @@ fn z19_spill_cross_zone_with_subsetting_rejected() {
     reject_web(cfg, "subsetting", &["ZONAL_AFFINITY_DISABLED"]);
 }
 
+/// Issue #32-6: the balancer never subsets, so the policy is refused rather than ignored.
 #[test]
-fn subsetting_without_zonal_affinity_accepted() {
+fn subsetting_without_zonal_affinity_rejected_as_unsupported() {
+    let text = toml_with("subsetting = \"CONSISTENT_HASH_SUBSETTING\"", "");
+    reject_text(&text, WEB, "subsetting", &["CONSISTENT_HASH_SUBSETTING", "not supported", "allowed: NONE"]);
     let mut cfg = base();
-    cfg.services[0].subsetting = Subsetting::ConsistentHashSubsetting;
-    cfg.validate().expect("subsetting alone is valid");
+    cfg.services[0].subsetting = Subsetting::None;
+    cfg.validate().expect("subsetting = NONE is the default");
 }
 
 // ------------------------------------------------------------------ backends and zones

@@ -201,7 +201,7 @@ pub struct Service {
     pub connection_draining: ConnectionDraining,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
-    /// `subsetting.policy`; CONSISTENT_HASH_SUBSETTING is incompatible with zonal affinity.
+    /// `subsetting.policy`; only NONE: CONSISTENT_HASH_SUBSETTING is refused (not supported).
     #[serde(default)]
     pub subsetting: Subsetting,
     #[serde(default, rename = "backend")]

@@ -300,6 +300,7 @@ fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
     }
     check_ports(svc, r);
     check_zonal_affinity(svc, r);
+    check_subsetting(svc, r);
     check_failover_policy(svc, r);
     check_connection_tracking(svc, r);
     if svc.connection_draining.draining_timeout_sec > MAX_DRAINING_TIMEOUT_SEC {
@@ -359,20 +360,33 @@ fn check_zonal_affinity(svc: &Service, r: &mut Report) {
             ),
         );
     }
-    // Spec §1.5: zonal affinity is incompatible with backend subsetting (vector Z19).
-    if za.spillover != Spillover::Disabled && svc.subsetting != Subsetting::None {
-        r.push(
-            "subsetting",
-            format!(
-                "{} is incompatible with zonal_affinity.spillover = {}: with subsetting the spillover \
-                 must be {}; or set subsetting = {}",
-                svc.subsetting,
-                za.spillover,
-                Spillover::Disabled,
-                Subsetting::None
-            ),
-        );
+}
+
+/// `subsetting`: the balancer always spreads over every backend of the service, so a subsetting
+/// policy would be silently ignored; it is refused (issue #32-6). Spec §1.5 (vector Z19) would
+/// refuse it with zonal affinity anyway; the message says so too.
+fn check_subsetting(svc: &Service, r: &mut Report) {
+    if svc.subsetting == Subsetting::None {
+        return;
     }
+    let spillover = svc.zonal_affinity.spillover;
+    let z19 = if spillover != Spillover::Disabled {
+        format!(
+            " (with zonal_affinity.spillover = {spillover} it would be refused in any case: backend \
+             subsetting needs spillover = {})",
+            Spillover::Disabled
+        )
+    } else {
+        String::new()
+    };
+    r.push(
+        "subsetting",
+        format!(
+            "{} is not supported: the balancer always uses every backend of the service; allowed: {}{z19}",
+            svc.subsetting,
+            Subsetting::None
+        ),
+    );
 }
 
 fn check_failover_policy(svc: &Service, r: &mut Report) {

@@ -6,6 +6,7 @@
 
 mod announce;
 mod error;
+pub mod file;
 pub mod monitor;
 mod prefix;
 pub mod ranges;
@@ -426,10 +427,16 @@ impl Config {
 
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
+    /// Only a regular file of at most [`file::MAX_CONFIG_BYTES`] is read.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let in_file = |kind| ConfigError { file: Some(path.to_path_buf()), kind };
-        let text = std::fs::read_to_string(path).map_err(|e| in_file(ConfigErrorKind::Read(e)))?;
-        Self::parse_text(&text).map_err(|kind| in_file(kind).into())
+        let text = file::read(path)
+            .map_err(|e| ConfigError { file: Some(path.to_path_buf()), kind: ConfigErrorKind::Read(e) })?;
+        Self::parse_file_text(path, &text)
+    }
+
+    /// Parse and validate the text read from `path` (errors name the file, as `load`'s do).
+    pub fn parse_file_text(path: &Path, text: &str) -> anyhow::Result<Config> {
+        Self::parse_text(text).map_err(|kind| ConfigError { file: Some(path.to_path_buf()), kind }.into())
     }
 
     /// Parse and validate configuration text. The error is a [`ConfigError`] without a file.

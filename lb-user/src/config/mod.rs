@@ -7,6 +7,7 @@
 mod announce;
 mod error;
 pub mod file;
+mod host;
 pub mod monitor;
 mod prefix;
 pub mod ranges;
@@ -17,6 +18,7 @@ mod validate;
 
 pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
+pub use host::HostAddrs;
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_CONNTRACK_ENTRIES, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
@@ -429,14 +431,20 @@ impl Config {
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
     /// Only a regular file of at most [`file::MAX_CONFIG_BYTES`] is read.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = file::read(path)
-            .map_err(|e| ConfigError { file: Some(path.to_path_buf()), kind: ConfigErrorKind::Read(e) })?;
-        Self::parse_file_text(path, &text)
+        Self::load_on(path, None)
     }
 
-    /// Parse and validate the text read from `path` (errors name the file, as `load`'s do).
-    pub fn parse_file_text(path: &Path, text: &str) -> anyhow::Result<Config> {
-        Self::parse_text(text).map_err(|kind| ConfigError { file: Some(path.to_path_buf()), kind }.into())
+    /// [`Config::load`]; with `host`, no VIP may be one of its addresses.
+    pub fn load_on(path: &Path, host: Option<&HostAddrs>) -> anyhow::Result<Config> {
+        let text = file::read(path)
+            .map_err(|e| ConfigError { file: Some(path.to_path_buf()), kind: ConfigErrorKind::Read(e) })?;
+        Self::parse_file_text(path, &text, host)
+    }
+
+    /// Parse and validate the text read from `path` (errors name the file, as `load`'s do);
+    /// with `host`, no VIP may be one of its addresses (`lb validate`, `lb run`, reloads).
+    pub fn parse_file_text(path: &Path, text: &str, host: Option<&HostAddrs>) -> anyhow::Result<Config> {
+        Self::parse_text_on(text, host).map_err(|kind| ConfigError { file: Some(path.to_path_buf()), kind }.into())
     }
 
     /// Parse and validate configuration text. The error is a [`ConfigError`] without a file.
@@ -445,9 +453,13 @@ impl Config {
     }
 
     fn parse_text(text: &str) -> Result<Config, ConfigErrorKind> {
+        Self::parse_text_on(text, None)
+    }
+
+    fn parse_text_on(text: &str, host: Option<&HostAddrs>) -> Result<Config, ConfigErrorKind> {
         let cfg: Config =
             toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(recover::all_errors(text, first)))?;
-        let violations = cfg.violations();
+        let violations = validate::check(&cfg, host);
         if violations.is_empty() {
             Ok(cfg)
         } else {
@@ -468,6 +480,6 @@ impl Config {
 
     /// The list of violations (empty = valid), in file order.
     pub fn violations(&self) -> Vec<Violation> {
-        validate::check(self)
+        validate::check(self, None)
     }
 }

@@ -261,7 +261,7 @@ fn state_path(args: &RunArgs) -> PathBuf {
 pub async fn run(args: RunArgs) -> Result<()> {
     // Read off the loop as a reload's is: a FIFO or a hung mount fails the start, not hangs it.
     let text = reload::read_once(&args.config).await;
-    let mut cfg = Config::parse_file_text(&args.config, reload::text(&text)?)?;
+    let mut cfg = reload::parse(&args.config, &text)?;
     for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
         tracing::info!("{line}");
     }
@@ -924,7 +924,7 @@ impl Daemon {
     }
 
     fn try_reload(&mut self, read: &reload::ConfigRead) -> Result<reply::Reloaded> {
-        let mut cfg = Config::parse_file_text(&self.args.config, reload::text(read)?)?;
+        let mut cfg = reload::parse(&self.args.config, read)?;
         for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
             tracing::debug!("{line}");
         }
@@ -940,7 +940,7 @@ impl Daemon {
 
     /// What reloading the config file would change; refused as the reload would be.
     fn reload_dry_run(&mut self, read: &reload::ConfigRead) -> Result<reply::ReloadPlan> {
-        let cfg = Config::parse_file_text(&self.args.config, reload::text(read)?)?;
+        let cfg = reload::parse(&self.args.config, read)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let now = self.dp.now_ns()?;
         let next = self.ctl.preview_config(cfg.clone(), now)?;

@@ -6,6 +6,8 @@
 
 use super::api::Pending;
 use super::reply::ReloadCounts;
+use crate::config::{Config, HostAddrs};
+use anyhow::Context;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,6 +106,14 @@ impl Reloads {
     pub fn counts(&self) -> &ReloadCounts {
         &self.counts
     }
+}
+
+/// The configuration in `read` (from `path`), validated for the host the daemon runs on: no VIP
+/// may be an address of its network namespace (`config::HostAddrs`).
+pub fn parse(path: &Path, read: &ConfigRead) -> anyhow::Result<Config> {
+    let text = text(read)?;
+    let host = HostAddrs::current().context("listing this host's addresses (no VIP may be one of them)")?;
+    Config::parse_file_text(path, text, Some(&host))
 }
 
 /// The text of a [`ConfigRead`], or its refusal as an error.

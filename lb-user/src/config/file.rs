@@ -56,15 +56,17 @@ pub fn read(path: &Path) -> io::Result<String> {
 mod tests {
     use super::*;
 
-    fn dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("lb-config-file-{}", std::process::id()));
+    /// A directory of the test's own (removed at its end).
+    fn dir(test: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("lb-config-file-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
 
     #[test]
     fn a_fifo_without_writer_is_refused_at_once() {
-        let path = dir().join("fifo.toml");
+        let dir = dir("fifo");
+        let path = dir.join("fifo.toml");
         let _ = std::fs::remove_file(&path);
         let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path.
@@ -72,12 +74,13 @@ mod tests {
         let err = read(&path).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("a FIFO") && err.to_string().contains("regular file"), "{err}");
-        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn files_over_the_limit_and_directories_are_refused() {
-        let path = dir().join("big.toml");
+        let dir = dir("big");
+        let path = dir.join("big.toml");
         let f = std::fs::File::create(&path).unwrap();
         f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
         let err = read(&path).unwrap_err().to_string();
@@ -85,6 +88,7 @@ mod tests {
         f.set_len(MAX_CONFIG_BYTES).unwrap();
         assert_eq!(read(&path).unwrap().len() as u64, MAX_CONFIG_BYTES);
         std::fs::remove_file(&path).unwrap();
-        assert!(read(&dir()).unwrap_err().to_string().contains("a directory"));
+        assert!(read(&dir).unwrap_err().to_string().contains("a directory"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -30,6 +30,7 @@ enum Command {
     /// Offline: print every service's eligible backends per client zone.
     Plan(plan::PlanArgs),
     /// Offline: check a configuration file; lists every problem and exits 1 if there is one.
+    /// VIPs are also checked against this host's addresses (where `lb run` would be).
     Validate(ValidateArgs),
     /// Services, backends (zone, role, health, weight) and per-zone eligible sets.
     Status(Common),

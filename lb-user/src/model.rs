@@ -89,8 +89,8 @@ api_enum!(
 );
 
 api_enum!(
-    /// `subsetting.policy` (spec §1.0). Accepted so that its incompatibility with zonal affinity
-    /// (vector Z19) can be checked; the balancer itself always uses every backend.
+    /// `subsetting.policy` (spec §1.0). The balancer always uses every backend: validation
+    /// refuses CONSISTENT_HASH_SUBSETTING (it is parsed so that the message can say why).
     #[derive(Default)]
     Subsetting { #[default] None = "NONE", ConsistentHashSubsetting = "CONSISTENT_HASH_SUBSETTING" }
 );

@@ -160,11 +160,14 @@ fn z19_spill_cross_zone_with_subsetting_rejected() {
     reject_web(cfg, "subsetting", &["ZONAL_AFFINITY_DISABLED"]);
 }
 
+/// Issue #32-6: the balancer never subsets, so the policy is refused rather than ignored.
 #[test]
-fn subsetting_without_zonal_affinity_accepted() {
+fn subsetting_without_zonal_affinity_rejected_as_unsupported() {
+    let text = toml_with("subsetting = \"CONSISTENT_HASH_SUBSETTING\"", "");
+    reject_text(&text, WEB, "subsetting", &["CONSISTENT_HASH_SUBSETTING", "not supported", "allowed: NONE"]);
     let mut cfg = base();
-    cfg.services[0].subsetting = Subsetting::ConsistentHashSubsetting;
-    cfg.validate().expect("subsetting alone is valid");
+    cfg.services[0].subsetting = Subsetting::None;
+    cfg.validate().expect("subsetting = NONE is the default");
 }
 
 // ------------------------------------------------------------------ backends and zones
@@ -540,6 +543,48 @@ fn distinct_listeners_accepted() {
     ] {
         Config::parse(&two_services(second)).unwrap_or_else(|e| panic!("{second}: {e}"));
     }
+}
+
+/// Issue #31-2: a backend that is a VIP would get its packets balanced again.
+#[test]
+fn backend_equal_to_a_vip_rejected() {
+    // Another service's VIP.
+    let text = two_services("vip = \"198.18.11.1\"\nprotocol = \"UDP\"\nports = [53]\n");
+    reject_text(&text, WEB, "backend[0].address", &["198.18.11.1", "the vip of service \"api\"", "no service's vip"]);
+    // Its own.
+    let mut cfg = base();
+    cfg.services[0].backends[1].address = cfg.services[0].vip;
+    reject_web(cfg, "backend[1].address", &["198.18.0.100", "this service's own vip"]);
+}
+
+/// Issue #31-2: a VIP held by an interface of the host (`lb validate`, `lb run`, reloads) is
+/// refused naming the interface; every such VIP at once, with the other problems.
+#[test]
+fn vip_on_a_host_interface_rejected() {
+    use lb_user::config::HostAddrs;
+    let text = two_services("vip = \"2001:db8::1\"\nprotocol = \"TCP\"\nports = [80]\n")
+        .replace("address = \"198.18.11.9\"", "address = \"2001:db8::11\"");
+    let host = HostAddrs::from_list(vec![
+        ("198.18.0.100".parse().unwrap(), "eth0".into()),
+        ("2001:db8::1".parse().unwrap(), "eth1".into()),
+        ("198.18.0.1".parse().unwrap(), "eth0".into()),
+    ]);
+    let path = Path::new("lb.toml");
+    Config::parse_file_text(path, &text, None).expect("valid without the host's addresses");
+    let err = Config::parse_file_text(path, &text, Some(&host)).unwrap_err();
+    let msg = err.to_string();
+    let v = config_error(&err).violations();
+    assert_eq!(v.len(), 2, "{msg}");
+    assert_eq!((v[0].service(), v[0].field.as_str()), (Some("web"), "vip"), "{msg}");
+    assert_eq!((v[1].service(), v[1].field.as_str()), (Some("api"), "vip"), "{msg}");
+    for needle in
+        ["lb.toml", "198.18.0.100 is an address of this host (interface eth0)", "2001:db8::1", "eth1", "allowed:"]
+    {
+        assert!(msg.contains(needle), "message lacks {needle:?}: {msg}");
+    }
+    // The host's other addresses are no VIP: accepted.
+    let other = HostAddrs::from_list(vec![("198.18.0.1".parse().unwrap(), "eth0".into())]);
+    Config::parse_file_text(path, &text, Some(&other)).expect("no VIP is the host's");
 }
 
 #[test]

@@ -57,6 +57,31 @@ fn a5_priorities_default_to_file_order() {
     reject(&two("PRIORITY", "priority = 1", ""), TM, "backend[1].priority", &["every endpoint or on none"]);
 }
 
+/// Issue #32-6: a weight is drawn by WEIGHTED only; elsewhere it would be ignored, so it is
+/// refused (1, the default, is what every endpoint counts as anyway).
+#[test]
+fn weight_refused_outside_weighted() {
+    for method in ["PRIORITY", "PERFORMANCE", "MULTIVALUE", "SUBNET"] {
+        // What each method needs of the two endpoints besides the weight.
+        let (e1, e2) = match method {
+            "PERFORMANCE" => ("location = \"westeurope\"\n", "location = \"westeurope\"\n"),
+            "SUBNET" => ("subnets = [\"10.0.0.0/8\"]\n", ""),
+            _ => ("", ""),
+        };
+        let text = two(method, &format!("{e1}weight = 5"), e2);
+        reject(&text, TM, "backend[0].weight", &["5 is used only with routing_method = WEIGHTED", method, "allowed 1"]);
+        accept(&two(method, &format!("{e1}weight = 1"), e2));
+    }
+    accept(&two("WEIGHTED", "weight = 5", ""));
+}
+
+/// Issue #32-6: `ttl` goes only into the DNS answers for `dns_name`; without one it is refused.
+#[test]
+fn ttl_refused_without_dns_name() {
+    reject(&svc("tm", "PRIORITY", "ttl = 30", &[ep("a", "192.0.2.1", "")]), TM, "ttl", &["dns_name", "remove ttl"]);
+    accept(&svc("tm", "PRIORITY", "ttl = 30\ndns_name = \"tm.example\"", &[ep("a", "192.0.2.1", "")]));
+}
+
 #[test]
 fn a6_priority_duplicate_or_out_of_range() {
     reject(

@@ -175,7 +175,7 @@ fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
     let (full, part) = (&all.services[0].tables[0].entries, &partial.services[0].tables[0].entries);
     let failed_id = all.services[0].backend_ids[0];
     let own = full.iter().filter(|&&b| b == failed_id).count();
-    let collateral = full.iter().zip(part).filter(|(f, p)| **f != failed_id && f != p).count();
+    let collateral = full.iter().zip(part.iter()).filter(|(f, p)| **f != failed_id && f != p).count();
     println!(
         "Maglev table (M = {}): the failed backend held {own} slots; {collateral} other slots change ({:.2} %)",
         full.len(),

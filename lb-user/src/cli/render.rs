@@ -80,6 +80,10 @@ pub fn status(v: &Status) -> String {
     if v.pins != "ok" {
         let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", v.pins);
     }
+    if let Some(why) = &v.reloads.last_refusal {
+        let r = &v.reloads;
+        let _ = writeln!(out, "last reload refused ({} refused, {} applied): {why}", r.refused, r.applied);
+    }
     for svc in &v.services {
         let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
@@ -347,6 +351,7 @@ mod tests {
             pins: "ok".into(),
             services,
             announce: None,
+            reloads: Default::default(),
         }
     }
 

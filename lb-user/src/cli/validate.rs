@@ -1,13 +1,16 @@
 //! `lb validate --config FILE`: checks a configuration offline, as `lb run` and `lb reload`
-//! would (every rule, then compiling its tables), and lists every problem at once.
+//! would (every rule, then compiling its tables), and lists every problem at once. VIPs are
+//! checked against the addresses of the host it runs on (in its network namespace).
 
-use crate::config::Config;
+use crate::config::{Config, HostAddrs};
 use crate::controller::Controller;
+use anyhow::Context;
 use std::path::Path;
 
 /// Ok with a one-line summary, or the error listing every problem (the command exits 1).
 pub fn check(path: &Path) -> anyhow::Result<String> {
-    let cfg = Config::load(path)?;
+    let host = HostAddrs::current().context("listing this host's addresses (no VIP may be one of them)")?;
+    let cfg = Config::load_on(path, Some(&host))?;
     let services = cfg.services.len();
     let backends: usize = cfg.services.iter().map(|s| s.backends.len()).sum();
     // What the rules cannot see (e.g. more client classes than a service can hold) shows when

@@ -51,7 +51,8 @@ pub struct CompiledService {
 pub struct ClassTable {
     pub class: u32,
     pub flags: u32,
-    pub entries: Vec<u32>,
+    /// Shared by the classes with the same members (see [`TableCache::build_entries`]).
+    pub entries: std::sync::Arc<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -217,9 +218,7 @@ fn class_table(
         class.members.iter().zip(&keys).map(|(e, key)| MaglevBackend { key, weight: e.weight }).collect();
     let member_ids: Vec<u32> =
         class.members.iter().map(|e| ids.backend(&cfg.services[e.service].name, e.address)).collect();
-    let picks = cache.build(&members, m)?;
-    let entries =
-        picks.iter().map(|&i| if i == lb_common::maps::BACKEND_DROP { i } else { member_ids[i as usize] }).collect();
+    let entries = cache.build_entries(&members, &member_ids, m)?;
     let mut flags = if class.zonal { table_flags::ZONAL } else { 0 };
     if class.unroutable {
         flags |= table_flags::UNROUTABLE;

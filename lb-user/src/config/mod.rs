@@ -6,6 +6,8 @@
 
 mod announce;
 mod error;
+pub mod file;
+mod host;
 pub mod monitor;
 mod prefix;
 pub mod ranges;
@@ -16,6 +18,7 @@ mod validate;
 
 pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
 pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
+pub use host::HostAddrs;
 pub use tm_validate::{canonical_dns_name, check_dns_name};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_CONNTRACK_ENTRIES, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
@@ -201,7 +204,7 @@ pub struct Service {
     pub connection_draining: ConnectionDraining,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
-    /// `subsetting.policy`; CONSISTENT_HASH_SUBSETTING is incompatible with zonal affinity.
+    /// `subsetting.policy`; only NONE: CONSISTENT_HASH_SUBSETTING is refused (not supported).
     #[serde(default)]
     pub subsetting: Subsetting,
     #[serde(default, rename = "backend")]
@@ -426,10 +429,22 @@ impl Config {
 
     /// Read, parse and validate a configuration file. Every error names the file.
     /// The error is a [`ConfigError`] (downcast to inspect the individual violations).
+    /// Only a regular file of at most [`file::MAX_CONFIG_BYTES`] is read.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let in_file = |kind| ConfigError { file: Some(path.to_path_buf()), kind };
-        let text = std::fs::read_to_string(path).map_err(|e| in_file(ConfigErrorKind::Read(e)))?;
-        Self::parse_text(&text).map_err(|kind| in_file(kind).into())
+        Self::load_on(path, None)
+    }
+
+    /// [`Config::load`]; with `host`, no VIP may be one of its addresses.
+    pub fn load_on(path: &Path, host: Option<&HostAddrs>) -> anyhow::Result<Config> {
+        let text = file::read(path)
+            .map_err(|e| ConfigError { file: Some(path.to_path_buf()), kind: ConfigErrorKind::Read(e) })?;
+        Self::parse_file_text(path, &text, host)
+    }
+
+    /// Parse and validate the text read from `path` (errors name the file, as `load`'s do);
+    /// with `host`, no VIP may be one of its addresses (`lb validate`, `lb run`, reloads).
+    pub fn parse_file_text(path: &Path, text: &str, host: Option<&HostAddrs>) -> anyhow::Result<Config> {
+        Self::parse_text_on(text, host).map_err(|kind| ConfigError { file: Some(path.to_path_buf()), kind }.into())
     }
 
     /// Parse and validate configuration text. The error is a [`ConfigError`] without a file.
@@ -438,9 +453,13 @@ impl Config {
     }
 
     fn parse_text(text: &str) -> Result<Config, ConfigErrorKind> {
+        Self::parse_text_on(text, None)
+    }
+
+    fn parse_text_on(text: &str, host: Option<&HostAddrs>) -> Result<Config, ConfigErrorKind> {
         let cfg: Config =
             toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(recover::all_errors(text, first)))?;
-        let violations = cfg.violations();
+        let violations = validate::check(&cfg, host);
         if violations.is_empty() {
             Ok(cfg)
         } else {
@@ -461,6 +480,6 @@ impl Config {
 
     /// The list of violations (empty = valid), in file order.
     pub fn violations(&self) -> Vec<Violation> {
-        validate::check(self)
+        validate::check(self, None)
     }
 }

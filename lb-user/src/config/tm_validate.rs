@@ -174,6 +174,26 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
     if let Some(ttl) = svc.ttl {
         if ttl > MAX_TTL {
             r.push("ttl", format!("{ttl} is out of range: allowed 0..={MAX_TTL} seconds"));
+        } else if svc.dns_name.is_none() {
+            // The TTL only goes into the DNS front's answers for `dns_name` (issue #32-6).
+            r.push(
+                "ttl",
+                "only used in the DNS answers for the service's dns_name, and this service has none: \
+                 set dns_name (answered by [dns]) or remove ttl",
+            );
+        }
+    }
+    // Only WEIGHTED draws by weight (spec §2.4); elsewhere a weight would be ignored (issue #32-6).
+    if method != RoutingMethod::Weighted {
+        for (i, b) in svc.backends.iter().enumerate().filter(|(_, b)| b.weight != 1) {
+            r.push(
+                format!("backend[{i}].weight"),
+                format!(
+                    "{} is used only with routing_method = WEIGHTED (or ZONAL); with {method} every \
+                     endpoint counts once: allowed 1 (the default) or no weight",
+                    b.weight
+                ),
+            );
         }
     }
     match (svc.max_return, method) {

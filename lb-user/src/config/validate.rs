@@ -86,7 +86,8 @@ impl Report<'_> {
     }
 }
 
-pub(super) fn check(cfg: &Config) -> Vec<Violation> {
+/// Every rule; with `host`, also that no VIP is one of its addresses (`super::host`).
+pub(super) fn check(cfg: &Config, host: Option<&super::HostAddrs>) -> Vec<Violation> {
     let mut out = Sink::default();
     check_dataplane(&cfg.dataplane, &mut out);
     if let Some(a) = &cfg.announce {
@@ -101,6 +102,10 @@ pub(super) fn check(cfg: &Config) -> Vec<Violation> {
     }
     check_service_names(&cfg.services, &mut out);
     check_listeners(&cfg.services, &mut out);
+    check_backends_are_not_vips(&cfg.services, &mut out);
+    if let Some(host) = host {
+        super::host::check(cfg, host, &mut out);
+    }
     super::tm_validate::check_client_inputs(cfg, &mut out);
     super::tm_validate::check_nesting(cfg, &mut out);
     super::tm_validate::check_dns_names(cfg, &mut out);
@@ -300,6 +305,7 @@ fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
     }
     check_ports(svc, r);
     check_zonal_affinity(svc, r);
+    check_subsetting(svc, r);
     check_failover_policy(svc, r);
     check_connection_tracking(svc, r);
     if svc.connection_draining.draining_timeout_sec > MAX_DRAINING_TIMEOUT_SEC {
@@ -359,20 +365,33 @@ fn check_zonal_affinity(svc: &Service, r: &mut Report) {
             ),
         );
     }
-    // Spec §1.5: zonal affinity is incompatible with backend subsetting (vector Z19).
-    if za.spillover != Spillover::Disabled && svc.subsetting != Subsetting::None {
-        r.push(
-            "subsetting",
-            format!(
-                "{} is incompatible with zonal_affinity.spillover = {}: with subsetting the spillover \
-                 must be {}; or set subsetting = {}",
-                svc.subsetting,
-                za.spillover,
-                Spillover::Disabled,
-                Subsetting::None
-            ),
-        );
+}
+
+/// `subsetting`: the balancer always spreads over every backend of the service, so a subsetting
+/// policy would be silently ignored; it is refused (issue #32-6). Spec §1.5 (vector Z19) would
+/// refuse it with zonal affinity anyway; the message says so too.
+fn check_subsetting(svc: &Service, r: &mut Report) {
+    if svc.subsetting == Subsetting::None {
+        return;
     }
+    let spillover = svc.zonal_affinity.spillover;
+    let z19 = if spillover != Spillover::Disabled {
+        format!(
+            " (with zonal_affinity.spillover = {spillover} it would be refused in any case: backend \
+             subsetting needs spillover = {})",
+            Spillover::Disabled
+        )
+    } else {
+        String::new()
+    };
+    r.push(
+        "subsetting",
+        format!(
+            "{} is not supported: the balancer always uses every backend of the service; allowed: {}{z19}",
+            svc.subsetting,
+            Subsetting::None
+        ),
+    );
 }
 
 fn check_failover_policy(svc: &Service, r: &mut Report) {
@@ -711,6 +730,35 @@ fn check_listeners(services: &[Service], out: &mut Sink) {
             ));
         }
         out.push(Violation { scope: Scope::Service { index, name: svc.name.clone() }, field, problem });
+    }
+}
+
+/// No backend address may be a VIP (of its own service or another): its packets would come back
+/// to the balancer and be balanced again (issue #31-2).
+fn check_backends_are_not_vips(services: &[Service], out: &mut Sink) {
+    let mut vips: HashMap<IpAddr, usize> = HashMap::new();
+    for (index, svc) in services.iter().enumerate() {
+        vips.entry(svc.vip).or_insert(index);
+    }
+    for (index, svc) in services.iter().enumerate() {
+        let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
+        for (i, b) in svc.backends.iter().enumerate().filter(|(_, b)| !b.is_nested()) {
+            if let Some(&owner) = vips.get(&b.address) {
+                let whose = if owner == index {
+                    "this service's own vip".to_string()
+                } else {
+                    format!("the vip of {}", Scope::Service { index: owner, name: services[owner].name.clone() })
+                };
+                r.push(
+                    format!("backend[{i}].address"),
+                    format!(
+                        "{} is {whose}: a backend cannot be a VIP (its packets would be balanced again); \
+                         allowed: an address that is no service's vip",
+                        b.address
+                    ),
+                );
+            }
+        }
     }
 }
 

@@ -274,6 +274,7 @@ mod tests {
             pins: "ok".into(),
             services: vec![],
             announce: None,
+            reloads: Default::default(),
         }
     }
 

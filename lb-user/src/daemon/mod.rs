@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod neighbours;
 mod netlink;
 pub mod notify;
+pub mod reload;
 pub mod reply;
 pub mod state;
 pub mod trace;
@@ -253,6 +254,8 @@ struct Daemon {
     compiling: bool,
     again: bool,
     compiled: mpsc::UnboundedSender<(u64, CompileOutput)>,
+    /// Reloads waiting for their read of the configuration file, off the loop (`reload`).
+    reloads: reload::Reloads,
 }
 
 fn state_path(args: &RunArgs) -> PathBuf {
@@ -260,7 +263,9 @@ fn state_path(args: &RunArgs) -> PathBuf {
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
-    let mut cfg = Config::load(&args.config)?;
+    // Read off the loop as a reload's is: a FIFO or a hung mount fails the start, not hangs it.
+    let text = reload::read_once(&args.config).await;
+    let mut cfg = reload::parse(&args.config, &text)?;
     for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
         tracing::info!("{line}");
     }
@@ -291,7 +296,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             return Err(e);
         }
     };
-    let (mut d, (_tasks, health_rx, snapshot_rx, compiled_rx)) = match start(args.clone(), cfg).await {
+    let (mut d, (_tasks, health_rx, snapshot_rx, compiled_rx, reload_rx)) = match start(args.clone(), cfg).await {
         Ok(started) => started,
         Err((e, found)) => {
             let _ = std::fs::remove_file(&args.socket);
@@ -316,7 +321,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     d.lock = Some(lock);
-    serve(d, listener, (health_rx, snapshot_rx, compiled_rx), (hup, term, int)).await
+    serve(d, listener, (health_rx, snapshot_rx, compiled_rx, reload_rx), (hup, term, int)).await
 }
 
 /// What a start found in the pin directory: what its clean-up after a failure may remove.
@@ -339,6 +344,7 @@ type Started = (
     mpsc::Receiver<HealthEvent>,
     mpsc::Receiver<metrics::SnapshotRequest>,
     mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+    mpsc::UnboundedReceiver<reload::ConfigRead>,
 );
 
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
@@ -479,6 +485,7 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
     }
     // Attached and tables written: from here on the VIPs may be announced.
     let announcer = ctl.config().announce.as_ref().map(Announcer::open).transpose().map_err(fail)?;
+    let (reloads, reload_rx) = reload::Reloads::new(&args.config);
     let mut d = Daemon {
         args,
         ctl,
@@ -502,12 +509,13 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
         compiling: false,
         again: false,
         compiled,
+        reloads,
     };
     d.announce();
     d.keep_neighbours();
     d.save_state();
     d.start_checkers();
-    Ok((d, (tasks, health_rx, snapshot_rx, compiled_rx)))
+    Ok((d, (tasks, health_rx, snapshot_rx, compiled_rx, reload_rx)))
 }
 
 /// Resumes from the previous daemon's state file (ids, generations, health, overrides,
@@ -534,12 +542,13 @@ type Events = (
     mpsc::Receiver<HealthEvent>,
     mpsc::Receiver<metrics::SnapshotRequest>,
     mpsc::UnboundedReceiver<(u64, CompileOutput)>,
+    mpsc::UnboundedReceiver<reload::ConfigRead>,
 );
 
 /// The daemon's loop: health events, control requests and signals, until SIGTERM or SIGINT.
 async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events, signals: Signals) -> Result<()> {
     let (mut hup, mut term, mut int) = signals;
-    let (mut health_rx, mut snapshot_rx, mut compiled_rx) = events;
+    let (mut health_rx, mut snapshot_rx, mut compiled_rx, mut reload_rx) = events;
     // Deadlines the data plane does not keep itself (the end of a pool-change drain) are
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -578,15 +587,18 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
                 d.check_trace();
             }
             Some(pending) = request_rx.recv() => {
-                let resp = d.handle(pending.request);
-                let _ = pending.reply.send(resp);
+                if matches!(pending.request, Request::Reload | Request::ReloadDryRun) {
+                    d.reloads.request(reload::Origin::Request(pending));
+                } else {
+                    let resp = d.handle(pending.request, None);
+                    let _ = pending.reply.send(resp);
+                }
             }
             _ = hup.recv() => {
                 notify::reloading();
-                let result = d.reload();
-                audit("reload", "SIGHUP", &result);
-                notify::ready(&d.summary());
+                d.reloads.request(reload::Origin::Signal);
             }
+            Some(read) = reload_rx.recv() => d.on_config_read(&read),
             _ = async { if let Some(w) = watchdog.as_mut() { w.tick().await } else { std::future::pending().await } } => notify::watchdog(),
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -905,15 +917,35 @@ impl Daemon {
         )
     }
 
-    /// Reload the config file: a config that fails validation or does not fit changes nothing.
-    fn reload(&mut self) -> Result<reply::Reloaded> {
-        let result = self.try_reload();
+    /// A read of the config file for reloads ended: each reload waiting for it is done (or
+    /// refused) and answered.
+    fn on_config_read(&mut self, read: &reload::ConfigRead) {
+        for origin in self.reloads.finished() {
+            match origin {
+                reload::Origin::Signal => {
+                    let result = self.reload(read);
+                    audit("reload", "SIGHUP", &result);
+                    notify::ready(&self.summary());
+                }
+                reload::Origin::Request(pending) => {
+                    let resp = self.handle(pending.request, Some(read));
+                    let _ = pending.reply.send(resp);
+                }
+            }
+        }
+    }
+
+    /// Reload the config file (its text `read` off the loop): a config that cannot be read,
+    /// fails validation or does not fit changes nothing.
+    fn reload(&mut self, read: &reload::ConfigRead) -> Result<reply::Reloaded> {
+        let result = self.try_reload(read);
         self.metrics.reload(result.is_ok());
+        self.reloads.record(&result);
         result
     }
 
-    fn try_reload(&mut self) -> Result<reply::Reloaded> {
-        let mut cfg = Config::load(&self.args.config)?;
+    fn try_reload(&mut self, read: &reload::ConfigRead) -> Result<reply::Reloaded> {
+        let mut cfg = reload::parse(&self.args.config, read)?;
         for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
             tracing::debug!("{line}");
         }
@@ -928,8 +960,8 @@ impl Daemon {
     }
 
     /// What reloading the config file would change; refused as the reload would be.
-    fn reload_dry_run(&mut self) -> Result<reply::ReloadPlan> {
-        let cfg = Config::load(&self.args.config)?;
+    fn reload_dry_run(&mut self, read: &reload::ConfigRead) -> Result<reply::ReloadPlan> {
+        let cfg = reload::parse(&self.args.config, read)?;
         fits(self.dp.sizes(), self.ctl.config(), &cfg)?;
         let now = self.dp.now_ns()?;
         let next = self.ctl.preview_config(cfg.clone(), now)?;
@@ -937,7 +969,11 @@ impl Daemon {
         Ok(dry_run::plan(&self.args.config, self.ctl.config(), self.ctl.applied(), &cfg, &next))
     }
 
-    fn handle(&mut self, req: Request) -> Response {
+    /// Answers a control request; `read` is the config file's text for a reload (read off the
+    /// loop, see `reload`).
+    fn handle(&mut self, req: Request, read: Option<&reload::ConfigRead>) -> Response {
+        let unread = Err("internal error: reload without a read of the configuration".to_owned());
+        let read = read.unwrap_or(&unread);
         // Operator actions are audited, accepted or refused.
         let action = match &req {
             Request::BackendSet { service, address, health } => {
@@ -982,8 +1018,8 @@ impl Daemon {
                 .undrain(&service, address)
                 .and_then(|_| self.reconcile())
                 .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
-            Request::Reload => self.reload().map(Reply::Reloaded),
-            Request::ReloadDryRun => self.reload_dry_run().map(Reply::ReloadPlan),
+            Request::Reload => self.reload(read).map(Reply::Reloaded),
+            Request::ReloadDryRun => self.reload_dry_run(read).map(Reply::ReloadPlan),
             Request::HostDrain { grace_sec } => self.host_drain(grace_sec).map(Reply::HostDrain),
             Request::TraceStart { spec, seconds } => self.trace_start(&spec, seconds).map(Reply::Trace),
             Request::TraceStop => self.trace_stop("lb trace stopped").map(Reply::Trace),
@@ -1064,6 +1100,7 @@ impl Daemon {
             pins,
             services,
             announce,
+            reloads: self.reloads.counts().clone(),
         }
     }
 

@@ -20,6 +20,18 @@ pub struct Status {
     pub services: Vec<ServiceStatus>,
     /// The VIP announcement (`[announce]`), if configured.
     pub announce: Option<AnnounceStatus>,
+    /// Reloads since the daemon started (SIGHUP or `lb reload`).
+    #[serde(default)]
+    pub reloads: ReloadCounts,
+}
+
+/// Reloads applied and refused, and why the last one was refused if no reload was applied
+/// since (`lb status`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadCounts {
+    pub applied: u64,
+    pub refused: u64,
+    pub last_refusal: Option<String>,
 }
 
 /// One interface's XDP attachment (`lb status`).

@@ -15,8 +15,13 @@ pub fn check(path: &Path) -> anyhow::Result<String> {
     let backends: usize = cfg.services.iter().map(|s| s.backends.len()).sum();
     // What the rules cannot see (e.g. more client classes than a service can hold) shows when
     // the tables are compiled.
+    let notices = cfg.notices();
     Controller::new(cfg).preview(0).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
-    Ok(format!("{}: valid ({services} services, {backends} backends)", path.display()))
+    let mut summary = format!("{}: valid ({services} services, {backends} backends)", path.display());
+    for n in notices {
+        summary += &format!("\nwarning: {n}");
+    }
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -29,6 +34,16 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    #[test]
+    fn settings_without_effect_are_warned_about() {
+        let path = file("mac.toml", "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n[[service.backend]]\naddress = \"198.18.11.1\"\nmac = \"02:00:00:00:00:01\"\n");
+        let summary = check(&path).unwrap();
+        assert!(
+            summary.contains("valid (1 services, 1 backends)\nwarning: service \"web\": backend[0].mac: has no effect"),
+            "{summary}"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod error;
 pub mod file;
 mod host;
 pub mod monitor;
+mod notices;
 mod prefix;
 pub mod ranges;
 mod recover;
@@ -476,6 +477,11 @@ impl Config {
         } else {
             Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
         }
+    }
+
+    /// The settings that have no effect in this configuration (warnings, see `notices`).
+    pub fn notices(&self) -> Vec<Violation> {
+        notices::notices(self)
     }
 
     /// The list of violations (empty = valid), in file order.

@@ -262,10 +262,19 @@ fn state_path(args: &RunArgs) -> PathBuf {
     state::path_for(&args.socket)
 }
 
+/// Logs the settings of `cfg` that have no effect (`config::notices`), as the file has them
+/// (before defaults are filled in).
+fn warn_notices(path: &Path, cfg: &Config) {
+    for n in cfg.notices() {
+        tracing::warn!("{}: {n}", path.display());
+    }
+}
+
 pub async fn run(args: RunArgs) -> Result<()> {
     // Read off the loop as a reload's is: a FIFO or a hung mount fails the start, not hangs it.
     let text = reload::read_once(&args.config).await;
     let mut cfg = reload::parse(&args.config, &text)?;
+    warn_notices(&args.config, &cfg);
     for line in tunnel_source::fill_defaults(&mut cfg, &args.interfaces, tunnel_source::primary_address)? {
         tracing::info!("{line}");
     }
@@ -946,6 +955,7 @@ impl Daemon {
 
     fn try_reload(&mut self, read: &reload::ConfigRead) -> Result<reply::Reloaded> {
         let mut cfg = reload::parse(&self.args.config, read)?;
+        warn_notices(&self.args.config, &cfg);
         for line in tunnel_source::fill_defaults(&mut cfg, &self.args.interfaces, tunnel_source::primary_address)? {
             tracing::debug!("{line}");
         }

@@ -1,0 +1,108 @@
+//! Settings a configuration accepts that have no effect in it: each one a warning (`lb
+//! validate` prints them, the daemon logs them at start and at every reload), never silently
+//! ignored. They are warnings, not errors, because each applies only with something else in the
+//! file (a forwarding method, a section, a routing method): refusing them would make an operator
+//! delete and retype them to switch a service's forwarding or to stage a section. Settings that
+//! could never take effect are refused instead (`validate`: `subsetting`, Traffic Manager
+//! weights and TTLs).
+
+use super::{Config, Scope, Violation};
+use crate::model::{Forwarding, RoutingMethod};
+
+/// The warnings of `cfg`, in file order.
+pub fn notices(cfg: &Config) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let ipip = |v4: bool| cfg.services.iter().any(|s| s.forwarding == Forwarding::Ipip && s.vip.is_ipv4() == v4);
+    for (field, set, v4) in [
+        ("dataplane.encap_source_v4", cfg.dataplane.encap_source_v4.is_some(), true),
+        ("dataplane.encap_source_v6", cfg.dataplane.encap_source_v6.is_some(), false),
+    ] {
+        if set && !ipip(v4) {
+            let family = if v4 { "IPv4" } else { "IPv6" };
+            out.push(Violation {
+                scope: Scope::Dataplane,
+                field: field.into(),
+                problem: format!("has no effect: no {family} service forwards with IPIP"),
+            });
+        }
+    }
+    let method_used = |m: RoutingMethod| cfg.services.iter().any(|s| s.routing_method == m);
+    if !cfg.latency.is_empty() && !method_used(RoutingMethod::Performance) {
+        out.push(Violation {
+            scope: Scope::Latency { index: 0 },
+            field: "latency".into(),
+            problem: "has no effect: no service uses routing_method PERFORMANCE".into(),
+        });
+    }
+    if !cfg.geo.is_empty() && !method_used(RoutingMethod::Geographic) {
+        out.push(Violation {
+            scope: Scope::Geo { index: 0 },
+            field: "geo".into(),
+            problem: "has no effect: no service uses routing_method GEOGRAPHIC".into(),
+        });
+    }
+    for (index, s) in cfg.services.iter().enumerate() {
+        let scope = || Scope::Service { index, name: s.name.clone() };
+        if s.dns_name.is_some() && cfg.dns.is_none() {
+            out.push(Violation {
+                scope: scope(),
+                field: "dns_name".into(),
+                problem: "has no effect without a [dns] section (nothing answers for the name)".into(),
+            });
+        }
+        if s.forwarding != Forwarding::L2Dsr {
+            for (b, backend) in s.backends.iter().enumerate() {
+                if backend.mac.is_some() {
+                    out.push(Violation {
+                        scope: scope(),
+                        field: format!("backend[{b}].mac"),
+                        problem: format!(
+                            "has no effect: only forwarding = \"L2_DSR\" sends to a backend's MAC (this service forwards with {})",
+                            s.forwarding.as_str()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notes(text: &str) -> Vec<String> {
+        notices(&Config::parse(text).unwrap()).iter().map(|v| v.to_string()).collect()
+    }
+
+    const WEB: &str = "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n";
+
+    #[test]
+    fn settings_without_effect_are_named() {
+        let text = format!(
+            "[dataplane]\nencap_source_v4 = \"198.18.0.1\"\nencap_source_v6 = \"2001:db8::1\"\n\
+             [[geo]]\nclient_prefixes = [\"198.18.1.0/24\"]\nregion = \"DE\"\n{WEB}routing_method = \"PRIORITY\"\n\
+             dns_name = \"web.example.net\"\nforwarding = \"L2_DSR\"\n\
+             [[service.backend]]\naddress = \"198.18.11.1\"\nmac = \"02:00:00:00:00:01\"\n\
+             [[service]]\nname = \"db\"\nvip = \"198.18.0.101\"\nprotocol = \"TCP\"\nports = [5432]\n\
+             [[service.backend]]\naddress = \"198.18.11.2\"\nmac = \"02:00:00:00:00:02\"\n"
+        );
+        let got = notes(&text);
+        let want = [
+            "dataplane.encap_source_v6: has no effect: no IPv6 service forwards with IPIP",
+            "geo[0]: geo: has no effect: no service uses routing_method GEOGRAPHIC",
+            "service \"web\": dns_name: has no effect without a [dns] section (nothing answers for the name)",
+            "service \"db\": backend[0].mac: has no effect: only forwarding = \"L2_DSR\" sends to a backend's MAC (this service forwards with IPIP)",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_configuration_whose_settings_all_apply_has_none() {
+        let text = format!(
+            "[dataplane]\nencap_source_v4 = \"198.18.0.1\"\n{WEB}[[service.backend]]\naddress = \"198.18.11.1\"\n"
+        );
+        assert!(notes(&text).is_empty());
+    }
+}

@@ -406,10 +406,18 @@ pub mod stat {
         /// loss (its stack must lower the size itself). Nonzero means clients that clear DF
         /// send more than the path to the backends carries: raise that MTU (README, MTU).
         DROP_TOO_BIG_NO_DF = "drop_too_big_no_df",
+        /// A later fragment (no ports) of a TCP or UDP datagram to a VIP whose services listen on
+        /// given ports: it carries nothing to match them, so it passes to the host's stack (only
+        /// a service on every port, `ports` empty, or L3_DEFAULT balances fragments).
+        PASS_FRAGMENT = "pass_fragment",
+        /// A new flow whose source is a VIP, or the address of the backend it would go to: a
+        /// spoofed or looped packet (a backend holds its VIP on its loopback and reaches it
+        /// locally), dropped instead of forwarded.
+        DROP_MARTIAN = "drop_martian",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
-    pub const GLOBAL_COUNT: u32 = 30;
+    pub const GLOBAL_COUNT: u32 = 32;
     const _: () = assert!(NAMES.len() <= GLOBAL_COUNT as usize);
 }
 
@@ -539,9 +547,9 @@ const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
-// 30 counters and the search record. A pinned `STATS` of another size (256 bytes before
-// `drop_too_big_no_df`) is replaced at adoption, as every map whose size changed.
-const _: () = assert!(core::mem::size_of::<GlobalStats>() == 264);
+// 32 counters and the search record. A pinned `STATS` of another size (264 bytes before
+// `pass_fragment` and `drop_martian`) is replaced at adoption, as every map whose size changed.
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 280);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 const _: () = assert!(core::mem::size_of::<BackendCounters>() == 24);

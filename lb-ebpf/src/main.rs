@@ -34,7 +34,7 @@ use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
 use lb_common::hash::flow_hash;
 use lb_common::maps::{
     forwarding, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef, BACKEND_DROP,
-    FAMILY_V4,
+    FAMILY_V4, PROTO_TCP, PROTO_UDP,
 };
 use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
 use lb_ebpf::packet::{as_key, parse_eth, Verdict};
@@ -208,7 +208,14 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
         Some(s) => s,
         None => {
             // Not a VIP, or a VIP without a service on this port/protocol: the host's business.
-            counters.inc(stat::PASS_NOT_VIP);
+            // A later fragment of TCP/UDP (no ports to match) to a VIP is counted apart: only a
+            // service on every port balances fragments.
+            let fragment = !pkt.ports_valid && (pkt.tuple.proto == PROTO_TCP || pkt.tuple.proto == PROTO_UDP);
+            if fragment && parse::is_vip(pkt.tuple.dst, pkt.family) {
+                counters.inc(stat::PASS_FRAGMENT);
+            } else {
+                counters.inc(stat::PASS_NOT_VIP);
+            }
             return xdp_action::XDP_PASS;
         }
     };
@@ -252,6 +259,11 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
             counters.inc(stat::CT_MISS);
             let Choice { backend, reason, class, table, id, hash } = choice;
             let Some(b) = backend else { return drop(reason, counters) };
+            // Martians: a new flow from a VIP, or from the backend it would go to. Checked here
+            // only: a hit's entry was made by a first packet that passed this check.
+            if b.addr == pkt.tuple.src || parse::is_vip(pkt.tuple.src, pkt.family) {
+                return drop(stat::DROP_MARTIAN, counters);
+            }
             let entry = CtEntry {
                 backend: id,
                 pool_gen: svc.pool_gen,
@@ -260,7 +272,12 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
                 backend_gen: b.generation,
                 hash,
             };
-            let written = if new_by_rule {
+            // An ICMP error quoting a flow follows the flow's entry or, without one, the
+            // stateless choice: it never makes an entry (a forged one could otherwise pin a
+            // flow the client never opened).
+            let written = if pkt.quoted {
+                true
+            } else if new_by_rule {
                 key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
             } else {
                 key.insert(&entry, svc.idle_timeout_ns, counters)

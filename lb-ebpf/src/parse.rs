@@ -35,6 +35,9 @@ pub struct Packet {
     pub ports_valid: bool,
     /// TCP SYN without ACK.
     pub is_syn: bool,
+    /// An ICMP error that took the tuple of the flow it quotes (`quoted_flow`): it follows
+    /// that flow's entry or the stateless choice, and never makes an entry.
+    pub quoted: bool,
     /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
     pub tclass: u8,
     /// IPv4: the header's second word with only the identification and DF kept, as the outer
@@ -106,6 +109,7 @@ pub fn parse_v4_fast(ctx: &XdpContext) -> Option<Packet> {
         tuple: fast_tuple([src, 0, 0, 0], [dst, 0, 0, 0], ports, proto),
         ports_valid: true,
         is_syn,
+        quoted: false,
         tclass: (w0 >> 8) as u8,
         id_df: w1 & ID_DF,
     })
@@ -149,6 +153,7 @@ pub fn parse_v6_fast(ctx: &XdpContext) -> Option<Packet> {
         ),
         ports_valid: true,
         is_syn,
+        quoted: false,
         // Version (4 bits), traffic class (8), flow label (20), big-endian.
         tclass: (u32::from_be(w0) >> 20) as u8,
         id_df: 0,
@@ -218,6 +223,7 @@ pub fn parse_v4(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         tuple: FlowTuple { src: [src, 0, 0, 0], dst: [dst, 0, 0, 0], sport: 0, dport: 0, proto, _pad: [0; 3] },
         ports_valid: false,
         is_syn: false,
+        quoted: false,
         tclass: (w0 >> 8) as u8,
         id_df: w1 & ID_DF,
     };
@@ -300,6 +306,7 @@ pub fn parse_v6(ctx: &XdpContext, l3_off: usize) -> Result<Packet, Verdict> {
         },
         ports_valid: false,
         is_syn: false,
+        quoted: false,
         // Version (4 bits), traffic class (8), flow label (20), big-endian.
         tclass: (u32::from_be(w0) >> 20) as u8,
         id_df: 0,
@@ -408,4 +415,5 @@ fn quoted_flow(ctx: &XdpContext, pkt: &mut Packet, l4_off: usize, l3_end: usize)
     pkt.tuple.dport = ports as u16;
     pkt.tuple.proto = proto;
     pkt.ports_valid = true;
+    pkt.quoted = true;
 }

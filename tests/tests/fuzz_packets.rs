@@ -44,8 +44,8 @@ const CI_FRAMES: u64 = 1_000_000;
 const BATCH: u64 = 256;
 
 /// Counters that end a frame's run: exactly one of them moves per frame.
-const PASSES: [u32; 2] = [stat::PASS_NOT_VIP, stat::PASS_NOT_OUR_MAC];
-const DROPS: [u32; 11] = [
+const PASSES: [u32; 3] = [stat::PASS_NOT_VIP, stat::PASS_NOT_OUR_MAC, stat::PASS_FRAGMENT];
+const DROPS: [u32; 12] = [
     stat::DROP_TRUNCATED_ETH,
     stat::DROP_TRUNCATED_IP,
     stat::DROP_BAD_IP_HEADER,
@@ -57,6 +57,7 @@ const DROPS: [u32; 11] = [
     stat::DROP_UNROUTABLE,
     stat::DROP_CLASS_UNROUTABLE,
     stat::DROP_TOO_BIG,
+    stat::DROP_MARTIAN,
 ];
 
 fn near4(i: u8) -> IpAddr {

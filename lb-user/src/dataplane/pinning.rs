@@ -123,6 +123,15 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
             "CONNTRACK4" => Some(std::mem::size_of::<lb_common::ct_table::Bucket4>()),
             _ => None,
         };
+        // The global counters' record grows when counters are added: a program of this version
+        // reads past the end of an older, smaller record (the verifier refuses it).
+        let stats = std::mem::size_of::<lb_common::maps::GlobalStats>();
+        if name == "STATS" && info.value_size() as usize != stats && mismatch.is_none() {
+            mismatch = Some(format!(
+                "STATS holds records of {} bytes, this version counts in {stats} (more counters)",
+                info.value_size()
+            ));
+        }
         if let Some(size) = layout {
             if info.value_size() as usize != size && mismatch.is_none() {
                 mismatch = Some(format!(

@@ -292,6 +292,18 @@ pub struct AddrKey {
     pub _pad: [u8; 3],
 }
 
+/// Key of the `BACKEND_SOURCES` hash map: a backend's address within one service. A new flow of
+/// that service from that address is a martian (lb-ebpf `main`): a backend reaches its own
+/// service's VIP locally, so only a spoofer sends such packets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    pub addr: [u32; 4],
+    pub service: u32,
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
 /// Value of the `BACKENDS` array, indexed by backend id (unique across services).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -501,6 +513,7 @@ mod pod {
         )*};
     }
     pod!(
+        SourceKey,
         crate::trace::TraceFilter,
         crate::trace::TraceEvent,
         ServiceKey,
@@ -544,6 +557,7 @@ const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot6>() == 72);
 const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket4>() == 48 * crate::ct_table::WAYS);
 const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket6>() == 72 * crate::ct_table::WAYS);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
+const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);

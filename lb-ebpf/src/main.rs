@@ -259,9 +259,10 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
             counters.inc(stat::CT_MISS);
             let Choice { backend, reason, class, table, id, hash } = choice;
             let Some(b) = backend else { return drop(reason, counters) };
-            // Martians: a new flow from a VIP, or from the backend it would go to. Checked here
+            // Martians: a new flow from a VIP, or from a backend of this service. Checked here
             // only: a hit's entry was made by a first packet that passed this check.
-            if b.addr == pkt.tuple.src || parse::is_vip(pkt.tuple.src, pkt.family) {
+            let src = pkt.tuple.src;
+            if b.addr == src || parse::is_vip(src, pkt.family) || parse::is_backend_of(svc.id, src, pkt.family) {
                 return drop(stat::DROP_MARTIAN, counters);
             }
             let entry = CtEntry {

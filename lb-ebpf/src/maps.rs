@@ -9,7 +9,7 @@ use aya_ebpf::{
 use lb_common::ct_table;
 use lb_common::maps::{
     AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, ServiceSlot, ServiceTableRef,
-    TableRef, LOCAL_MAC_SLOTS,
+    SourceKey, TableRef, LOCAL_MAC_SLOTS,
 };
 
 use crate::nexthop::{FibParams, NextHop};
@@ -27,6 +27,10 @@ pub static SERVICE_INDEX: Array<ServiceTableRef> = Array::with_max_entries(1, 0)
 /// Every VIP address: decides "ours (drop if malformed)" versus "pass to the stack".
 #[map]
 pub static VIPS: HashMap<AddrKey, u32> = HashMap::with_max_entries(1, 0);
+/// (backend address, service) of every configured backend: a new flow of the service from it
+/// is a martian.
+#[map]
+pub static BACKEND_SOURCES: HashMap<SourceKey, u32> = HashMap::with_max_entries(1, 0);
 /// The connection table of IPv6 flows: CT_BUCKET_MASK + 1 buckets (`lb_common::ct_table`).
 /// BPF_F_MMAPABLE for the placement, not for mapping: the kernel then starts an array's values
 /// on a page, so buckets (whole cache lines) start on a line, as `conntrack::prefetch` assumes.

@@ -7,11 +7,13 @@
 //! `select::lookup_service`) or the packet is malformed (`Verdict::DropIfVip`).
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::maps::{local_mac_slot, stat, AddrKey, FlowTuple, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{
+    local_mac_slot, stat, AddrKey, FlowTuple, SourceKey, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP,
+};
 use lb_ebpf::consts::{ETH_LEN, IPV6_HDR_LEN};
 use lb_ebpf::packet::{as_key, ptr_at, read, word, Verdict};
 
-use crate::maps::{LOCAL_MACS, VIPS};
+use crate::maps::{BACKEND_SOURCES, LOCAL_MACS, VIPS};
 
 const PROTO_ICMP: u8 = 1;
 const PROTO_ICMPV6: u8 = 58;
@@ -73,6 +75,13 @@ pub fn local_ingress(ctx: &XdpContext) -> Option<u32> {
 pub fn is_vip(addr: [u32; 4], family: u8) -> bool {
     let key = [addr[0], addr[1], addr[2], addr[3], family as u32];
     unsafe { VIPS.get(as_key::<AddrKey, 5>(&key)).is_some() }
+}
+
+/// Whether `addr` is the address of a backend of `service` (`BACKEND_SOURCES`).
+#[inline(always)]
+pub fn is_backend_of(service: u32, addr: [u32; 4], family: u8) -> bool {
+    let key = [addr[0], addr[1], addr[2], addr[3], service, family as u32];
+    unsafe { BACKEND_SOURCES.get(as_key::<SourceKey, 6>(&key)).is_some() }
 }
 
 /// The common IPv4 packet with one bounds check and constant offsets: untagged, no IP options,

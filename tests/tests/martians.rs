@@ -1,6 +1,6 @@
 //! Packets the balancer must not take at face value, through the real program (issue 31, item
-//! 9): a new flow from a VIP or from the backend it would go to is dropped and counted as a
-//! martian; a forged ICMP error quoting a VIP flow follows the stateless choice but makes no
+//! 9): a new flow from a VIP or from a backend of its service is dropped and counted as a
+//! martian (a backend of another service is an ordinary client); a forged ICMP error quoting a VIP flow follows the stateless choice but makes no
 //! connection-table entry; a later fragment to a port-specific VIP is counted as
 //! `pass_fragment`, not `pass_not_vip`; and a packet's TTL is not a routing hop's (the VIP is
 //! its destination: README, "TTL").
@@ -119,4 +119,42 @@ fn ttl_is_left_as_the_client_sent_it() {
         assert_eq!(out.action, XDP_TX);
         assert_eq!(out.data[14 + 8], ttl, "the inner TTL is the client's");
     }
+}
+
+/// Backend addresses come from the configuration through the real controller: a new flow from
+/// a backend of the same service is a martian, from another service's backend it is a client,
+/// and a backend the configuration drops is neither.
+#[test]
+fn a_backend_of_the_same_service_is_a_martian_and_of_another_a_client() {
+    use lb_user::config::Config;
+    use lb_user::controller::Controller;
+    use lb_user::daemon::sizes_for;
+    let config = |web_backends: &[&str]| {
+        let mut text = String::new();
+        for (name, vip, backends) in [("web", VIP, web_backends), ("api", OTHER_VIP, &["198.18.3.9"][..])] {
+            text += &format!(
+                "[[service]]\nname = \"{name}\"\nvip = \"{vip}\"\nprotocol = \"TCP\"\nports = [80]\nforwarding = \"L2_DSR\"\n"
+            );
+            for (i, b) in backends.iter().enumerate() {
+                text += &format!("[[service.backend]]\naddress = \"{b}\"\nmac = \"02:be:00:00:00:{:02x}\"\n", i + 1);
+            }
+        }
+        Config::parse(&text).unwrap()
+    };
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let cfg = config(&["198.18.3.1", "198.18.3.2"]);
+    let mut dp = fixture::register_interfaces(Dataplane::load(sizes_for(&cfg)).unwrap());
+    let mut ctl = Controller::new(cfg);
+    ctl.reconcile(&mut dp).unwrap();
+    let other_backend: Ipv4Addr = "198.18.3.2".parse().unwrap();
+    let api_backend: Ipv4Addr = "198.18.3.9".parse().unwrap();
+    // From web's other backend (whichever the table picks): dropped, no entry.
+    for sport in 40000..40008 {
+        assert_eq!(counted(&dp, &syn_from(other_backend, VIP, sport), stat::DROP_MARTIAN), XDP_DROP);
+    }
+    // From api's backend, to web: a client like any other.
+    assert_eq!(counted(&dp, &syn_from(api_backend, VIP, 40000), stat::NEW_FLOW), XDP_TX);
+    // 198.18.3.2 leaves web: no longer a martian there.
+    ctl.reload(config(&["198.18.3.1"]), &mut dp).unwrap();
+    assert_eq!(counted(&dp, &syn_from(other_backend, VIP, 40003), stat::NEW_FLOW), XDP_TX);
 }

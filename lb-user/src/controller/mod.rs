@@ -545,6 +545,9 @@ impl Controller {
             if old_prefixes != svc.class_prefixes.as_slice() {
                 sink.set_class_prefixes(svc.id, old_prefixes, &svc.class_prefixes)?;
             }
+            if prev.map(|p| &p.backend_addrs) != Some(&svc.backend_addrs) {
+                sink.set_backend_sources(svc.id, &svc.backend_addrs)?;
+            }
             if prev.map(|p| (&p.keys, &p.info)) != Some((&svc.keys, &svc.info)) {
                 set_keys.push((&svc.keys, &svc.info));
                 report.services_written += 1;
@@ -566,7 +569,12 @@ impl Controller {
         if !set_keys.is_empty() || !remove_keys.is_empty() {
             sink.update_services(&set_keys, &remove_keys)?;
         }
+        if old.is_none() {
+            // A first write (after a start that may have adopted another configuration's maps).
+            sink.keep_backend_sources(&new.services.iter().map(|s| s.id).collect())?;
+        }
         for p in removed {
+            sink.set_backend_sources(p.id, &[])?;
             sink.set_class_prefixes(p.id, &p.class_prefixes, &[])?;
             sink.remove_tables(p.id, old.map(|o| o.classes_per_service).unwrap_or(1))?;
             report.services_removed += 1;

@@ -23,6 +23,7 @@ pub mod service_table;
 mod services;
 mod sink;
 mod sizes;
+mod sources;
 mod stats;
 mod sys;
 mod tables;
@@ -39,8 +40,8 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 use lb_common::ct_table;
 use lb_common::maps::{
-    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, TableRef,
-    CLASS_KEY_SERVICE_BITS,
+    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, SourceKey,
+    TableRef, CLASS_KEY_SERVICE_BITS,
 };
 use lb_common::trace::TraceFilter;
 
@@ -79,6 +80,9 @@ pub struct Dataplane {
     sizes: DataplaneSizes,
     services: ServiceTable,
     vips: HashMap<MapData, AddrKey, u32>,
+    /// Each service's backend addresses (`sources`), and what this writer put there.
+    backend_sources: HashMap<MapData, SourceKey, u32>,
+    backend_sources_of: StdHashMap<u32, HashSet<SourceKey>>,
     conntrack: Array<MapData, ct_table::Bucket6>,
     conntrack4: Array<MapData, ct_table::Bucket4>,
     /// The connection tables' bucket hash seed (the data plane's `CT_SEED`).
@@ -204,6 +208,8 @@ impl Dataplane {
                 sizes.service_slots(),
             )?,
             vips: take(&mut ebpf, "VIPS")?,
+            backend_sources: take(&mut ebpf, "BACKEND_SOURCES")?,
+            backend_sources_of: StdHashMap::new(),
             conntrack: take(&mut ebpf, "CONNTRACK")?,
             conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
@@ -247,6 +253,7 @@ impl Dataplane {
         self.free_slots = (0..self.sizes.table_slots).filter(|s| !used.contains(s)).collect();
         // `services` adopted the active half of SERVICE_TABLE when it was made.
         self.vip_refs = vip_refs(&self.services);
+        self.recover_backend_sources();
         self.class_prefixes = self
             .client_class
             .keys()

@@ -21,6 +21,17 @@ pub trait Tables {
     fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()>;
     /// Release a removed service's table slots.
     fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()>;
+    /// The backend addresses of `service` (empty: the service is gone), for the martian check.
+    fn set_backend_sources(&mut self, service: u32, addrs: &[std::net::IpAddr]) -> Result<()> {
+        let _ = (service, addrs);
+        Ok(())
+    }
+    /// Forget the backend addresses of every service but `services` (a first write after a
+    /// restart that adopted another configuration's maps).
+    fn keep_backend_sources(&mut self, services: &std::collections::HashSet<u32>) -> Result<()> {
+        let _ = services;
+        Ok(())
+    }
     /// The data plane's clock (ns, see [`Dataplane::now_ns`]), for drain deadlines.
     fn now_ns(&self) -> Result<u64>;
     /// Whether a change that needs `demand` fits: asked before anything is written, so that a
@@ -37,6 +48,12 @@ pub trait Tables {
 impl Tables for Dataplane {
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<()> {
         Dataplane::set_backend(self, id, *backend)
+    }
+    fn set_backend_sources(&mut self, service: u32, addrs: &[std::net::IpAddr]) -> Result<()> {
+        Dataplane::set_backend_sources(self, service, addrs)
+    }
+    fn keep_backend_sources(&mut self, services: &std::collections::HashSet<u32>) -> Result<()> {
+        Dataplane::keep_backend_sources(self, services)
     }
     fn write_table(&mut self, service: u32, class: u32, flags: u32, entries: &[u32]) -> Result<()> {
         Dataplane::write_table(self, service, class, flags, entries).map(|_| ())

@@ -3,7 +3,8 @@
 use anyhow::{bail, Result};
 use lb_common::ct_table;
 use lb_common::maps::{
-    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, TableRef, LOCAL_MAC_SLOTS, MAX_SERVICE_ID,
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, SourceKey, TableRef, LOCAL_MAC_SLOTS,
+    MAX_SERVICE_ID,
 };
 use lb_common::trace::{TraceEvent, TraceFilter};
 use std::mem::size_of;
@@ -52,6 +53,14 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: HASHED + size_of::<AddrKey>() + 4,
         max_entries: |s| s.max_services.saturating_mul(4),
+    },
+    // One (address, service) pair per backend id at most.
+    SizedMap {
+        name: "BACKEND_SOURCES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<SourceKey>() + 4,
+        max_entries: |s| s.max_backends,
     },
     SizedMap {
         name: "CONNTRACK",

@@ -75,6 +75,10 @@ pub fn status(v: &Status) -> String {
     if v.pins != "ok" {
         let _ = writeln!(out, "pins {} (the data plane stops with the daemon; restart it to pin again)", v.pins);
     }
+    // Failures the daemon survived (see the log for each).
+    for (name, n) in v.faults.0.iter().filter(|(_, n)| *n > 0) {
+        let _ = writeln!(out, "fault {name}: {n}");
+    }
     for svc in &v.services {
         let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
@@ -342,6 +346,7 @@ mod tests {
             pins: "ok".into(),
             services,
             announce: None,
+            faults: Default::default(),
         }
     }
 

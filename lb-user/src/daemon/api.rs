@@ -267,6 +267,7 @@ mod tests {
             pins: "ok".into(),
             services: vec![],
             announce: None,
+            faults: Default::default(),
         }
     }
 

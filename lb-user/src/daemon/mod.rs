@@ -8,6 +8,7 @@ pub mod api;
 pub mod dns;
 pub mod dry_run;
 pub mod health;
+pub mod faults;
 pub mod limits;
 pub mod links;
 pub mod logging;
@@ -1027,6 +1028,7 @@ impl Daemon {
             pins,
             services,
             announce,
+            faults: faults::snapshot(),
         }
     }
 

@@ -20,6 +20,9 @@ pub struct Status {
     pub services: Vec<ServiceStatus>,
     /// The VIP announcement (`[announce]`), if configured.
     pub announce: Option<AnnounceStatus>,
+    /// The daemon's survived failures by name (`daemon::faults`); absent from older daemons.
+    #[serde(default)]
+    pub faults: Counters,
 }
 
 /// One interface's XDP attachment (`lb status`).

@@ -7,8 +7,8 @@ pub mod announce;
 pub mod api;
 pub mod dns;
 pub mod dry_run;
-pub mod health;
 pub mod faults;
+pub mod health;
 pub mod limits;
 pub mod links;
 pub mod logging;
@@ -498,11 +498,26 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
 }
 
 /// Resumes from the previous daemon's state file (ids, generations, health, overrides,
-/// drains), when there is one.
+/// drains), when there is one. One it cannot read (truncated, wrong shape) is moved aside and
+/// the daemon starts with fresh state: refusing to start would leave the adopted program
+/// forwarding with frozen health.
 fn restore_state(args: &RunArgs, ctl: &mut Controller) -> Result<()> {
-    if let Ok(text) = std::fs::read_to_string(state_path(args)) {
-        let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
-        ctl.restore(&st);
+    let path = state_path(args);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        match serde_json::from_str::<PersistentState>(&text) {
+            Ok(st) => ctl.restore(&st),
+            Err(e) => {
+                faults::count(faults::Fault::StateQuarantined);
+                let aside = match state::quarantine(&path) {
+                    Ok(aside) => format!("moved it to {}", aside.display()),
+                    Err(q) => format!("{q:#}; the next save replaces it"),
+                };
+                tracing::error!(
+                    "cannot read the previous daemon's state {} ({e}); {aside}; starting with fresh state (health, overrides and drains are not carried over)",
+                    path.display()
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 
 pub mod announce;
 pub mod api;
+pub mod control_slots;
 pub mod dns;
 pub mod dry_run;
 pub mod faults;

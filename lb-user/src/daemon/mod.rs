@@ -728,14 +728,31 @@ impl Daemon {
     }
 
     fn save_state(&self) {
-        let path = state_path(&self.args);
-        if let Ok(text) = serde_json::to_string(&self.ctl.persistent_state()) {
-            if let Err(e) = state::save(&path, &text) {
-                tracing::warn!("cannot save state to {}: {e:#}", path.display());
-            }
+        if let Err(e) = self.try_save_state() {
+            faults::count(faults::Fault::StateSaveFailed);
+            tracing::error!("{e:#}; a restart now would lose the changes since the last save");
         }
     }
 
+    fn try_save_state(&self) -> Result<()> {
+        let path = state_path(&self.args);
+        let text = serde_json::to_string(&self.ctl.persistent_state())?;
+        state::save(&path, &text).with_context(|| format!("cannot save state to {}", path.display()))
+    }
+
+    /// Saves the state after an operator's change to the controller; when it cannot be saved,
+    /// `undo` puts the change back and the action is refused: an accepted action must survive
+    /// a restart.
+    fn make_durable(&mut self, undo: impl FnOnce(&mut Controller) -> Result<()>) -> Result<()> {
+        if let Err(e) = self.try_save_state() {
+            faults::count(faults::Fault::StateSaveFailed);
+            if let Err(u) = undo(&mut self.ctl) {
+                tracing::error!("cannot take back an operator change that was not saved: {u:#}");
+            }
+            return Err(e.context("not applied: the change could not be made durable (a restart would lose it)"));
+        }
+        Ok(())
+    }
     /// Runs the probes the configuration asks for: one that runs already with the same target
     /// and settings keeps running (a reload does not reset its streak of results); the others
     /// stop, and new ones start from the last verdict known.
@@ -954,19 +971,25 @@ impl Daemon {
                     HealthOverride::Unhealthy => Some(false),
                     HealthOverride::Auto => None,
                 };
+                let before = self.ctl.override_of(&service, address);
                 self.ctl
                     .set_override(&service, address, h)
+                    .and_then(|_| self.make_durable(|c| c.set_override(&service, address, before)))
                     .and_then(|_| self.reconcile())
                     .map(|_| Reply::Backend(BackendChange { service, address, health: Some(health), draining: None }))
             }
-            Request::BackendDrain { service, address } => self
-                .ctl
-                .drain(&service, address)
-                .and_then(|_| self.reconcile())
-                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) })),
+            Request::BackendDrain { service, address } => {
+                let was = self.ctl.is_drained(&service, address);
+                self.ctl
+                    .drain(&service, address)
+                    .and_then(|_| self.make_durable(|c| if was { Ok(()) } else { c.undrain(&service, address) }))
+                    .and_then(|_| self.reconcile())
+                    .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) }))
+            }
             Request::BackendUndrain { service, address } => self
                 .ctl
                 .undrain(&service, address)
+                .and_then(|_| self.make_durable(|c| c.drain(&service, address)))
                 .and_then(|_| self.reconcile())
                 .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
             Request::Reload => self.reload().map(Reply::Reloaded),

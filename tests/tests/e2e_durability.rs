@@ -1,0 +1,68 @@
+//! End to end: operator actions are durable or refused. With the state directory on a tiny
+//! tmpfs that is full, `lb backend drain` fails with the reason (non-zero exit, message printed)
+//! and nothing changes; with room again it is applied and saved.
+use lb_tests::e2e::*;
+use lb_tests::netns::sh;
+use lb_tests::topology::{Topology, TopologySpec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A tmpfs mounted on a directory, unmounted when dropped (also when the test fails).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Self {
+        sh(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"]).arg(dir))
+            .expect("mounting a tmpfs (needs root)");
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn fault(d: &Daemon, name: &str) -> u64 {
+    let st: serde_json::Value = serde_json::from_str(&d.cli(&["status", "--json"]).unwrap()).unwrap();
+    st["faults"][name].as_u64().unwrap_or_else(|| panic!("no fault counter {name} in {st}"))
+}
+
+fn config(topo: &Topology) -> String {
+    zones_toml(1) + &service_toml(topo, "web", false, "", "", 80, &|_| false)
+}
+
+#[test]
+fn a_drain_that_cannot_be_saved_is_refused() {
+    let topo = Topology::build(&TopologySpec { prefix: "dur".into(), zones: vec![(1, 2)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let mut d = Daemon::start(&topo, "dur", &config(&topo)).unwrap();
+    d.stop().unwrap();
+    let _tmpfs = Tmpfs::mount(&d.dir, "256k");
+    d.rewrite_config(&config(&topo)).unwrap();
+    d.restart().unwrap();
+    let fail = |e: anyhow::Error, d: &Daemon| -> ! { panic!("{e:#}\n{}", d.diagnostics()) };
+    let addr = topo.backends[0].addr(false).to_string();
+    let state = d.dir.join("state.json");
+    let saved = std::fs::read_to_string(&state).unwrap();
+
+    // Fill the state directory: dd stops at ENOSPC.
+    let filler = d.dir.join("filler");
+    let _ = Command::new("dd").arg("if=/dev/zero").arg(format!("of={}", filler.display())).arg("bs=4k").output();
+    let err = d
+        .cli(&["backend", "drain", "--service", "web", "--address", &addr])
+        .expect_err("a drain that cannot be saved is refused");
+    let err = format!("{err:#}");
+    assert!(err.contains("could not be made durable") && err.contains("No space left"), "{err}");
+    assert!(!d.backend_status("web", &addr).unwrap_or_else(|e| fail(e, &d)).draining, "not applied");
+    assert_eq!(std::fs::read_to_string(&state).unwrap(), saved, "the saved state is untouched");
+    assert!(fault(&d, "state_save_failed") >= 1);
+
+    // Room again: the drain is applied and saved.
+    std::fs::remove_file(&filler).unwrap();
+    d.cli(&["backend", "drain", "--service", "web", "--address", &addr]).unwrap_or_else(|e| fail(e, &d));
+    assert!(d.backend_status("web", &addr).unwrap().draining);
+    let now = std::fs::read_to_string(&state).unwrap();
+    assert!(now.contains(&addr), "the drain is in the state file: {now}");
+}

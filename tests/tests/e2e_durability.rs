@@ -1,11 +1,13 @@
 //! End to end: operator actions are durable or refused. With the state directory on a tiny
 //! tmpfs that is full, `lb backend drain` fails with the reason (non-zero exit, message printed)
-//! and nothing changes; with room again it is applied and saved.
+//! and nothing changes; with room again it is applied and saved. A run directory removed under
+//! the running daemon is noticed: logged, counted, and the control socket comes back.
 use lb_tests::e2e::*;
 use lb_tests::netns::sh;
 use lb_tests::topology::{Topology, TopologySpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// A tmpfs mounted on a directory, unmounted when dropped (also when the test fails).
 struct Tmpfs(PathBuf);
@@ -65,4 +67,20 @@ fn a_drain_that_cannot_be_saved_is_refused() {
     assert!(d.backend_status("web", &addr).unwrap().draining);
     let now = std::fs::read_to_string(&state).unwrap();
     assert!(now.contains(&addr), "the drain is in the state file: {now}");
+}
+
+#[test]
+fn a_removed_run_directory_is_noticed_and_the_socket_comes_back() {
+    let topo = Topology::build(&TopologySpec { prefix: "rund".into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let d = Daemon::start(&topo, "rund", &config(&topo)).unwrap();
+    let pid = d.pid().unwrap();
+    std::fs::remove_dir_all(&d.dir).unwrap();
+    wait_for("the control socket to come back", Duration::from_secs(60), || d.cli(&["status"]).ok())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(fault(&d, "control_socket_recreated"), 1);
+    assert!(d.dir.join("state.json").exists(), "the state is saved again");
+    // The log file went with the directory; the daemon still writes to it.
+    let log = std::fs::read_to_string(format!("/proc/{pid}/fd/2")).unwrap();
+    assert!(log.contains("was removed under the running daemon with its directory"), "{log}");
 }

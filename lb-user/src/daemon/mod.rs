@@ -18,6 +18,7 @@ pub mod neighbours;
 mod netlink;
 pub mod notify;
 pub mod reply;
+pub mod run_dir;
 pub mod state;
 pub mod tunnel_source;
 
@@ -550,7 +551,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
     // Connections are served by tasks of their own (`api::spawn_server`); only well-formed
     // requests reach this loop.
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
-    let control = api::spawn_server(listener, requests);
+    let mut control = api::spawn_server(listener, requests.clone());
     // Interfaces that go and come back; without the watcher the tick still notices.
     let (mut link_rx, link_task) = match links::watch() {
         Ok((rx, task)) => (rx, Some(task)),
@@ -577,6 +578,11 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
                 d.on_tick();
                 d.check_links();
                 d.check_pins();
+                if let Some(listener) = run_dir::recreate_if_gone(&d.args.socket) {
+                    control.abort();
+                    control = api::spawn_server(listener, requests.clone());
+                    d.save_state();
+                }
             }
             Some(pending) = request_rx.recv() => {
                 let resp = d.handle(pending.request);

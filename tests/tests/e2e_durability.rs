@@ -26,11 +26,6 @@ impl Drop for Tmpfs {
     }
 }
 
-fn fault(d: &Daemon, name: &str) -> u64 {
-    let st: serde_json::Value = serde_json::from_str(&d.cli(&["status", "--json"]).unwrap()).unwrap();
-    st["faults"][name].as_u64().unwrap_or_else(|| panic!("no fault counter {name} in {st}"))
-}
-
 fn config(topo: &Topology) -> String {
     zones_toml(1) + &service_toml(topo, "web", false, "", "", 80, &|_| false)
 }
@@ -59,7 +54,7 @@ fn a_drain_that_cannot_be_saved_is_refused() {
     assert!(err.contains("could not be made durable") && err.contains("No space left"), "{err}");
     assert!(!d.backend_status("web", &addr).unwrap_or_else(|e| fail(e, &d)).draining, "not applied");
     assert_eq!(std::fs::read_to_string(&state).unwrap(), saved, "the saved state is untouched");
-    assert!(fault(&d, "state_save_failed") >= 1);
+    assert!(d.fault("state_save_failed").unwrap() >= 1);
 
     // Room again: the drain is applied and saved.
     std::fs::remove_file(&filler).unwrap();
@@ -78,7 +73,7 @@ fn a_removed_run_directory_is_noticed_and_the_socket_comes_back() {
     std::fs::remove_dir_all(&d.dir).unwrap();
     wait_for("the control socket to come back", Duration::from_secs(60), || d.cli(&["status"]).ok())
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(fault(&d, "control_socket_recreated"), 1);
+    assert_eq!(d.fault("control_socket_recreated").unwrap(), 1);
     assert!(d.dir.join("state.json").exists(), "the state is saved again");
     // The log file went with the directory; the daemon still writes to it.
     let log = std::fs::read_to_string(format!("/proc/{pid}/fd/2")).unwrap();

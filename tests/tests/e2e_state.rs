@@ -4,11 +4,6 @@
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
 
-fn fault(d: &Daemon, name: &str) -> u64 {
-    let st: serde_json::Value = serde_json::from_str(&d.cli(&["status", "--json"]).unwrap()).unwrap();
-    st["faults"][name].as_u64().unwrap_or_else(|| panic!("no fault counter {name} in {st}"))
-}
-
 #[test]
 fn a_corrupt_state_file_is_moved_aside_and_forwarding_goes_on() {
     let topo = Topology::build(&TopologySpec { prefix: "stf".into(), zones: vec![(1, 2)], outside_clients: 0 })
@@ -50,7 +45,7 @@ fn a_corrupt_state_file_is_moved_aside_and_forwarding_goes_on() {
             .and_then(|r| r.split(';').next())
             .unwrap_or_else(|| panic!("{what}: the log does not say where the bad file went: {line}"));
         assert_eq!(std::fs::read_to_string(aside).unwrap(), text, "{what}: the bad file is kept at {aside}");
-        assert_eq!(fault(&d, "state_file_quarantined"), 1, "{what}: counted once by this daemon");
+        assert_eq!(d.fault("state_file_quarantined").unwrap(), 1, "{what}: counted once by this daemon");
         assert_eq!(s.ask(what).unwrap_or_else(|e| fail(e, &d)), home, "{what}: the connection carries on");
         assert!(
             !tcp_hello(client, vip(false, 80)).unwrap_or_else(|e| fail(e, &d)).is_empty(),

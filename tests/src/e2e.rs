@@ -302,6 +302,12 @@ impl Daemon {
         Ok(())
     }
 
+    /// A counter of the daemon's survived failures (`faults` in `lb status --json`).
+    pub fn fault(&self, name: &str) -> Result<u64> {
+        let st: serde_json::Value = serde_json::from_str(&self.cli(&["status", "--json"])?)?;
+        st["faults"][name].as_u64().ok_or_else(|| anyhow::anyhow!("no fault counter {name} in {st}"))
+    }
+
     /// One backend's entry of `lb status --json` (address as configured).
     pub fn backend_status(&self, service: &str, address: &str) -> Result<BackendStatus> {
         let st = self.status()?;

@@ -94,3 +94,26 @@ fn stalled_oversized_and_non_utf8_clients() {
     assert!(d.log().contains("detached and unpinned"), "{}", d.log());
     drop(stalled);
 }
+
+/// 80 idle and 20 half-sent connections from one process: `lb status` succeeds every time,
+/// and the refusals are counted in `lb status`.
+#[test]
+fn slow_clients_do_not_lock_the_operator_out() {
+    let topo = Topology::build(&TopologySpec { prefix: "ctlx".into(), zones: vec![(1, 1)], outside_clients: 0 })
+        .expect("topology (needs root)");
+    let d = Daemon::start(&topo, "ctlx", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false)))
+        .unwrap();
+    let mut slow: Vec<UnixStream> = (0..80).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();
+    for _ in 0..20 {
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        let _ = s.write_all(b"{\"request\":");
+        slow.push(s);
+    }
+    for i in 0..20 {
+        if let Err(e) = d.cli(&["status"]) {
+            panic!("lb status try {i} under 100 slow clients: {e:#}\n{}", d.diagnostics());
+        }
+    }
+    assert!(d.fault("control_refused").unwrap() > 0, "refusals are counted");
+    drop(slow);
+}

@@ -84,6 +84,10 @@ pub fn status(v: &Status) -> String {
         let r = &v.reloads;
         let _ = writeln!(out, "last reload refused ({} refused, {} applied): {why}", r.refused, r.applied);
     }
+    // Failures the daemon survived (see the log for each).
+    for (name, n) in v.faults.0.iter().filter(|(_, n)| *n > 0) {
+        let _ = writeln!(out, "fault {name}: {n}");
+    }
     for svc in &v.services {
         let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
@@ -352,6 +356,7 @@ mod tests {
             services,
             announce: None,
             reloads: Default::default(),
+            faults: Default::default(),
         }
     }
 

@@ -1,16 +1,16 @@
 //! The control API between the `lb` CLI and the daemon: one JSON request line, one JSON response
 //! line, over a Unix socket (default [`DEFAULT_SOCKET`]).
 
+use super::control_slots::{Limits, Slot, Slots};
 use super::reply::Reply;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 pub const DEFAULT_SOCKET: &str = "/run/lb/lb.sock";
@@ -106,11 +106,17 @@ pub async fn call<T: DeserializeOwned>(socket: &Path, req: &Request) -> anyhow::
     let (read, mut write) = stream.into_split();
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
-    write.write_all(line.as_bytes()).await?;
-    write.shutdown().await?;
+    // A refused connection is answered and closed before the request is taken: the write
+    // then fails, and the answer says why.
+    let sent = async {
+        write.write_all(line.as_bytes()).await?;
+        write.shutdown().await
+    }
+    .await;
     let mut reply = String::new();
     BufReader::new(read).read_line(&mut reply).await?;
     if reply.is_empty() {
+        sent?;
         anyhow::bail!("the daemon closed the connection without answering");
     }
     let resp: Response<T> = serde_json::from_str(&reply)
@@ -144,8 +150,11 @@ pub fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
 pub const MAX_REQUEST: usize = 64 * 1024;
 /// How long a client may take to send its request, and to take its reply.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Control connections served at once; more are answered "busy" and closed.
+/// Control connections open at once; when all are taken, the oldest one still sending its
+/// request is closed to make room (see [`super::control_slots`]).
 pub const MAX_CONNECTIONS: usize = 64;
+/// Control connections one client process may hold at once.
+pub const PER_CLIENT: usize = 8;
 
 /// A well-formed request read by a connection's task, for the daemon's loop to handle; the
 /// loop sends its answer on `reply`.
@@ -158,8 +167,13 @@ pub struct Pending {
 /// served in its own task (read and write timeouts, [`MAX_REQUEST`]), so a client that connects
 /// and stalls holds up neither the daemon's loop nor other clients.
 pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> JoinHandle<()> {
+    spawn_server_with(listener, requests, Limits { total: MAX_CONNECTIONS, per_client: PER_CLIENT })
+}
+
+/// [`spawn_server`] with other connection limits.
+pub fn spawn_server_with(listener: UnixListener, requests: mpsc::Sender<Pending>, limits: Limits) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let slots = Slots::new(limits);
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
@@ -174,19 +188,17 @@ pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> 
                 return;
             }
             let requests = requests.clone();
-            match slots.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    tokio::spawn(async move {
-                        serve_connection(stream, &requests).await;
-                        drop(permit);
-                    });
+            // The connecting process: the per-client limit's key.
+            let client = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(-1);
+            match slots.admit(client) {
+                Ok(slot) => {
+                    tokio::spawn(serve_connection(stream, slot, requests));
                 }
-                Err(_) => {
+                Err(busy) => {
+                    tracing::warn!("control socket: connection refused: {busy}");
                     tokio::spawn(async move {
                         let (_, mut write) = stream.into_split();
-                        let busy =
-                            Response::err(format!("busy: {MAX_CONNECTIONS} control connections are open; try again"));
-                        let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &busy)).await;
+                        let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &Response::err(busy))).await;
                     });
                 }
             }
@@ -196,13 +208,23 @@ pub fn spawn_server(listener: UnixListener, requests: mpsc::Sender<Pending>) -> 
 
 /// Serves one connection: reads one request, hands it to the daemon's loop and writes its
 /// answer. Every malformed request (too long, not UTF-8, not a request, or not sent within
-/// [`IO_TIMEOUT`]) gets an error reply.
-async fn serve_connection(stream: UnixStream, requests: &mpsc::Sender<Pending>) {
+/// [`IO_TIMEOUT`]) gets an error reply, and so does one cut to make room for another.
+async fn serve_connection(stream: UnixStream, mut slot: Slot, requests: mpsc::Sender<Pending>) {
     let (read, mut write) = stream.into_split();
-    let resp = match tokio::time::timeout(IO_TIMEOUT, read_request(read)).await {
-        Err(_) => Response::err(format!("bad request: none received within {} s", IO_TIMEOUT.as_secs())),
-        Ok(Err(e)) => Response::err(format!("bad request: {e}")),
-        Ok(Ok(request)) => {
+    let read = tokio::select! {
+        r = tokio::time::timeout(IO_TIMEOUT, read_request(read)) => Some(r),
+        _ = &mut slot.evicted => None,
+    };
+    let resp = match read {
+        None => Response::err(format!(
+            "bad request: closed to make room ({MAX_CONNECTIONS} control connections open and this one had sent no complete request)"
+        )),
+        Some(Err(_)) => Response::err(format!("bad request: none received within {} s", IO_TIMEOUT.as_secs())),
+        Some(Ok(Err(e))) => Response::err(format!("bad request: {e}")),
+        Some(Ok(Ok(_))) if !slot.request_read() => {
+            Response::err("bad request: closed to make room (too many control connections open)")
+        }
+        Some(Ok(Ok(request))) => {
             let (tx, rx) = oneshot::channel();
             if requests.send(Pending { request, reply: tx }).await.is_err() {
                 Response::err("the daemon is shutting down")
@@ -212,6 +234,7 @@ async fn serve_connection(stream: UnixStream, requests: &mpsc::Sender<Pending>) 
         }
     };
     let _ = tokio::time::timeout(IO_TIMEOUT, reply(&mut write, &resp)).await;
+    drop(slot);
 }
 
 /// Reads one request line of at most [`MAX_REQUEST`] bytes. The error says what is wrong with
@@ -275,18 +298,23 @@ mod tests {
             services: vec![],
             announce: None,
             reloads: Default::default(),
+            faults: Default::default(),
         }
     }
 
     /// A test socket in a directory of its own; the server task answers Status and refuses
     /// the rest, as the daemon's loop would.
     fn test_server(name: &str) -> (std::path::PathBuf, JoinHandle<()>, JoinHandle<()>) {
+        test_server_with(name, Limits { total: MAX_CONNECTIONS, per_client: PER_CLIENT })
+    }
+
+    fn test_server_with(name: &str, limits: Limits) -> (std::path::PathBuf, JoinHandle<()>, JoinHandle<()>) {
         let dir = std::env::temp_dir().join(format!("lb-api-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let sock = dir.join("lb.sock");
         let listener = bind(&sock).unwrap();
         let (tx, mut rx) = mpsc::channel::<Pending>(8);
-        let server = spawn_server(listener, tx);
+        let server = spawn_server_with(listener, tx, limits);
         let answering = tokio::spawn(async move {
             while let Some(p) = rx.recv().await {
                 let resp = match p.request {
@@ -327,6 +355,28 @@ mod tests {
         tokio::time::timeout(IO_TIMEOUT * 2, BufReader::new(read).read_line(&mut line)).await.unwrap().unwrap();
         let resp: Response<serde_json::Value> = serde_json::from_str(&line).unwrap();
         assert!(!resp.ok && resp.error.as_deref().unwrap().contains("none received within"), "{line}");
+        server.abort();
+        answering.abort();
+        let _ = std::fs::remove_dir_all(sock.parent().unwrap());
+    }
+
+    /// Every slot held by idle or half-sent clients (one process, no per-client cap here):
+    /// each status request still gets in, by cutting the oldest idle connection.
+    #[tokio::test]
+    async fn idle_clients_filling_every_slot_do_not_lock_out_a_request() {
+        let (sock, server, answering) = test_server_with("lockout", Limits { total: 8, per_client: usize::MAX });
+        let mut idle = Vec::new();
+        for i in 0..80 {
+            let mut s = UnixStream::connect(&sock).await.unwrap();
+            if i % 2 == 0 {
+                s.write_all(b"{\"request\":").await.unwrap();
+            }
+            idle.push(s);
+        }
+        for i in 0..20 {
+            let got = tokio::time::timeout(Duration::from_secs(3), call::<Status>(&sock, &Request::Status)).await;
+            assert_eq!(got.expect("answered").unwrap_or_else(|e| panic!("try {i}: {e:#}")), answer());
+        }
         server.abort();
         answering.abort();
         let _ = std::fs::remove_dir_all(sock.parent().unwrap());

@@ -5,9 +5,11 @@
 
 pub mod announce;
 pub mod api;
+pub mod control_slots;
 pub mod dns;
 pub mod dry_run;
 mod exported;
+pub mod faults;
 pub mod health;
 pub mod limits;
 pub mod links;
@@ -18,6 +20,7 @@ mod netlink;
 pub mod notify;
 pub mod reload;
 pub mod reply;
+pub mod run_dir;
 pub mod state;
 pub mod trace;
 pub mod tunnel_source;
@@ -528,11 +531,26 @@ async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Start
 }
 
 /// Resumes from the previous daemon's state file (ids, generations, health, overrides,
-/// drains), when there is one.
+/// drains), when there is one. One it cannot read (truncated, wrong shape) is moved aside and
+/// the daemon starts with fresh state: refusing to start would leave the adopted program
+/// forwarding with frozen health.
 fn restore_state(args: &RunArgs, ctl: &mut Controller) -> Result<()> {
-    if let Ok(text) = std::fs::read_to_string(state_path(args)) {
-        let st: PersistentState = serde_json::from_str(&text).context("reading the previous daemon's state")?;
-        ctl.restore(&st);
+    let path = state_path(args);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        match serde_json::from_str::<PersistentState>(&text) {
+            Ok(st) => ctl.restore(&st),
+            Err(e) => {
+                faults::count(faults::Fault::StateQuarantined);
+                let aside = match state::quarantine(&path) {
+                    Ok(aside) => format!("moved it to {}", aside.display()),
+                    Err(q) => format!("{q:#}; the next save replaces it"),
+                };
+                tracing::error!(
+                    "cannot read the previous daemon's state {} ({e}); {aside}; starting with fresh state (health, overrides and drains are not carried over)",
+                    path.display()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -565,7 +583,7 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
     // Connections are served by tasks of their own (`api::spawn_server`); only well-formed
     // requests reach this loop.
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
-    let control = api::spawn_server(listener, requests);
+    let mut control = api::spawn_server(listener, requests.clone());
     // Interfaces that go and come back; without the watcher the tick still notices.
     let (mut link_rx, link_task) = match links::watch() {
         Ok((rx, task)) => (rx, Some(task)),
@@ -594,6 +612,11 @@ async fn serve(mut d: Daemon, listener: tokio::net::UnixListener, events: Events
                 d.check_links();
                 d.check_pins();
                 d.check_trace();
+                if let Some(listener) = run_dir::recreate_if_gone(&d.args.socket) {
+                    control.abort();
+                    control = api::spawn_server(listener, requests.clone());
+                    d.save_state();
+                }
             }
             Some(pending) = request_rx.recv() => {
                 if matches!(pending.request, Request::Reload | Request::ReloadDryRun) {
@@ -749,14 +772,31 @@ impl Daemon {
     }
 
     fn save_state(&self) {
-        let path = state_path(&self.args);
-        if let Ok(text) = serde_json::to_string(&self.ctl.persistent_state()) {
-            if let Err(e) = state::save(&path, &text) {
-                tracing::warn!("cannot save state to {}: {e:#}", path.display());
-            }
+        if let Err(e) = self.try_save_state() {
+            faults::count(faults::Fault::StateSaveFailed);
+            tracing::error!("{e:#}; a restart now would lose the changes since the last save");
         }
     }
 
+    fn try_save_state(&self) -> Result<()> {
+        let path = state_path(&self.args);
+        let text = serde_json::to_string(&self.ctl.persistent_state())?;
+        state::save(&path, &text).with_context(|| format!("cannot save state to {}", path.display()))
+    }
+
+    /// Saves the state after an operator's change to the controller; when it cannot be saved,
+    /// `undo` puts the change back and the action is refused: an accepted action must survive
+    /// a restart.
+    fn make_durable(&mut self, undo: impl FnOnce(&mut Controller) -> Result<()>) -> Result<()> {
+        if let Err(e) = self.try_save_state() {
+            faults::count(faults::Fault::StateSaveFailed);
+            if let Err(u) = undo(&mut self.ctl) {
+                tracing::error!("cannot take back an operator change that was not saved: {u:#}");
+            }
+            return Err(e.context("not applied: the change could not be made durable (a restart would lose it)"));
+        }
+        Ok(())
+    }
     /// Runs the probes the configuration asks for: one that runs already with the same target
     /// and settings keeps running (a reload does not reset its streak of results); the others
     /// stop, and new ones start from the last verdict known.
@@ -1013,19 +1053,25 @@ impl Daemon {
                     HealthOverride::Unhealthy => Some(false),
                     HealthOverride::Auto => None,
                 };
+                let before = self.ctl.override_of(&service, address);
                 self.ctl
                     .set_override(&service, address, h)
+                    .and_then(|_| self.make_durable(|c| c.set_override(&service, address, before)))
                     .and_then(|_| self.reconcile())
                     .map(|_| Reply::Backend(BackendChange { service, address, health: Some(health), draining: None }))
             }
-            Request::BackendDrain { service, address } => self
-                .ctl
-                .drain(&service, address)
-                .and_then(|_| self.reconcile())
-                .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) })),
+            Request::BackendDrain { service, address } => {
+                let was = self.ctl.is_drained(&service, address);
+                self.ctl
+                    .drain(&service, address)
+                    .and_then(|_| self.make_durable(|c| if was { Ok(()) } else { c.undrain(&service, address) }))
+                    .and_then(|_| self.reconcile())
+                    .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(true) }))
+            }
             Request::BackendUndrain { service, address } => self
                 .ctl
                 .undrain(&service, address)
+                .and_then(|_| self.make_durable(|c| c.drain(&service, address)))
                 .and_then(|_| self.reconcile())
                 .map(|_| Reply::Backend(BackendChange { service, address, health: None, draining: Some(false) })),
             Request::Reload => self.reload(read).map(Reply::Reloaded),
@@ -1111,6 +1157,7 @@ impl Daemon {
             services,
             announce,
             reloads: self.reloads.counts().clone(),
+            faults: faults::snapshot(),
         }
     }
 

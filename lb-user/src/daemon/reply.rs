@@ -23,6 +23,9 @@ pub struct Status {
     /// Reloads since the daemon started (SIGHUP or `lb reload`).
     #[serde(default)]
     pub reloads: ReloadCounts,
+    /// The daemon's survived failures by name (`daemon::faults`); absent from older daemons.
+    #[serde(default)]
+    pub faults: Counters,
 }
 
 /// Reloads applied and refused, and why the last one was refused if no reload was applied

@@ -72,6 +72,18 @@ pub fn save(path: &Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
+/// Moves an unreadable state file aside, to `state.json.bad-<unix seconds>` beside it, and
+/// returns where it went (kept for a post-mortem, never read again).
+pub fn quarantine(path: &Path) -> Result<PathBuf> {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".bad-{secs}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)
+        .with_context(|| format!("moving the unreadable {} to {}", path.display(), aside.display()))?;
+    Ok(aside)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,6 +128,8 @@ pub struct Snapshot {
     pub links: Vec<LinkSample>,
     /// The VIPs announced now; None without `[announce]`.
     pub announced: Option<Vec<std::net::IpAddr>>,
+    /// Failures the daemon survived, by name (`daemon::faults`).
+    pub faults: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -145,6 +147,7 @@ impl Snapshot {
             .map(|l| LinkSample { interface: l.interface.clone(), attached: l.state == "attached" })
             .collect();
         self.announced = st.announce.as_ref().map(|a| a.announced.clone());
+        self.faults = st.faults.0.clone();
         self
     }
 }
@@ -285,6 +288,11 @@ pub fn render(snap: &Snapshot, events: &Metrics) -> String {
             ],
             1,
         )]),
+    );
+    r.register(
+        "daemon_faults",
+        "Failures the daemon survived, by fault (lb status lists them; the log says each): a state file moved aside, a state save that failed, control connections refused or evicted, the control socket bound again",
+        counters(snap.faults.iter().map(|(name, n)| (vec![("fault", name.clone())], *n))),
     );
     r.register(
         "interface_attached",
@@ -543,6 +551,9 @@ mod tests {
         has(&text, r#"lb_interface_attached{interface="eth0"} 1"#);
         has(&text, r#"lb_interface_attached{interface="eth1"} 0"#);
         has(&text, "lb_announced_vips 1");
+        let mut snap = sample();
+        snap.faults = vec![("state_save_failed".into(), 2)];
+        has(&render(&snap, &Metrics::default()), r#"lb_daemon_faults_total{fault="state_save_failed"} 2"#);
         has(&text, r#"lb_vip_announced{vip="198.18.0.100"} 1"#);
         has(&text, r#"lb_conntrack_occupancy_ratio{family="ipv4"} 0.140625"#);
         // Without [announce], no announcement series.

@@ -578,8 +578,8 @@ mod tests {
         assert_eq!((stat::RX_PACKETS, stat::DECAP, stat::CT_INSERT_BUSY), (0, 20, 23));
         assert_eq!((stat::CT_EVICT_LIVE, stat::PASS_NOT_OUR_MAC), (24, 25));
         assert_eq!((stat::ICMP_TOO_BIG_SENT, stat::DROP_TOO_BIG, stat::DROP_NO_NEIGH), (26, 27, 28));
-        assert_eq!(stat::DROP_TOO_BIG_NO_DF, 29);
-        assert_eq!(stat::NAMES.len(), 30);
+        assert_eq!((stat::DROP_TOO_BIG_NO_DF, stat::PASS_FRAGMENT, stat::DROP_MARTIAN), (29, 30, 31));
+        assert_eq!(stat::NAMES.len(), 32);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

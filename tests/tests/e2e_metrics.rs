@@ -123,17 +123,9 @@ fn prometheus_scrapes_counters_health_reloads_and_occupancy() {
         .unwrap()
         .unwrap();
     let body = text.split_once("\r\n\r\n").expect("an HTTP answer").1.to_owned();
-    let mut promtool = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
-    promtool.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{body}");
+    if let Err(said) = lb_user::daemon::metrics::promtool_check(&body) {
+        panic!("promtool check metrics: {said}\n{body}");
+    }
 
     d.sighup().unwrap();
     expect(&topo.lb, &d, "lb_reloads_total{result=\"applied\"}", 1.0);

@@ -386,6 +386,27 @@ pub fn classic_text(openmetrics: &str) -> String {
     out
 }
 
+/// `promtool check metrics` on `text` (the classic format): Err with what it said.
+#[cfg(any(test, feature = "test-helpers"))]
+pub fn promtool_check(text: &str) -> std::result::Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting promtool (Debian package prometheus; cargo xtask setup installs it): {e}"))?;
+    child.stdin.take().expect("piped").write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(said)
+    }
+}
+
 /// A scrape's request to the daemon's loop: reply with a snapshot (or why there is none).
 pub type SnapshotRequest = oneshot::Sender<std::result::Result<Snapshot, String>>;
 
@@ -560,11 +581,9 @@ mod tests {
         assert!(!render(&sample(), &Metrics::default()).contains("lb_announced_vips"));
     }
 
-    /// The exposition passes Prometheus's own linter (Debian's `prometheus` package, which
-    /// `cargo xtask setup` installs, ships promtool).
-    #[test]
-    fn promtool_check_metrics_passes() {
-        use std::io::Write;
+    /// Every kind of series once: a sample with links, an announcement and counted events, in
+    /// the classic text format.
+    fn full_exposition() -> String {
         let mut snap = sample();
         snap.links = vec![LinkSample { interface: "eth0".into(), attached: true }];
         snap.announced = Some(vec![]);
@@ -572,18 +591,17 @@ mod tests {
         m.reload(true);
         m.health_change("web", "198.18.11.1".parse().unwrap(), true);
         m.dns_answer(&[0, 0, 0x81, 0x80]);
-        let text = classic_text(&render(&snap, &m));
-        let mut child = std::process::Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("promtool (Debian package prometheus; cargo xtask setup installs it)");
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && said.trim().is_empty(), "promtool: {said}\n{text}");
+        classic_text(&render(&snap, &m))
+    }
+
+    /// The exposition passes Prometheus's own linter (Debian's `prometheus` package, which
+    /// `cargo xtask setup` installs, ships promtool).
+    #[test]
+    fn promtool_check_metrics_passes() {
+        let text = full_exposition();
+        if let Err(said) = promtool_check(&text) {
+            panic!("promtool: {said}\n{text}");
+        }
     }
 
     #[test]
@@ -627,14 +645,7 @@ mod tests {
     fn the_dashboard_uses_exported_metrics_with_units() {
         let dashboard: serde_json::Value =
             serde_json::from_str(include_str!("../../../packaging/grafana/lb-zonal-spill.json")).unwrap();
-        let mut snap = sample();
-        snap.links = vec![LinkSample { interface: "eth0".into(), attached: true }];
-        snap.announced = Some(vec![]);
-        let m = Metrics::default();
-        m.reload(true);
-        m.health_change("web", "198.18.11.1".parse().unwrap(), true);
-        m.dns_answer(&[0, 0, 0x81, 0x80]);
-        let exposition = classic_text(&render(&snap, &m));
+        let exposition = full_exposition();
         let exported: std::collections::HashSet<&str> =
             exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
         for panel in dashboard["panels"].as_array().unwrap() {

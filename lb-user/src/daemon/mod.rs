@@ -903,6 +903,13 @@ impl Daemon {
     fn follow_mac(&mut self, ifname: &str) {
         if links::exists(ifname) {
             let outcome = self.dp.follow_mac(ifname);
+            // A new MAC makes the kernel drop the interface's neighbour entries: the next hops
+            // to the backends are resolved again at once, not at the keeper's next round (up
+            // to 10 s of drop_no_neigh, long enough for an established TCP flow's
+            // retransmissions to back off past its peer's patience).
+            if matches!(outcome, Ok(Some(_))) {
+                self.keep_neighbours();
+            }
             self.macs.record(ifname, outcome);
         }
     }

@@ -7,6 +7,7 @@ mod bpffs;
 mod package;
 mod setup;
 mod soak;
+mod toolchain;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -22,7 +23,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the eBPF toolchain (nightly rust-src, bpf-linker) and the Debian tools the tests use.
+    /// Install the eBPF toolchain (the pinned nightly, rust-src, bpf-linker) and the Debian tools the tests use.
     Setup,
     /// Build the eBPF object and the `lb` binary (release).
     Build,

@@ -5,6 +5,7 @@
 
 mod bpffs;
 mod package;
+mod repro;
 mod setup;
 mod soak;
 mod toolchain;
@@ -50,6 +51,8 @@ enum Cmd {
     },
     /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
     Package,
+    /// Build `lb` (release) from two checkouts of HEAD in different directories; they must be identical.
+    Repro,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -77,6 +80,7 @@ fn main() -> Result<()> {
         Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
         Cmd::Bench { .. } => bench(),
         Cmd::Package => package::package(&root),
+        Cmd::Repro => repro::repro(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }

@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, decap, plan, render, validate};
+use lb_user::cli::{self, decap, plan, render, unload, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -49,6 +49,9 @@ enum Command {
         #[command(subcommand)]
         action: DecapAction,
     },
+    /// Detach the data plane a stopped `lb run --keep-dataplane` (the service) left forwarding,
+    /// and remove its pins and state.
+    Unload(unload::UnloadArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to complete for.
@@ -203,6 +206,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
+        Command::Unload(args) => unload::run(&args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
             Ok(())

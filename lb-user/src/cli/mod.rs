@@ -5,6 +5,7 @@
 pub mod decap;
 pub mod plan;
 pub mod render;
+pub mod unload;
 pub mod validate;
 
 use crate::daemon::api::{self, Request};

@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, decap, plan, render, unload, validate};
+use lb_user::cli::{self, decap, manpages, plan, render, unload, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -58,9 +58,13 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), lb(8).
+    /// Write the man pages (roff): lb(8) and one per command, lb-run(8), lb-backend-set(8)...
     #[command(hide = true)]
-    Manpage,
+    Manpage {
+        /// The directory to write them into.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -206,14 +210,12 @@ fn main() -> std::process::ExitCode {
         }
         Command::Decap { action: DecapAction::Attach(a) } => decap::attach(&a),
         Command::Decap { action: DecapAction::Detach(a) } => decap::detach(&a),
-        Command::Unload(args) => unload::run(&args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
             Ok(())
         }
-        Command::Manpage => {
-            clap_mangen::Man::new(Cli::command()).section("8").render(&mut std::io::stdout()).map_err(Into::into)
-        }
+        Command::Unload(args) => unload::run(&args),
+        Command::Manpage { dir } => manpages::write_all(Cli::command(), &dir).map(|_| ()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 //! trip.
 
 pub mod decap;
+pub mod manpages;
 pub mod plan;
 pub mod render;
 pub mod unload;

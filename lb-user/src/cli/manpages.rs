@@ -14,7 +14,10 @@ pub fn write_all(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-fn write(mut cmd: clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> Result<()> {
+fn write(cmd: clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> Result<()> {
+    // No `help` subcommand in the pages: it would be named in SEE ALSO (lb-help(8)) without a
+    // page of its own.
+    let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();
     let name = cmd.get_display_name().unwrap_or_else(|| cmd.get_name()).to_owned();
     let path = dir.join(format!("{name}.8"));
@@ -45,6 +48,7 @@ mod tests {
         assert_eq!(names, ["lb.8", "lb-run.8", "lb-backend.8", "lb-backend-set.8"]);
         let top = std::fs::read_to_string(dir.join("lb.8")).unwrap();
         assert!(top.contains("lb\\-run(8)") && top.contains("lb\\-backend(8)"), "{top}");
+        assert!(!top.contains("lb\\-help(8)") && !top.contains("lb\\-manpage(8)"), "{top}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -50,7 +50,11 @@ enum Cmd {
         katran: Option<PathBuf>,
     },
     /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
-    Package,
+    Package {
+        /// The package's version instead of the crate's (e.g. two versions of one build).
+        #[arg(long)]
+        deb_version: Option<String>,
+    },
     /// Build `lb` (release) from two checkouts of HEAD in different directories; they must be identical.
     Repro,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
@@ -79,7 +83,7 @@ fn main() -> Result<()> {
         Cmd::Bench { live: true, args, .. } => bench_live(&args),
         Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
         Cmd::Bench { .. } => bench(),
-        Cmd::Package => package::package(&root),
+        Cmd::Package { deb_version } => package::package(&root, deb_version.as_deref()).map(|_| ()),
         Cmd::Repro => repro::repro(&root),
         Cmd::Demo { scene } => demo(scene),
     }

@@ -13,9 +13,10 @@
 //! target directory of its own (`OUT_DIR/bpf-bench`), so that neither build overwrites the
 //! other's `lb`; the two builds run side by side.
 //!
-//! The nightly is the one `lb-ebpf/rust-toolchain.toml` names, and must be the exact version in
-//! `lb-ebpf/nightly-version`. The toolchain (nightly + rust-src + bpf-linker) is installed by
-//! `cargo xtask setup`.
+//! The nightly is the dated one `lb-ebpf/rust-toolchain.toml` pins; it and rust-src and
+//! bpf-linker are installed by `cargo xtask setup`. The objects do not depend on the checkout's
+//! directory (lb-ebpf/Cargo.toml says how); tests/tests/reproducible.rs builds them from two
+//! copies with the command of `ebpf_build.rs`, which this file includes.
 use sha2::{Digest, Sha256};
 use std::{
     env,
@@ -23,55 +24,7 @@ use std::{
     process::{Child, Command},
 };
 
-/// A command for the nightly toolchain of `lb-ebpf` (its `rust-toolchain.toml`), without this
-/// build's toolchain, flags or target settings.
-fn nightly(program: &str, ebpf_dir: &Path) -> Command {
-    let mut cmd = Command::new(program);
-    for (k, _) in env::vars() {
-        if k.starts_with("CARGO")
-            || k.starts_with("RUSTC")
-            || k == "RUSTUP_TOOLCHAIN"
-            || k == "RUSTFLAGS"
-            || k == "RUSTDOCFLAGS"
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.current_dir(ebpf_dir);
-    cmd
-}
-
-/// Refuses a nightly other than the pinned one: another nightly may build objects the verifier
-/// rejects, or that behave differently, with nothing in the build saying so.
-fn check_nightly(ebpf_dir: &Path) {
-    let pin_file = ebpf_dir.join("nightly-version");
-    let pinned = std::fs::read_to_string(&pin_file).unwrap_or_else(|e| panic!("reading {}: {e}", pin_file.display()));
-    let pinned = pinned.trim();
-    let out =
-        nightly("rustc", ebpf_dir).arg("-V").output().unwrap_or_else(|e| panic!("running rustc for lb-ebpf: {e}"));
-    let found = String::from_utf8_lossy(&out.stdout);
-    let found = found.trim().trim_start_matches("rustc ");
-    if !out.status.success() || found != pinned {
-        panic!(
-            "lb-ebpf is built with nightly rustc {pinned} ({}), but the nightly toolchain here is {:?}. \
-             Install that nightly as the `nightly` toolchain, or, to move to this one, build and run \
-             the BPF tests with it and write its version into {}",
-            pin_file.display(),
-            if found.is_empty() { String::from_utf8_lossy(&out.stderr).trim().to_owned() } else { found.to_owned() },
-            pin_file.display()
-        );
-    }
-}
-
-/// Starts `cargo build` of lb-ebpf (the pinned nightly) into `target_dir` with `extra` arguments.
-fn start_build(ebpf_dir: &Path, target_dir: &Path, extra: &[&str]) -> Child {
-    let mut cmd = nightly("cargo", ebpf_dir);
-    cmd.args(["build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-        .args(extra)
-        .arg("--target-dir")
-        .arg(target_dir);
-    cmd.spawn().unwrap_or_else(|e| panic!("running cargo (nightly) for lb-ebpf: {e}"))
-}
+include!("ebpf_build.rs");
 
 /// The commit of the source tree (`-dirty` with uncommitted changes), or `unknown` outside git.
 fn git_commit(root: &Path) -> String {
@@ -107,16 +60,10 @@ fn main() {
     for dir in ["lb-ebpf/src", "lb-common/src"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
-    for f in [
-        "lb-ebpf/Cargo.toml",
-        "lb-ebpf/Cargo.lock",
-        "lb-ebpf/rust-toolchain.toml",
-        "lb-ebpf/nightly-version",
-        "lb-common/Cargo.toml",
-    ] {
+    for f in ["lb-ebpf/Cargo.toml", "lb-ebpf/Cargo.lock", "lb-ebpf/rust-toolchain.toml", "lb-common/Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }
-    check_nightly(&ebpf_dir);
+    check_toolchain(&ebpf_dir);
     let production_dir = out_dir.join("bpf");
     let bench_dir = out_dir.join("bpf-bench");
     let builds = [

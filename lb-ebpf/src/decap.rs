@@ -19,6 +19,13 @@ use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6}
 use lb_ebpf::counters::{drop, Counters};
 use lb_ebpf::packet::{parse_eth, ptr_at, read};
 
+/// The object's licence, as the kernel reads it: the same as the balancer's (see
+/// src/main.rs): the eBPF crates are dual MIT / GPL-2.0.
+#[no_mangle]
+#[link_section = "license"]
+#[used]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 /// This host's tunnel endpoint addresses (`lb decap attach --address`, or the interface's).
 #[map]
 static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(64, 0);

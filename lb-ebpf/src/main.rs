@@ -44,6 +44,13 @@ use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
 use crate::parse::Packet;
 use crate::stats::{drop, Counters};
 
+/// The object's licence, as the kernel reads it: `bpf_fib_lookup` (IPIP next hops) is a
+/// GPL-only helper, so it must be GPL-compatible; the eBPF crates are dual MIT / GPL-2.0.
+#[no_mangle]
+#[link_section = "license"]
+#[used]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 // `#[xdp]` wraps the function in the program's entry point; `inline(always)` makes it part
 // of that entry instead of a BPF-to-BPF call (a call and a return per packet, and returns
 // are costly on CPUs with return-thunk mitigations).

@@ -1,6 +1,6 @@
 //! `lb`: the load balancer's daemon and CLI.
 use clap::{CommandFactory, Parser, Subcommand};
-use lb_user::cli::{self, backend_host, config_schema, decap, flows, plan, render, validate};
+use lb_user::cli::{self, backend_host, config_schema, decap, flows, manpages, plan, render, unload, validate};
 use lb_user::daemon::api::{self, HealthOverride, Proto, Request};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -62,15 +62,22 @@ enum Command {
     },
     /// Print the JSON Schema of the configuration file, for editors (docs/config.md).
     ConfigSchema,
+    /// Detach the data plane a stopped `lb run --keep-dataplane` (the service) left forwarding,
+    /// and remove its pins and state.
+    Unload(unload::UnloadArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), lb(8).
+    /// Write the man pages (roff): lb(8) and one per command, lb-run(8), lb-backend-set(8)...
     #[command(hide = true)]
-    Manpage,
+    Manpage {
+        /// The directory to write them into.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -248,9 +255,8 @@ fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "lb", &mut std::io::stdout());
             Ok(())
         }
-        Command::Manpage => {
-            clap_mangen::Man::new(Cli::command()).section("8").render(&mut std::io::stdout()).map_err(Into::into)
-        }
+        Command::Unload(args) => unload::run(&args),
+        Command::Manpage { dir } => manpages::write_all(Cli::command(), &dir).map(|_| ()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -66,3 +66,20 @@ fn the_bench_object_adds_the_bench_programs_to_the_production_ones() {
     // The same maps as the production object: dp_bench loads it with the data plane's sizes.
     assert_eq!(maps(&object), maps(lb_user::dataplane::EBPF_OBJECT));
 }
+
+/// Each object says its licence to the kernel, and says the eBPF crates' one: `bpf_fib_lookup`
+/// is GPL-only (tests/license.rs shows the verifier refusing `lb` under another licence), so
+/// it is dual MIT / GPL, as lb-ebpf's and lb-common's `license` fields say.
+#[test]
+fn every_object_carries_the_dual_mit_gpl_license() {
+    let bench = std::fs::read(lb_user::dataplane::BENCH_OBJECT_PATH).expect("reading the bench object");
+    for object in [lb_user::dataplane::EBPF_OBJECT, lb_user::cli::decap::EBPF_OBJECT, &bench] {
+        // Without a `license` section aya would tell the kernel "GPL".
+        assert_eq!(parse(object).license.to_str().unwrap(), "Dual MIT/GPL");
+    }
+    for manifest in ["lb-ebpf/Cargo.toml", "lb-common/Cargo.toml"] {
+        let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(manifest))
+            .unwrap();
+        assert!(text.contains("license = \"MIT OR GPL-2.0-only\""), "{manifest} is not dual MIT / GPL-2.0");
+    }
+}

@@ -5,8 +5,10 @@
 
 mod bpffs;
 mod package;
+mod repro;
 mod setup;
 mod soak;
+mod toolchain;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -22,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install the eBPF toolchain (nightly rust-src, bpf-linker) and the Debian tools the tests use.
+    /// Install the eBPF toolchain (the pinned nightly, rust-src, bpf-linker) and the Debian tools the tests use.
     Setup,
     /// Build the eBPF object and the `lb` binary (release).
     Build,
@@ -48,7 +50,13 @@ enum Cmd {
         katran: Option<PathBuf>,
     },
     /// Build the Debian package (target/debian/lb_*.deb) with cargo-deb, and check it.
-    Package,
+    Package {
+        /// The package's version instead of the crate's (e.g. two versions of one build).
+        #[arg(long)]
+        deb_version: Option<String>,
+    },
+    /// Build `lb` (release) from two checkouts of HEAD in different directories; they must be identical.
+    Repro,
     /// The live demo (see README.md): `zonal` (default) or `scale-out`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
@@ -75,7 +83,8 @@ fn main() -> Result<()> {
         Cmd::Bench { live: true, args, .. } => bench_live(&args),
         Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
         Cmd::Bench { .. } => bench(),
-        Cmd::Package => package::package(&root),
+        Cmd::Package { deb_version } => package::package(&root, deb_version.as_deref()).map(|_| ()),
+        Cmd::Repro => repro::repro(&root),
         Cmd::Demo { scene } => demo(scene),
     }
 }

@@ -3,11 +3,12 @@
 //! Idempotent: every step checks first and does nothing when its result is already there, so a
 //! second run finishes in seconds.
 //!
-//! - the nightly toolchain's `rust-src` (for `-Z build-std=core`);
-//! - `bpf-linker` built against the LLVM that ships inside the nightly toolchain (there is no
+//! - the nightly pinned in `lb-ebpf/rust-toolchain.toml` (`toolchain`) and its `rust-src` (for
+//!   `-Z build-std=core`);
+//! - `bpf-linker` built against the LLVM that ships inside that nightly (there is no
 //!   prebuilt download that matches it): a prefix folder whose `lib/` holds `libLLVM.so` and the
 //!   soname file, both linking to the toolchain's library, then
-//!   `LLVM_PREFIX=<prefix> cargo +nightly install bpf-linker --features llvm-<major>`.
+//!   `LLVM_PREFIX=<prefix> cargo +nightly-DATE install bpf-linker --features llvm-<major>`.
 //!   The prefix lives under /opt because the installed binary keeps an rpath to it;
 //! - the Debian packages the tests and demo call (iproute2, ethtool, dnsutils; bird2 for the
 //!   scale-out tests' BGP speakers).
@@ -34,9 +35,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
 ];
 
 pub fn ensure() -> Result<()> {
-    pinned_nightly()?;
-    rust_src()?;
-    bpf_linker()?;
+    let channel = crate::toolchain::ensure(&crate::workspace_root())?;
+    rust_src(&channel)?;
+    bpf_linker(&channel)?;
     debian_packages()?;
     Ok(())
 }
@@ -50,39 +51,18 @@ fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The nightly must be the one `lb-ebpf/nightly-version` pins (`lb-user/build.rs` refuses
-/// another too, but only after the toolchain set-up, which builds bpf-linker against it).
-fn pinned_nightly() -> Result<()> {
-    let pin_file = crate::workspace_root().join("lb-ebpf/nightly-version");
-    let pinned = std::fs::read_to_string(&pin_file).with_context(|| format!("reading {}", pin_file.display()))?;
-    let found = output(Command::new("rustc").args(["+nightly", "-V"]))
-        .context("the nightly toolchain is required for the eBPF crate")?;
-    let found = found.trim().trim_start_matches("rustc ");
-    if found != pinned.trim() {
-        bail!(
-            "the eBPF objects are built with nightly rustc {} (pinned in {}), but the `nightly` toolchain \
-             here is {found}: install that nightly as `nightly`, or, to move to this one, run the BPF tests \
-             with it and write its version into {}",
-            pinned.trim(),
-            pin_file.display(),
-            pin_file.display()
-        );
-    }
-    Ok(())
-}
-
-fn rust_src() -> Result<()> {
-    let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
-        .context("the nightly toolchain is required for the eBPF crate (rustup toolchain list)")?;
-    if installed.lines().any(|l| l.starts_with("rust-src")) {
+/// `-Z build-std=core` needs the standard library's source in the pinned toolchain.
+fn rust_src(channel: &str) -> Result<()> {
+    let sysroot = output(Command::new("rustc").arg(format!("+{channel}")).args(["--print", "sysroot"]))?;
+    if Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core").is_dir() {
         return Ok(());
     }
-    eprintln!("setup: adding rust-src to the nightly toolchain");
-    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    eprintln!("setup: adding rust-src to {channel}");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", channel]))
 }
 
-fn nightly_llvm_library() -> Result<PathBuf> {
-    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+fn nightly_llvm_library(channel: &str) -> Result<PathBuf> {
+    let sysroot = output(Command::new("rustc").arg(format!("+{channel}")).args(["--print", "sysroot"]))?;
     let lib = Path::new(sysroot.trim()).join("lib");
     for entry in std::fs::read_dir(&lib).with_context(|| format!("reading {}", lib.display()))? {
         let path = entry?.path();
@@ -126,8 +106,8 @@ fn which(cmd: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())
 }
 
-fn bpf_linker() -> Result<()> {
-    let llvm = nightly_llvm_library()?;
+fn bpf_linker(channel: &str) -> Result<()> {
+    let llvm = nightly_llvm_library(channel)?;
     if bpf_linker_works(&llvm) {
         return Ok(());
     }
@@ -141,15 +121,8 @@ fn bpf_linker() -> Result<()> {
     }
     eprintln!("setup: building bpf-linker against {} (about a minute)", llvm.display());
     run(Command::new("cargo")
-        .args([
-            "+nightly",
-            "install",
-            "bpf-linker",
-            "--version",
-            BPF_LINKER_VERSION,
-            "--no-default-features",
-            "--features",
-        ])
+        .arg(format!("+{channel}"))
+        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
         .arg(format!("llvm-{major}"))
         .env("LLVM_PREFIX", LLVM_PREFIX)
         // Build outside the workspace so its config and target dir do not apply.

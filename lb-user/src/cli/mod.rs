@@ -7,9 +7,11 @@ pub mod config_schema;
 pub mod decap;
 pub mod explain;
 pub mod flows;
+pub mod manpages;
 pub mod plan;
 pub mod render;
 pub mod trace;
+pub mod unload;
 pub mod validate;
 
 use crate::daemon::api::{self, Request};

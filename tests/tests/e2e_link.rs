@@ -7,8 +7,9 @@
 //!   program stays attached; it notices the lost pins, says so in the log and `lb status`, and
 //!   does not claim at exit that the data plane keeps running.
 //! - The balancer's interface changes its MAC under a running daemon (a replaced NIC, VRRP): the
-//!   daemon follows it, says so in the log and `lb status`, and the established connection and
-//!   new ones go on once the peers learn the new MAC.
+//!   daemon follows it, says so in the log and `lb status`, makes the backends' neighbour entries
+//!   the change flushed again, and the established connection and new ones go on once the peers
+//!   learn the new MAC, also past the data plane's cached next hops.
 //! - A `--keep-dataplane` restart with one interface fewer: the new daemon detaches the one no
 //!   longer listed (no program, no pin left) and says so in the log and `lb status`.
 //! - `lb run --keep-dataplane` and `lb decap attach` under `ip netns exec` (a bpffs private to
@@ -171,7 +172,12 @@ fn interface_mac_changed_under_the_daemon_is_followed() {
     })
     .unwrap_or_else(|e| fail(e, &d));
     assert_eq!(back.len(), 4);
+    // The MAC change flushed the balancer's neighbour entries (permanent and managed ones
+    // too): the daemon makes its backends' entries again at once. Past the data plane's cached
+    // next hops (1 s), the established connection's next packet is routed through them.
+    std::thread::sleep(Duration::from_secs(2));
     assert_eq!(s.ask("after the MAC changed").unwrap_or_else(|e| fail(e, &d)), s.greeting);
+    assert_eq!(tcp_spread(client, vip(false, 80), 4).unwrap_or_else(|e| fail(e, &d)).len(), 4);
     let link = d.status().unwrap_or_else(|e| fail(e, &d)).links.into_iter().find(|l| l.interface == "eth0").unwrap();
     assert_eq!(link.state, "attached");
     let note = link.mac.unwrap_or_default();

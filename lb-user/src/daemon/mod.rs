@@ -238,7 +238,7 @@ struct Daemon {
     /// A host drain (`lb backend drain --host`): when the daemon stops.
     drain_deadline: Option<tokio::time::Instant>,
     /// The backends whose next hops `neighbours` keeps resolved.
-    neighbours: std::sync::mpsc::Sender<std::collections::BTreeSet<std::net::IpAddr>>,
+    neighbours: neighbours::Keeper,
     /// Interfaces known to be gone (logged once), until they return and are attached again.
     detached: BTreeSet<String>,
     /// While `lb trace` runs: when the daemon attaches `lb` again by itself.
@@ -768,7 +768,7 @@ impl Daemon {
     /// Hands the configured backends to the neighbour keeper (see `neighbours`).
     fn keep_neighbours(&self) {
         let backends = self.ctl.config().services.iter().flat_map(|s| s.backends.iter().map(|b| b.address)).collect();
-        let _ = self.neighbours.send(backends);
+        self.neighbours.keep(backends);
     }
 
     fn save_state(&self) {

@@ -1,4 +1,4 @@
-//! The namespace topology of the end-to-end tests and the demo (DESIGN.md §6).
+//! The namespace topology of the end-to-end tests and the demo.
 //!
 //! ```text
 //!   client namespaces (per zone, plus "outside" clients in no zone)

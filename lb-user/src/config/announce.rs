@@ -6,7 +6,7 @@
 //! and announces the routes over BGP.
 
 use super::error::Scope;
-use super::validate::{Report, Sink};
+use super::error::{Report, Sink};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,5 @@
-//! Configuration errors: where (file, service or zone, TOML field path) and what is allowed.
+//! Configuration errors: where (file, service or zone, TOML field path) and what is allowed,
+//! and the collector the checks report them to (all problems at once, up to a bound).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -135,5 +136,59 @@ impl std::error::Error for ConfigError {
         match &self.kind {
             ConfigErrorKind::Read(_) | ConfigErrorKind::Syntax(_) | ConfigErrorKind::Invalid(_) => None,
         }
+    }
+}
+
+/// At most this many violations are listed; the rest are counted in one closing line. A file
+/// with thousands of copies of one mistake gets a readable answer in bounded memory.
+pub const MAX_VIOLATIONS: usize = 100;
+
+/// Where the checks put their violations: the first `MAX_VIOLATIONS` are kept, the others only
+/// counted.
+#[derive(Default)]
+pub(super) struct Sink {
+    kept: Vec<Violation>,
+    omitted: usize,
+}
+
+impl Sink {
+    pub(super) fn push(&mut self, v: Violation) {
+        if self.kept.len() < MAX_VIOLATIONS {
+            self.kept.push(v);
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    /// True once nothing more is kept: a check may skip building further messages.
+    pub(super) fn is_full(&self) -> bool {
+        self.kept.len() >= MAX_VIOLATIONS
+    }
+
+    pub(super) fn finish(mut self) -> Vec<Violation> {
+        if self.omitted > 0 {
+            self.kept.push(Violation {
+                scope: Scope::Config,
+                field: String::new(),
+                problem: format!(
+                    "{} more problems not listed (only the first {MAX_VIOLATIONS} are): fix these and \
+                     validate again",
+                    self.omitted
+                ),
+            });
+        }
+        self.kept
+    }
+}
+
+/// Collects violations for one scope.
+pub(super) struct Report<'a> {
+    pub(super) out: &'a mut Sink,
+    pub(super) scope: Scope,
+}
+
+impl Report<'_> {
+    pub(super) fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
+        self.out.push(Violation { scope: self.scope.clone(), field: field.into(), problem: problem.into() });
     }
 }

@@ -5,7 +5,7 @@
 //! at start and at every reload.
 
 use super::error::Scope;
-use super::validate::{Report, Sink};
+use super::error::{Report, Sink};
 use super::Config;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

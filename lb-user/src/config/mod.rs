@@ -1,4 +1,4 @@
-//! The TOML configuration contract (DESIGN.md §5): parsing and validation.
+//! The TOML configuration contract (docs/config.md): parsing and validation.
 //!
 //! `load`/`parse` return a `Config` only if every check passed; errors name the service, the
 //! field and the allowed values. Nothing downstream ever sees an invalid configuration, so a bad
@@ -18,12 +18,12 @@ mod tm_validate;
 mod validate;
 
 pub use announce::{Announce, DEFAULT_DRAIN_GRACE_SEC};
-pub use error::{ConfigError, ConfigErrorKind, Scope, Violation};
+pub use error::{ConfigError, ConfigErrorKind, Scope, Violation, MAX_VIOLATIONS};
 pub use host::HostAddrs;
-pub use tm_validate::{canonical_dns_name, check_dns_name};
+pub use tm_validate::{canonical_dns_name, check_dns_name, MAX_NESTING_DEPTH};
 pub use validate::{
     MAX_BACKENDS_PER_SERVICE, MAX_CONNTRACK_ENTRIES, MAX_DRAINING_TIMEOUT_SEC, MAX_IDLE_TIMEOUT_SEC,
-    MAX_MAGLEV_TABLE_SIZE, MAX_NESTING_DEPTH, MAX_VIOLATIONS, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
+    MAX_MAGLEV_TABLE_SIZE, MAX_WEIGHT, MIN_IDLE_TIMEOUT_SEC, MIN_MAGLEV_TABLE_SIZE,
 };
 
 use crate::model::*;
@@ -468,7 +468,7 @@ impl Config {
         }
     }
 
-    /// Every check of DESIGN.md §5 and the spec. All violations are reported at once, so a user
+    /// Every check of the configuration contract (docs/config.md) and the spec. All violations are reported at once, so a user
     /// fixes a file in one pass.
     pub fn validate(&self) -> anyhow::Result<()> {
         let violations = self.violations();

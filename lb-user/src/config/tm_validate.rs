@@ -4,11 +4,10 @@
 //! allowed values.
 
 use super::error::Scope;
+use super::error::{Report, Sink};
 use super::monitor::{parse_custom_headers, MonitorSettings};
 use super::ranges::{parse_subnet, AddrRange};
 use super::regions::RegionTree;
-use super::validate::MAX_NESTING_DEPTH;
-use super::validate::{Report, Sink};
 use super::{Backend, Config, Service};
 use crate::model::*;
 use std::collections::{HashMap, HashSet};
@@ -19,6 +18,10 @@ pub const MAX_PRIORITY: u32 = 1000;
 pub const MAX_MAX_RETURN: u32 = 10;
 /// Spec §2.1: `dnsConfig.ttl` 0..=2147483647.
 pub const MAX_TTL: u32 = 2_147_483_647;
+
+/// Traffic Manager nesting depth limit (spec §2.5); also guards recursion on an unvalidated
+/// configuration.
+pub const MAX_NESTING_DEPTH: usize = 10;
 
 const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALUE, SUBNET";
 

@@ -1,8 +1,8 @@
-//! The rules of the configuration contract (DESIGN.md §5, spec §1). Each check appends
+//! The rules of the configuration contract (docs/config.md, spec §1). Each check appends
 //! [`Violation`]s naming the object, the TOML field path and what is allowed; nothing stops at
 //! the first problem.
 
-use super::error::{Scope, Violation};
+use super::error::{Report, Scope, Sink, Violation};
 use super::{Backend, Config, Dataplane, HealthCheck, Service, Zone};
 use crate::model::*;
 use ipnet::IpNet;
@@ -12,9 +12,6 @@ use std::net::IpAddr;
 /// Spec §1.0: without subsetting a backend service serves at most 250 VMs/endpoints. The
 /// balancer never subsets, so the limit applies to every service.
 pub const MAX_BACKENDS_PER_SERVICE: usize = 250;
-/// Traffic Manager nesting depth limit (spec §2.5); also guards recursion on an unvalidated
-/// configuration.
-pub const MAX_NESTING_DEPTH: usize = 10;
 /// Maglev weights are small integers: a weight is a count of preference-list turns.
 pub const MAX_WEIGHT: u32 = 1000;
 pub const MIN_MAGLEV_TABLE_SIZE: u32 = 251;
@@ -31,60 +28,6 @@ pub const MAX_DRAINING_TIMEOUT_SEC: u32 = 3600;
 /// Affinities that may carry an idle timeout under PER_SESSION (spec §1.4).
 const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] =
     [SessionAffinity::ClientIpProto, SessionAffinity::ClientIp, SessionAffinity::ClientIpNoDestination];
-
-/// At most this many violations are listed; the rest are counted in one closing line. A file
-/// with thousands of copies of one mistake gets a readable answer in bounded memory.
-pub const MAX_VIOLATIONS: usize = 100;
-
-/// Where the checks put their violations: the first `MAX_VIOLATIONS` are kept, the others only
-/// counted.
-#[derive(Default)]
-pub(super) struct Sink {
-    kept: Vec<Violation>,
-    omitted: usize,
-}
-
-impl Sink {
-    pub(super) fn push(&mut self, v: Violation) {
-        if self.kept.len() < MAX_VIOLATIONS {
-            self.kept.push(v);
-        } else {
-            self.omitted += 1;
-        }
-    }
-
-    /// True once nothing more is kept: a check may skip building further messages.
-    pub(super) fn is_full(&self) -> bool {
-        self.kept.len() >= MAX_VIOLATIONS
-    }
-
-    fn finish(mut self) -> Vec<Violation> {
-        if self.omitted > 0 {
-            self.kept.push(Violation {
-                scope: Scope::Config,
-                field: String::new(),
-                problem: format!(
-                    "{} more problems not listed (only the first {MAX_VIOLATIONS} are): fix these and \
-                     validate again",
-                    self.omitted
-                ),
-            });
-        }
-        self.kept
-    }
-}
-
-/// Collects violations for one scope.
-pub(super) struct Report<'a> {
-    pub(super) out: &'a mut Sink,
-    pub(super) scope: Scope,
-}
-
-impl Report<'_> {
-    pub(super) fn push(&mut self, field: impl Into<String>, problem: impl Into<String>) {
-        self.out.push(Violation { scope: self.scope.clone(), field: field.into(), problem: problem.into() });
-    }
-}
 
 /// Every rule; with `host`, also that no VIP is one of its addresses (`super::host`).
 pub(super) fn check(cfg: &Config, host: Option<&super::HostAddrs>) -> Vec<Violation> {

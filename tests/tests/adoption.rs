@@ -5,9 +5,9 @@
 //! configuration no longer has drain like ones a reload removes (`depart_unused_backends`).
 
 use lb_common::maps::backend_flags;
+use lb_user::compile::sizes::sizes_for;
 use lb_user::config::Config;
 use lb_user::controller::{Controller, PersistentState};
-use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, DataplaneSizes};
 
 /// Services on their own VIPs (service `i`'s backends are 198.18.1i.1, .2, ... up to

@@ -8,10 +8,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use lb_common::maps::{PROTO_TCP, PROTO_UDP};
 use lb_tests::packet::*;
 use lb_user::compile::explain::{explain, ClassFacts, Flow};
+use lb_user::compile::sizes::sizes_for;
 use lb_user::compile::Compiled;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
-use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];

@@ -126,9 +126,9 @@ fn ttl_is_left_as_the_client_sent_it() {
 /// and a backend the configuration drops is neither.
 #[test]
 fn a_backend_of_the_same_service_is_a_martian_and_of_another_a_client() {
+    use lb_user::compile::sizes::sizes_for;
     use lb_user::config::Config;
     use lb_user::controller::Controller;
-    use lb_user::daemon::sizes_for;
     let config = |web_backends: &[&str]| {
         let mut text = String::new();
         for (name, vip, backends) in [("web", VIP, web_backends), ("api", OTHER_VIP, &["198.18.3.9"][..])] {

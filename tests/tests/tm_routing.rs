@@ -9,9 +9,9 @@ use std::net::Ipv4Addr;
 
 use lb_common::maps::{stat, PROTO_TCP};
 use lb_tests::packet::*;
+use lb_user::compile::sizes::sizes_for;
 use lb_user::config::Config;
 use lb_user::controller::Controller;
-use lb_user::daemon::sizes_for;
 use lb_user::dataplane::{Dataplane, Program, XDP_DROP, XDP_TX};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod explain;
 pub mod ids;
 pub mod maglev;
+pub mod sizes;
 
 use crate::config::{Config, Service};
 use crate::dataplane::{Demand, ServiceDemand};
@@ -239,7 +240,7 @@ fn addr_bytes(addr: IpAddr) -> Vec<u8> {
 }
 
 /// Service keys and client-class prefixes a configuration installs in the data plane (its
-/// sizing must hold them: `daemon::sizes_for`).
+/// sizing must hold them: `sizes::sizes_for`).
 pub fn installed_counts(cfg: &Config) -> (u32, u32) {
     let keys = cfg.services.iter().map(|s| service_keys(s).len() as u32).sum();
     // Every zonal-affinity service installs every zone's prefixes.

@@ -2,7 +2,7 @@
 //! configuration (`Controller::preview_config`) against what it last wrote.
 
 use super::reply::{ChangeKind, EligibleChange, ReloadPlan, ServiceChange};
-use super::{class_views, zone_views};
+use super::views::{class_views, zone_views};
 use crate::compile::tables_to_write;
 use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;

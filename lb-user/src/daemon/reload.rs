@@ -172,6 +172,36 @@ async fn off_loop<T: Send + 'static>(
     }
 }
 
+/// Whether a reloaded configuration `cfg` can replace the running one (`running`, on a data
+/// plane loaded with `now`): the settings read only at start are unchanged and it fits the
+/// loaded maps. Otherwise the reload is refused (the running tables stay) and the message says
+/// a restart is needed.
+pub fn check_reloadable(now: &crate::dataplane::DataplaneSizes, running: &Config, cfg: &Config) -> anyhow::Result<()> {
+    // The DNS front's sockets are bound at start.
+    if cfg.dns != running.dns {
+        let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
+        anyhow::bail!(
+            "[dns] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.dns),
+            show(&cfg.dns)
+        );
+    }
+    if cfg.metrics != running.metrics {
+        let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
+        anyhow::bail!(
+            "[metrics] listen takes effect only on restart (running: {}, in the file: {})",
+            show(&running.metrics),
+            show(&cfg.metrics)
+        );
+    }
+    // The TUN device and its table are made at start.
+    let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
+    if where_(cfg) != where_(running) {
+        anyhow::bail!("[announce] (present or not, table, device) takes effect only on restart");
+    }
+    crate::compile::sizes::fits_in(now, cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +242,29 @@ mod tests {
         // A read that returns in time gives its result.
         let ok = off_loop(|| Ok(7), Duration::from_secs(60), Arc::new(AtomicUsize::new(0))).await.unwrap();
         assert_eq!(ok, 7);
+    }
+
+    #[test]
+    fn reload_refuses_restart_only_changes() {
+        let service = |ports: usize| {
+            let list: Vec<String> = (1..=ports).map(|p| p.to_string()).collect();
+            format!(
+                "[[service]]\nname = \"web0\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [{}]\n[[service.backend]]\naddress = \"198.18.11.1\"\n",
+                list.join(", ")
+            )
+        };
+        let running = Config::parse(&service(1)).unwrap();
+        let sizes = crate::compile::sizes::sizes_for(&running);
+        assert!(check_reloadable(&sizes, &running, &Config::parse(&service(2)).unwrap()).is_ok());
+        let with_dns = Config::parse(&format!("[dns]\nlisten = \"127.0.0.1:5353\"\n{}", service(1))).unwrap();
+        let err = check_reloadable(&sizes, &running, &with_dns).unwrap_err().to_string();
+        assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
+        assert!(check_reloadable(&sizes, &with_dns, &with_dns).is_ok());
+        let with_metrics = Config::parse(&format!("[metrics]\nlisten = \"127.0.0.1:9405\"\n{}", service(1))).unwrap();
+        let err = check_reloadable(&sizes, &running, &with_metrics).unwrap_err().to_string();
+        assert!(err.contains("[metrics] listen") && err.contains("restart") && err.contains("127.0.0.1:9405"), "{err}");
+        assert!(check_reloadable(&sizes, &with_metrics, &with_metrics).is_ok());
+        let bigger_m = Config::parse(&format!("[dataplane]\nmaglev_table_size = 65537\n{}", service(1))).unwrap();
+        assert!(check_reloadable(&sizes, &running, &bigger_m).unwrap_err().to_string().contains("maglev_table_size"));
     }
 }

@@ -1,5 +1,7 @@
-//! Views the daemon answers from its state alone, shared with the offline CLI so both give the
-//! same answer for the same state: `lb explain` against a daemon, and `lb explain --config`.
+//! Views the daemon answers from its state alone: `lb status`, `lb stats` and `lb explain`
+//! (replies built from the controller's and the data plane's state, nothing changed). The
+//! explanation is shared with the offline CLI so both give the same answer for the same
+//! state: `lb explain` against a daemon, and `lb explain --config`.
 
 use crate::compile::explain::{self, Explanation, Flow};
 use crate::compile::Compiled;
@@ -8,6 +10,9 @@ use crate::daemon::api::Proto;
 use crate::model::Protocol;
 use anyhow::{bail, Result};
 use std::net::IpAddr;
+
+use super::reply::{self, BackendStatus, ClassStats, ClassView, Counters, ServiceStats, ServiceStatus, ZoneView};
+use super::{faults, metrics, Daemon};
 
 /// What a new flow of `service` from `client` gets with the tables `compiled` of `cfg`. The
 /// flow's defaults: source port 40000, the service's first port, its protocol.
@@ -39,4 +44,166 @@ pub fn explain(
     let flow =
         Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
     explain::explain(cfg, compiled, service, &flow)
+}
+
+/// A zonal service's eligible set per client zone.
+pub(super) fn zone_views(cfg: &Config, c: &crate::compile::CompiledService) -> Vec<ZoneView> {
+    c.plan
+        .classes
+        .iter()
+        .map(|cp| ZoneView {
+            client_zone: cp.client_zone.map(|z| cfg.zones[z].name.clone()),
+            affinity: cp.outcome.as_str().to_owned(),
+            eligible: cp.eligible.iter().map(|&i| c.backend_addrs[i]).collect(),
+        })
+        .collect()
+}
+
+/// A Traffic Manager service's client classes (None for a zonal service).
+pub(super) fn class_views(c: &crate::compile::CompiledService) -> Option<Vec<ClassView>> {
+    let tm = c.tm.as_ref()?;
+    let view = |cl: &crate::policy::tm::classes::TmClass| ClassView {
+        class: cl.id,
+        client_prefixes: tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| *n).collect(),
+        eligible: cl.eligible.iter().map(|e| e.address).collect(),
+        reason: cl.reason.clone(),
+    };
+    Some(tm.classes.iter().map(view).collect())
+}
+
+impl Daemon {
+    pub(super) fn status(&self) -> reply::Status {
+        let cfg = self.ctl.config();
+        let applied = self.ctl.applied();
+        let services = cfg
+            .services
+            .iter()
+            .map(|svc| {
+                let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
+                let backends = svc
+                    .backends
+                    .iter()
+                    .map(|b| {
+                        let unchecked = self.ctl.unchecked(&svc.name, b.address);
+                        let source = if self.ctl.override_of(&svc.name, b.address).is_some() {
+                            "override"
+                        } else if unchecked || self.ctl.checker_verdict(&svc.name, b.address).is_some() {
+                            "health_check"
+                        } else {
+                            "initial"
+                        };
+                        let health = match (unchecked, self.ctl.healthy(&svc.name, b.address)) {
+                            (true, _) => "unchecked",
+                            (false, true) => "healthy",
+                            (false, false) => "unhealthy",
+                        };
+                        BackendStatus {
+                            address: b.address,
+                            zone: b.zone.clone(),
+                            role: if b.failover { "failover" } else { "primary" }.to_owned(),
+                            health: health.to_owned(),
+                            health_source: source.to_owned(),
+                            weight: b.weight,
+                            draining: self.ctl.is_drained(&svc.name, b.address),
+                        }
+                    })
+                    .collect();
+                ServiceStatus {
+                    name: svc.name.clone(),
+                    vip: svc.vip,
+                    protocol: svc.protocol.as_str().to_owned(),
+                    ports: svc.ports.clone(),
+                    eligible_kind: compiled.map(|c| c.plan.kind.as_str().to_owned()),
+                    rule: compiled.map(|c| c.plan.rule.id().to_owned()),
+                    active_pool: compiled.map(|c| c.plan.active_pool.as_str().to_owned()),
+                    backends,
+                    zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
+                    routing_method: svc.routing_method.as_str().to_owned(),
+                    // Traffic Manager services: the routing method's client classes.
+                    classes: compiled.and_then(class_views),
+                }
+            })
+            .collect();
+        let announce = self.announcer.as_ref().map(|a| reply::AnnounceStatus {
+            device: a.device().to_owned(),
+            table: a.table(),
+            draining: a.draining(),
+            announced: a.announced().iter().copied().collect(),
+        });
+        let pins = if self.links.pins_lost.is_empty() {
+            "ok".to_owned()
+        } else {
+            format!("lost: {}", self.links.pins_lost.join(", "))
+        };
+        reply::Status {
+            config: self.args.config.display().to_string(),
+            interfaces: self.args.interfaces.clone(),
+            links: self.link_status(),
+            pins,
+            services,
+            announce,
+            reloads: self.reloads.counts().clone(),
+            faults: faults::snapshot(),
+        }
+    }
+
+    pub(super) fn stats(&self) -> Result<reply::Stats> {
+        let st = self.dp.stats()?;
+        let global = Counters(
+            lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect(),
+        );
+        let cfg = self.ctl.config();
+        let applied = self.ctl.applied();
+        let services = applied
+            .map(|a| {
+                a.services
+                    .iter()
+                    .map(|s| {
+                        let classes = s
+                            .tables
+                            .iter()
+                            .map(|t| {
+                                let c = st.class(s.id, t.class);
+                                // A Traffic Manager service's classes are its routing method's,
+                                // not zones (`lb status` lists their prefixes).
+                                let zone = metrics::class_zone(cfg, s, t.class);
+                                ClassStats {
+                                    client_class: t.class,
+                                    client_zone: zone,
+                                    packets: c.packets,
+                                    bytes: c.bytes,
+                                    new_flows: c.new_flows,
+                                    cross_zone_spills: c.spills,
+                                }
+                            })
+                            .collect();
+                        ServiceStats { name: s.name.clone(), traffic_manager: s.tm.is_some(), classes }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(reply::Stats { global, services })
+    }
+
+    pub(super) fn explain(
+        &self,
+        service: &str,
+        client: std::net::IpAddr,
+        sport: Option<u16>,
+        dport: Option<u16>,
+        proto: Option<Proto>,
+    ) -> Result<reply::Explanation> {
+        let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
+        explain(self.ctl.config(), applied, service, client, sport, dport, proto)
+    }
+
+    /// One line for `systemctl status`.
+    pub(super) fn summary(&self) -> String {
+        let services = self.ctl.config().services.len();
+        format!(
+            "{services} services on {}; control socket {}",
+            self.args.interfaces.join(", "),
+            self.args.socket.display()
+        )
+    }
 }

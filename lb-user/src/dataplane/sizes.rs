@@ -22,7 +22,20 @@ struct SizedMap {
     /// or trie entry also holds its key and the element's overhead.
     entry_bytes: usize,
     max_entries: fn(&DataplaneSizes) -> u32,
+    /// The configuration settings its size follows, named when the maps would take more than
+    /// [`MAP_MEMORY_LIMIT_MIB`].
+    driven_by: &'static str,
 }
+
+/// The most kernel memory the maps of one data plane may take together. The connection tables
+/// at their largest (`dataplane.conntrack_entries` is capped at validation) fit with room for
+/// the rest; beyond it the load would fail with ENOMEM, or take the host's memory.
+pub const MAP_MEMORY_LIMIT_MIB: u64 = 4096;
+
+const BY_SERVICES: &str = "the number of services and ports";
+const BY_CLASSES: &str = "services × client classes (zones, Traffic Manager classes, ports, prefixes)";
+const BY_BACKENDS: &str = "the number of backends";
+const FIXED: &str = "nothing (a fixed size)";
 
 /// Bytes of the trace events' ring buffer: about 700 events, read by `lb trace` every few ms.
 pub const TRACE_RING_BYTES: u32 = 1 << 16;
@@ -45,14 +58,23 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<lb_common::maps::ServiceSlot>(),
         max_entries: |s| 2 * s.service_slots(),
+        driven_by: BY_SERVICES,
     },
-    SizedMap { name: "SERVICE_INDEX", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
+    SizedMap {
+        name: "SERVICE_INDEX",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |_| 1,
+        driven_by: FIXED,
+    },
     SizedMap {
         name: "VIPS",
         pinned: true,
         per_cpu: false,
         entry_bytes: HASHED + size_of::<AddrKey>() + 4,
         max_entries: |s| s.max_services.saturating_mul(4),
+        driven_by: BY_SERVICES,
     },
     // One (address, service) pair per backend id at most.
     SizedMap {
@@ -61,6 +83,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: HASHED + size_of::<SourceKey>() + 4,
         max_entries: |s| s.max_backends,
+        driven_by: BY_BACKENDS,
     },
     SizedMap {
         name: "CONNTRACK",
@@ -68,6 +91,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<ct_table::Bucket6>(),
         max_entries: |s| s.conntrack_buckets(),
+        driven_by: "dataplane.conntrack_entries",
     },
     SizedMap {
         name: "CONNTRACK4",
@@ -75,14 +99,23 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<ct_table::Bucket4>(),
         max_entries: |s| s.conntrack_buckets(),
+        driven_by: "dataplane.conntrack_entries",
     },
-    SizedMap { name: "CT_SEED_STORE", pinned: true, per_cpu: false, entry_bytes: 8, max_entries: |_| 1 },
+    SizedMap {
+        name: "CT_SEED_STORE",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |_| 1,
+        driven_by: FIXED,
+    },
     SizedMap {
         name: "CLIENT_CLASS",
         pinned: true,
         per_cpu: false,
         entry_bytes: HASHED + size_of::<ClassKey>() + 4,
         max_entries: |s| s.class_pairs().saturating_mul(16).max(16),
+        driven_by: BY_CLASSES,
     },
     SizedMap {
         name: "CLASSED_SERVICES",
@@ -90,6 +123,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: 8,
         max_entries: |s| s.max_services,
+        driven_by: BY_SERVICES,
     },
     SizedMap {
         name: "TABLE_INDEX",
@@ -97,6 +131,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<TableRef>(),
         max_entries: |s| s.class_pairs(),
+        driven_by: BY_CLASSES,
     },
     SizedMap {
         name: "TABLES",
@@ -104,6 +139,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: 8,
         max_entries: |s| s.table_slots * s.table_size_m,
+        driven_by: "dataplane.maglev_table_size × (services × client classes)",
     },
     SizedMap {
         name: "BACKENDS",
@@ -111,15 +147,24 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<Backend>(),
         max_entries: |s| s.max_backends,
+        driven_by: BY_BACKENDS,
     },
     // One record of global counters; one record per (service, class).
-    SizedMap { name: "STATS", pinned: true, per_cpu: true, entry_bytes: size_of::<GlobalStats>(), max_entries: |_| 1 },
+    SizedMap {
+        name: "STATS",
+        pinned: true,
+        per_cpu: true,
+        entry_bytes: size_of::<GlobalStats>(),
+        max_entries: |_| 1,
+        driven_by: FIXED,
+    },
     SizedMap {
         name: "CLASS_STATS",
         pinned: true,
         per_cpu: true,
         entry_bytes: size_of::<ClassCounters>(),
         max_entries: |s| s.class_pairs(),
+        driven_by: BY_CLASSES,
     },
     // One record per backend id (metrics per backend).
     SizedMap {
@@ -128,6 +173,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: true,
         entry_bytes: size_of::<BackendCounters>(),
         max_entries: |s| s.max_backends,
+        driven_by: BY_BACKENDS,
     },
     SizedMap {
         name: "NEXT_HOPS",
@@ -135,6 +181,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: true,
         entry_bytes: NEXT_HOP_BYTES,
         max_entries: |s| s.max_backends,
+        driven_by: BY_BACKENDS,
     },
     // Packet tracing (`lb trace`, lb-ebpf `trace`): the filter and the events' ring buffer
     // (its size in bytes; counted as 8 bytes a byte here, an over-estimate of 448 KiB), pinned
@@ -146,14 +193,23 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<TraceFilter>(),
         max_entries: |_| 1,
+        driven_by: FIXED,
     },
-    SizedMap { name: "TRACE_EVENTS", pinned: true, per_cpu: false, entry_bytes: 1, max_entries: |_| TRACE_RING_BYTES },
+    SizedMap {
+        name: "TRACE_EVENTS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 1,
+        max_entries: |_| TRACE_RING_BYTES,
+        driven_by: FIXED,
+    },
     SizedMap {
         name: "TRACE_SCRATCH",
         pinned: false,
         per_cpu: true,
         entry_bytes: TRACE_SCRATCH_BYTES,
         max_entries: |_| 1,
+        driven_by: FIXED,
     },
     // A fixed size (the data plane indexes it by `local_mac_slot`); not pinned: each loaded
     // object has its own, filled before it is attached or swapped in.
@@ -163,6 +219,7 @@ const SIZED_MAPS: &[SizedMap] = &[
         per_cpu: false,
         entry_bytes: size_of::<lb_common::maps::LocalMac>(),
         max_entries: |_| LOCAL_MAC_SLOTS,
+        driven_by: FIXED,
     },
 ];
 
@@ -225,6 +282,25 @@ impl DataplaneSizes {
                 (m.name, u64::from((m.max_entries)(self)) * entry)
             })
             .collect()
+    }
+
+    /// Refuses sizes whose maps would take more than [`MAP_MEMORY_LIMIT_MIB`] of kernel memory,
+    /// naming the largest maps and the settings behind them.
+    pub fn check_memory(&self) -> Result<()> {
+        let mut maps: Vec<(&SizedMap, u64)> =
+            SIZED_MAPS.iter().zip(self.map_bytes()).map(|(m, (_, b))| (m, b)).collect();
+        let total: u64 = maps.iter().map(|(_, b)| b).sum();
+        if total >> 20 <= MAP_MEMORY_LIMIT_MIB {
+            return Ok(());
+        }
+        maps.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+        let largest: Vec<String> =
+            maps.iter().take(3).map(|(m, b)| format!("{} {} MiB ({})", m.name, b >> 20, m.driven_by)).collect();
+        bail!(
+            "this configuration needs {} MiB of BPF maps, above the limit of {MAP_MEMORY_LIMIT_MIB} MiB; the largest: {}",
+            total >> 20,
+            largest.join(", ")
+        )
     }
 
     /// (service, class) pairs: the rows of `TABLE_INDEX` and `CLASS_STATS`.

@@ -54,7 +54,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn reaction_time(cfg: &Config) -> Result<()> {
-    let mut dp = Dataplane::load(lb_user::daemon::sizes_for(cfg))?;
+    let mut dp = Dataplane::load(lb_user::compile::sizes::sizes_for(cfg))?;
     let mut ctl = Controller::new(cfg.clone());
     let t = Instant::now();
     ctl.reconcile(&mut dp)?;

@@ -2,10 +2,12 @@
 //! plus edge cases. Backends are written as in the spec: `name:zone:H|U[:P|F]` (zone `-` = none).
 
 use lb_user::config::Config;
+use lb_user::model::MonitorStatus;
 use lb_user::model::Spillover::{self, Disabled, SpillCrossZone as Spill, StayWithinZone as Stay};
+use lb_user::policy::tm::ProbeStatuses;
 use lb_user::policy::{
-    plan_config, plan_service, BackendState, EligibleKind, FailoverParams, Pool, Rule, ServicePlan, ServicePolicy,
-    ZonalOutcome,
+    plan_config, plan_service, BackendState, EligibleKind, FailoverParams, Pool, Rule, ZonalOutcome, ZonalPlan,
+    ZonalPolicy,
 };
 
 /// Every vector runs with the same client zones; "D" never has backends.
@@ -47,9 +49,9 @@ fn fp_drop(failover_ratio: f64) -> Option<FailoverParams> {
     Some(FailoverParams { failover_ratio, drop_traffic_if_unhealthy: true })
 }
 
-fn plan(failover: Option<FailoverParams>, spill: (Spillover, f64), spec: &str) -> (Vec<String>, ServicePlan) {
+fn plan(failover: Option<FailoverParams>, spill: (Spillover, f64), spec: &str) -> (Vec<String>, ZonalPlan) {
     let (names, backends) = parse_backends(spec);
-    let policy = ServicePolicy::zonal(failover, spill.0, spill.1);
+    let policy = ZonalPolicy::new(failover, spill.0, spill.1);
     (names, plan_service(&policy, &backends, ZONES.len()))
 }
 
@@ -249,9 +251,10 @@ fn plan_config_maps_zones_failover_and_health() {
     )
     .expect("valid config");
     // web: primary in zone-a down, so 1/2 primaries healthy = ratio 0.5 → E-6, primaries.
-    let plans = plan_config(&cfg, &|s, b| !(s == 0 && b == 0));
+    let probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
+    let plans = plan_config(&cfg, &|s, b| !(s == 0 && b == 0), &probes);
     assert_eq!(plans.len(), 2);
-    let web = &plans[0];
+    let web = plans[0].zonal().expect("a zonal service");
     assert_eq!((web.kind, web.rule, web.active_pool), (EligibleKind::HealthyPrimary, Rule::E6, Pool::Primary));
     let classes: Vec<_> = web.classes.iter().map(|c| (c.client_zone, c.outcome, c.eligible.clone())).collect();
     assert_eq!(
@@ -262,7 +265,7 @@ fn plan_config_maps_zones_failover_and_health() {
             (None, ZonalOutcome::NotCompatible, vec![1]),
         ]
     );
-    let dns = &plans[1];
+    let dns = plans[1].zonal().expect("a zonal service");
     assert_eq!((dns.kind, dns.active_pool), (EligibleKind::AllHealthy, Pool::All));
     assert!(dns.classes.iter().all(|c| c.outcome == ZonalOutcome::Disabled && c.eligible == vec![0]));
 }

@@ -7,7 +7,7 @@
 use crate::compile::probes_from_health;
 use crate::config::{Config, Service};
 use crate::policy::tm::{TmServicePlan, DEFAULT_CLASS};
-use crate::policy::{plan_config, route_service, ClassPlan, EligibleKind, ServicePlan, ZonalOutcome};
+use crate::policy::{plan_config, ClassPlan, EligibleKind, ServicePlan, ZonalOutcome, ZonalPlan};
 use anyhow::bail;
 use clap::Args;
 use serde_json::{json, Value};
@@ -34,20 +34,17 @@ pub struct PlanArgs {
     pub client: Option<IpAddr>,
 }
 
-/// Every service's plan: the zonal policy's, or a Traffic Manager service's classes.
+/// Every service's plan (zonal, or a Traffic Manager service's classes), indexed like the
+/// services.
 pub struct Plans {
-    pub zonal: Vec<ServicePlan>,
-    /// Indexed like the services; Some for Traffic Manager services.
-    pub tm: Vec<Option<TmServicePlan>>,
+    pub services: Vec<ServicePlan>,
 }
 
 /// Plans every service with `healthy(service, backend)`; Traffic Manager endpoints are Online
 /// when healthy and Degraded otherwise.
 pub fn plan_all(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Plans {
     let probes = probes_from_health(cfg, healthy);
-    let zonal = plan_config(cfg, healthy);
-    let tm = (0..cfg.services.len()).map(|s| route_service(cfg, s, &zonal[s], healthy, &probes).tm).collect();
-    Plans { zonal, tm }
+    Plans { services: plan_config(cfg, healthy, &probes) }
 }
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
@@ -94,40 +91,41 @@ pub fn render_json(cfg: &Config, plans: &Plans) -> Value {
     let services: Vec<Value> = cfg
         .services
         .iter()
-        .zip(&plans.zonal)
-        .zip(&plans.tm)
-        .map(|((svc, plan), tm)| {
-            if let Some(tm) = tm {
-                return tm_json(svc, tm);
-            }
-            let zones: Vec<Value> = plan
-                .classes
-                .iter()
-                .map(|class| {
-                    json!({
-                        "client_zone": class.client_zone.map(|z| cfg.zones[z].name.clone()),
-                        "affinity": class.outcome.as_str(),
-                        "why": zonal_why(svc, plan, class),
-                        "spill": class.spill.map(|a| json!({
-                            "healthy_in_zone": a.healthy_in_zone,
-                            "configured_in_zone": a.relevant_in_zone,
-                            "ratio": a.healthy_in_zone as f64 / a.relevant_in_zone as f64,
-                            "spillover_ratio": svc.zonal_affinity.spillover_ratio,
-                        })),
-                        "eligible": addresses(svc, class),
-                    })
-                })
-                .collect();
-            json!({
-                "name": svc.name,
-                "eligible_kind": plan.kind.as_str(),
-                "rule": plan.rule.id(),
-                "active_pool": plan.active_pool.as_str(),
-                "zones": zones,
-            })
+        .zip(&plans.services)
+        .map(|(svc, plan)| match plan {
+            ServicePlan::Zonal(plan) => zonal_json(cfg, svc, plan),
+            ServicePlan::TrafficManager(tm) => tm_json(svc, tm),
         })
         .collect();
     json!({ "services": services })
+}
+
+fn zonal_json(cfg: &Config, svc: &Service, plan: &ZonalPlan) -> Value {
+    let zones: Vec<Value> = plan
+        .classes
+        .iter()
+        .map(|class| {
+            json!({
+                "client_zone": class.client_zone.map(|z| cfg.zones[z].name.clone()),
+                "affinity": class.outcome.as_str(),
+                "why": zonal_why(svc, plan, class),
+                "spill": class.spill.map(|a| json!({
+                    "healthy_in_zone": a.healthy_in_zone,
+                    "configured_in_zone": a.relevant_in_zone,
+                    "ratio": a.healthy_in_zone as f64 / a.relevant_in_zone as f64,
+                    "spillover_ratio": svc.zonal_affinity.spillover_ratio,
+                })),
+                "eligible": addresses(svc, class),
+            })
+        })
+        .collect();
+    json!({
+        "name": svc.name,
+        "eligible_kind": plan.kind.as_str(),
+        "rule": plan.rule.id(),
+        "active_pool": plan.active_pool.as_str(),
+        "zones": zones,
+    })
 }
 
 fn tm_json(svc: &Service, tm: &TmServicePlan) -> Value {
@@ -147,67 +145,69 @@ fn tm_json(svc: &Service, tm: &TmServicePlan) -> Value {
 /// service: its prefixes -> classes, then each class's weighted set and reason).
 pub fn render_table(cfg: &Config, plans: &Plans) -> String {
     let mut out = String::new();
-    for (i, (svc, plan)) in cfg.services.iter().zip(&plans.zonal).enumerate() {
+    for (i, (svc, plan)) in cfg.services.iter().zip(&plans.services).enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        if let Some(tm) = &plans.tm[i] {
-            out.push_str(&format!(
-                "service {} ({} {})  routing_method {}\n",
-                svc.name, svc.vip, svc.protocol, tm.method
-            ));
-            for (net, c) in &tm.prefixes {
-                out.push_str(&format!("  client {net} -> class {c}\n"));
-            }
-            for c in &tm.classes {
-                let which =
-                    if c.id == DEFAULT_CLASS { "class 0 (no prefix)".to_string() } else { format!("class {}", c.id) };
-                let set = if c.eligible.is_empty() {
-                    "DROP (unroutable)".to_string()
-                } else {
-                    c.eligible.iter().map(|e| format!("{} x{}", e.address, e.weight)).collect::<Vec<_>>().join(", ")
-                };
-                out.push_str(&format!("  {which}: {set}\n    why: {}\n", c.reason));
-            }
-            continue;
-        }
-        out.push_str(&format!(
-            "service {} ({} {})  eligible_kind {}  {}: {}  active_pool {}\n",
-            svc.name,
-            svc.vip,
-            svc.protocol,
-            plan.kind.as_str(),
-            plan.rule.id(),
-            plan.rule.reason(),
-            plan.active_pool.as_str(),
-        ));
-        let rows: Vec<[String; 4]> = plan
-            .classes
-            .iter()
-            .map(|class| {
-                let zone = match class.client_zone {
-                    Some(z) => cfg.zones[z].name.clone(),
-                    None => NON_COMPATIBLE_LABEL.to_string(),
-                };
-                let eligible = addresses(svc, class);
-                let eligible = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
-                [zone, class.outcome.as_str().to_string(), zonal_why(svc, plan, class), eligible]
-            })
-            .collect();
-        let header = ["CLIENT ZONE", "AFFINITY", "WHY", "ELIGIBLE"].map(String::from);
-        let width =
-            |col: usize| std::iter::once(&header).chain(&rows).map(|r| r[col].chars().count()).max().unwrap_or(0);
-        let (w0, w1, w2) = (width(0), width(1), width(2));
-        for row in std::iter::once(&header).chain(&rows) {
-            out.push_str(&format!("  {:<w0$}  {:<w1$}  {:<w2$}  {}\n", row[0], row[1], row[2], row[3]));
+        match plan {
+            ServicePlan::Zonal(plan) => zonal_table(cfg, svc, plan, &mut out),
+            ServicePlan::TrafficManager(tm) => tm_table(svc, tm, &mut out),
         }
     }
     out
 }
 
+fn tm_table(svc: &Service, tm: &TmServicePlan, out: &mut String) {
+    out.push_str(&format!("service {} ({} {})  routing_method {}\n", svc.name, svc.vip, svc.protocol, tm.method));
+    for (net, c) in &tm.prefixes {
+        out.push_str(&format!("  client {net} -> class {c}\n"));
+    }
+    for c in &tm.classes {
+        let which = if c.id == DEFAULT_CLASS { "class 0 (no prefix)".to_string() } else { format!("class {}", c.id) };
+        let set = if c.eligible.is_empty() {
+            "DROP (unroutable)".to_string()
+        } else {
+            c.eligible.iter().map(|e| format!("{} x{}", e.address, e.weight)).collect::<Vec<_>>().join(", ")
+        };
+        out.push_str(&format!("  {which}: {set}\n    why: {}\n", c.reason));
+    }
+}
+
+fn zonal_table(cfg: &Config, svc: &Service, plan: &ZonalPlan, out: &mut String) {
+    out.push_str(&format!(
+        "service {} ({} {})  eligible_kind {}  {}: {}  active_pool {}\n",
+        svc.name,
+        svc.vip,
+        svc.protocol,
+        plan.kind.as_str(),
+        plan.rule.id(),
+        plan.rule.reason(),
+        plan.active_pool.as_str(),
+    ));
+    let rows: Vec<[String; 4]> = plan
+        .classes
+        .iter()
+        .map(|class| {
+            let zone = match class.client_zone {
+                Some(z) => cfg.zones[z].name.clone(),
+                None => NON_COMPATIBLE_LABEL.to_string(),
+            };
+            let eligible = addresses(svc, class);
+            let eligible = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
+            [zone, class.outcome.as_str().to_string(), zonal_why(svc, plan, class), eligible]
+        })
+        .collect();
+    let header = ["CLIENT ZONE", "AFFINITY", "WHY", "ELIGIBLE"].map(String::from);
+    let width = |col: usize| std::iter::once(&header).chain(&rows).map(|r| r[col].chars().count()).max().unwrap_or(0);
+    let (w0, w1, w2) = (width(0), width(1), width(2));
+    for row in std::iter::once(&header).chain(&rows) {
+        out.push_str(&format!("  {:<w0$}  {:<w1$}  {:<w2$}  {}\n", row[0], row[1], row[2], row[3]));
+    }
+}
+
 /// Why zonal affinity left a class's set as it did (spec §1.2 step 2.2), with the ratio test's
 /// arithmetic where it decided, e.g. `3/5 = 0.60 < 0.80: spills`.
-pub fn zonal_why(svc: &Service, plan: &ServicePlan, class: &ClassPlan) -> String {
+pub fn zonal_why(svc: &Service, plan: &ZonalPlan, class: &ClassPlan) -> String {
     if let Some(a) = class.spill {
         let r = a.healthy_in_zone as f64 / a.relevant_in_zone as f64;
         let want = svc.zonal_affinity.spillover_ratio;
@@ -245,11 +245,14 @@ struct ClientView {
 /// the eligible addresses with the reason.
 fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> ClientView {
     let svc = &cfg.services[si];
-    if let Some(tm) = &plans.tm[si] {
-        let class = &tm.classes[tm.class_of(client)];
-        let eligible = class.eligible.iter().map(|e| e.address.to_string()).collect();
-        return ClientView { class: class.id as u32, zone: None, eligible, reason: class.reason.clone() };
-    }
+    let plan = match &plans.services[si] {
+        ServicePlan::Zonal(plan) => plan,
+        ServicePlan::TrafficManager(tm) => {
+            let class = &tm.classes[tm.class_of(client)];
+            let eligible = class.eligible.iter().map(|e| e.address.to_string()).collect();
+            return ClientView { class: class.id as u32, zone: None, eligible, reason: class.reason.clone() };
+        }
+    };
     // Zonal: the zone whose prefix matches longest (zone prefixes never overlap).
     let zone = cfg
         .zones
@@ -259,7 +262,6 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> Client
         .filter(|(_, p)| p.contains(&client))
         .max_by_key(|(_, p)| p.prefix_len())
         .map(|(z, _)| z);
-    let plan = &plans.zonal[si];
     let class = plan
         .classes
         .iter()
@@ -288,7 +290,7 @@ pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
             let ClientView { class, zone, eligible, reason } = client_view(cfg, plans, si, client);
             let mut v =
                 json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
-            if plans.tm[si].is_none() {
+            if plans.services[si].zonal().is_some() {
                 v["client_zone"] = json!(zone);
             }
             v

@@ -5,6 +5,7 @@
 
 use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;
+use crate::policy::ServicePlan;
 use lb_common::decide::hash_tuple;
 use lb_common::hash::{flow_hash, maglev_slot};
 use lb_common::maps::{addr_words, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
@@ -117,26 +118,30 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
     };
     // What the class means: a Traffic Manager class is a source-prefix group of the routing
     // method, a zonal class a client zone.
-    let (facts, eligible) = if let Some(tm) = &svc.tm {
-        let c = tm.classes.iter().find(|c| c.id as u32 == class);
-        let facts = ClassFacts::TrafficManager {
-            client_zone: None,
-            routing_method: svc_cfg.routing_method.as_str().to_owned(),
-            reason: c.map(|c| c.reason.clone()),
-        };
-        (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())
-    } else {
-        let zone = if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
-        let class_plan =
-            svc.plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
-        let facts = ClassFacts::Zonal {
-            client_zone: zone,
-            eligible_kind: svc.plan.kind.as_str().to_owned(),
-            rule: svc.plan.rule.id().to_owned(),
-            reason: svc.plan.rule.reason().to_owned(),
-            affinity: class_plan.map(|c| c.outcome.as_str().to_owned()),
-        };
-        (facts, class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i]).collect()).unwrap_or_default())
+    let (facts, eligible) = match &svc.plan {
+        ServicePlan::TrafficManager(tm) => {
+            let c = tm.classes.iter().find(|c| c.id as u32 == class);
+            let facts = ClassFacts::TrafficManager {
+                client_zone: None,
+                routing_method: svc_cfg.routing_method.as_str().to_owned(),
+                reason: c.map(|c| c.reason.clone()),
+            };
+            (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())
+        }
+        ServicePlan::Zonal(plan) => {
+            let zone =
+                if class == CLASS_NONE { None } else { cfg.zones.get(class as usize - 1).map(|z| z.name.clone()) };
+            let class_plan =
+                plan.classes.iter().find(|c| c.client_zone.map(|z| z as u32 + 1).unwrap_or(CLASS_NONE) == class);
+            let facts = ClassFacts::Zonal {
+                client_zone: zone,
+                eligible_kind: plan.kind.as_str().to_owned(),
+                rule: plan.rule.id().to_owned(),
+                reason: plan.rule.reason().to_owned(),
+                affinity: class_plan.map(|c| c.outcome.as_str().to_owned()),
+            };
+            (facts, class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i]).collect()).unwrap_or_default())
+        }
     };
     Ok(Explanation {
         service: service.to_owned(),

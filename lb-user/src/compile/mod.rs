@@ -16,7 +16,7 @@ use crate::config::{Config, Service};
 use crate::dataplane::{Demand, ServiceDemand};
 use crate::model::MonitorStatus;
 use crate::model::{Forwarding, Persistence, Protocol, SessionAffinity, TrackingMode};
-use crate::policy::tm::{ProbeStatuses, TmServicePlan};
+use crate::policy::tm::ProbeStatuses;
 use crate::policy::{self, ServicePlan};
 pub use cache::TableCache;
 pub use ids::{Ids, IdsSnapshot};
@@ -42,10 +42,8 @@ pub struct CompiledService {
     /// Backend ids and addresses in config order.
     pub backend_ids: Vec<u32>,
     pub backend_addrs: Vec<IpAddr>,
-    /// The zonal policy's plan. For a Traffic Manager service it has no classes (see `tm`).
+    /// The policy's plan the tables come from (zonal or Traffic Manager), with its reasons.
     pub plan: ServicePlan,
-    /// A Traffic Manager service's classes with their eligible sets and reasons.
-    pub tm: Option<TmServicePlan>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -153,11 +151,10 @@ pub fn compile_cached(
     cache: &mut TableCache,
 ) -> anyhow::Result<Compiled> {
     let m = cfg.dataplane.maglev_table_size;
-    let plans = policy::plan_config(cfg, healthy);
     let mut services = Vec::new();
     let mut backends = Vec::new();
-    for (si, (svc, plan)) in cfg.services.iter().zip(plans).enumerate() {
-        let routed = policy::route_service(cfg, si, &plan, healthy, probes);
+    for (si, svc) in cfg.services.iter().enumerate() {
+        let routed = policy::route_service(cfg, si, healthy, probes);
         let id = ids.service(&svc.name);
         let (mut backend_ids, mut backend_addrs) = (Vec::new(), Vec::new());
         for ep in &routed.endpoints {
@@ -184,9 +181,11 @@ pub fn compile_cached(
         // whichever services route to it.
         let mut tables = Vec::new();
         for class in &routed.classes {
-            tables.push(class_table(cfg, class, ids, cache, m).map_err(|e| match routed.tm {
-                None => anyhow::anyhow!("service {:?}: Maglev table: {e}", svc.name),
-                Some(_) => anyhow::anyhow!("service {:?}: Maglev table of class {}: {e}", svc.name, class.class),
+            tables.push(class_table(cfg, class, ids, cache, m).map_err(|e| match routed.plan {
+                ServicePlan::Zonal(_) => anyhow::anyhow!("service {:?}: Maglev table: {e}", svc.name),
+                ServicePlan::TrafficManager(_) => {
+                    anyhow::anyhow!("service {:?}: Maglev table of class {}: {e}", svc.name, class.class)
+                }
             })?);
         }
         services.push(CompiledService {
@@ -198,8 +197,7 @@ pub fn compile_cached(
             tables,
             backend_ids,
             backend_addrs,
-            plan,
-            tm: routed.tm,
+            plan: routed.plan,
         });
     }
     Ok(Compiled { services, backends, classes_per_service: classes_per_service(cfg) })

@@ -481,7 +481,7 @@ impl Controller {
         let mut pools = self.pools.clone();
         let mut changed = self.pool_changed_ns.clone();
         for svc in &mut new.services {
-            let pool = svc.plan.active_pool;
+            let pool = svc.plan.active_pool();
             let entry = pools.entry(svc.name.clone()).or_insert((pool, 0));
             if entry.0 != pool {
                 entry.0 = pool;

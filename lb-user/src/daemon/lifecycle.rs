@@ -51,10 +51,7 @@ impl Found {
 /// Loads (or adopts) the data plane, writes the tables, attaches and starts the DNS front and
 /// the metrics endpoint. On error also says whether it had adopted a pinned data plane (which
 /// is then left running).
-pub(super) async fn start(
-    args: RunArgs,
-    cfg: Config,
-) -> std::result::Result<(Daemon, Started), StartError> {
+pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Daemon, Started), StartError> {
     // More descriptors for probes and the DNS front, whose TCP share leaves a reserve.
     let nofile = match limits::raise_nofile() {
         Ok(n) => n,

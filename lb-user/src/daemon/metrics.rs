@@ -187,7 +187,7 @@ pub struct ConntrackSample {
 /// The zone a client class of `svc` stands for: None for class 0 and for a Traffic Manager
 /// service's classes (its routing method's, not zones).
 pub fn class_zone(cfg: &Config, svc: &CompiledService, class: u32) -> Option<String> {
-    if class == 0 || svc.tm.is_some() {
+    if class == 0 || svc.plan.traffic_manager().is_some() {
         return None;
     }
     cfg.zones.get(class as usize - 1).map(|z| z.name.clone())

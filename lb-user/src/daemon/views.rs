@@ -46,10 +46,10 @@ pub fn explain(
     explain::explain(cfg, compiled, service, &flow)
 }
 
-/// A zonal service's eligible set per client zone.
+/// A zonal service's eligible set per client zone (none for a Traffic Manager service).
 pub(super) fn zone_views(cfg: &Config, c: &crate::compile::CompiledService) -> Vec<ZoneView> {
-    c.plan
-        .classes
+    let Some(plan) = c.plan.zonal() else { return Vec::new() };
+    plan.classes
         .iter()
         .map(|cp| ZoneView {
             client_zone: cp.client_zone.map(|z| cfg.zones[z].name.clone()),
@@ -61,7 +61,7 @@ pub(super) fn zone_views(cfg: &Config, c: &crate::compile::CompiledService) -> V
 
 /// A Traffic Manager service's client classes (None for a zonal service).
 pub(super) fn class_views(c: &crate::compile::CompiledService) -> Option<Vec<ClassView>> {
-    let tm = c.tm.as_ref()?;
+    let tm = c.plan.traffic_manager()?;
     let view = |cl: &crate::policy::tm::classes::TmClass| ClassView {
         class: cl.id,
         client_prefixes: tm.prefixes.iter().filter(|(_, c)| *c == cl.id).map(|(n, _)| *n).collect(),
@@ -80,6 +80,7 @@ impl Daemon {
             .iter()
             .map(|svc| {
                 let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
+                let zonal = compiled.and_then(|c| c.plan.zonal());
                 let backends = svc
                     .backends
                     .iter()
@@ -113,9 +114,10 @@ impl Daemon {
                     vip: svc.vip,
                     protocol: svc.protocol.as_str().to_owned(),
                     ports: svc.ports.clone(),
-                    eligible_kind: compiled.map(|c| c.plan.kind.as_str().to_owned()),
-                    rule: compiled.map(|c| c.plan.rule.id().to_owned()),
-                    active_pool: compiled.map(|c| c.plan.active_pool.as_str().to_owned()),
+                    // The zonal pipeline's decision (spec §1.2); a Traffic Manager service has none.
+                    eligible_kind: zonal.map(|p| p.kind.as_str().to_owned()),
+                    rule: zonal.map(|p| p.rule.id().to_owned()),
+                    active_pool: zonal.map(|p| p.active_pool.as_str().to_owned()),
                     backends,
                     zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
                     routing_method: svc.routing_method.as_str().to_owned(),
@@ -177,7 +179,11 @@ impl Daemon {
                                 }
                             })
                             .collect();
-                        ServiceStats { name: s.name.clone(), traffic_manager: s.tm.is_some(), classes }
+                        ServiceStats {
+                            name: s.name.clone(),
+                            traffic_manager: s.plan.traffic_manager().is_some(),
+                            classes,
+                        }
                     })
                     .collect()
             })

@@ -6,7 +6,7 @@
 //! 1. [`eligible`] — step 2.1, the service-wide decision table E-1..E-9 (health, failover
 //!    policy). Its result, [`BaseSet`], does not depend on the client.
 //! 2. A *class router* turns the base set into client classes. The class router is chosen per
-//!    service by [`ServicePolicy::routing`]: [`Routing::Zonal`] ([`zonal`], step 2.2: one
+//!    service by [`Routing::of`]: [`Routing::Zonal`] ([`zonal`], step 2.2: one
 //!    class per configured zone plus the non-compatible class) or
 //!    [`Routing::TrafficManager`] ([`tm`], spec §2: classes of disjoint client prefixes from
 //!    the service's subnet, latency and geo inputs).
@@ -56,38 +56,41 @@ pub struct ZonalParams {
     pub spillover_ratio: f64,
 }
 
-/// How a service's base set becomes per-client-class sets. One variant per routing method.
+/// How a service routes its clients: one variant per product.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Routing {
-    /// GCP zonal affinity: one class per configured zone, then the non-compatible class.
-    Zonal(ZonalParams),
+    /// Google Cloud's pipeline (spec §1): eligible set, failover, then one class per configured
+    /// zone and the non-compatible class.
+    Zonal(ZonalPolicy),
     /// Azure Traffic Manager (spec §2): the method's classes of client prefixes ([`tm`]).
     TrafficManager(RoutingMethod),
 }
 
-/// The selection-relevant part of a service, independent of the TOML structs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ServicePolicy {
-    /// `None` = no failover policy configured.
-    pub failover: Option<FailoverParams>,
-    pub routing: Routing,
-}
-
-impl ServicePolicy {
-    /// Shorthand for the zonal routing method.
-    pub fn zonal(failover: Option<FailoverParams>, spillover: Spillover, spillover_ratio: f64) -> Self {
-        Self { failover, routing: Routing::Zonal(ZonalParams { spillover, spillover_ratio }) }
-    }
-
-    pub fn from_service(svc: &Service) -> Self {
+impl Routing {
+    /// The routing of a configured service (the one place that reads it from the TOML structs).
+    pub fn of(svc: &Service) -> Self {
+        if svc.routing_method.is_traffic_manager() {
+            return Self::TrafficManager(svc.routing_method);
+        }
         let failover = svc.failover_policy.as_ref().map(|fp| FailoverParams {
             failover_ratio: fp.failover_ratio,
             drop_traffic_if_unhealthy: fp.drop_traffic_if_unhealthy,
         });
-        if svc.routing_method.is_traffic_manager() {
-            return Self { failover, routing: Routing::TrafficManager(svc.routing_method) };
-        }
-        Self::zonal(failover, svc.zonal_affinity.spillover, svc.zonal_affinity.spillover_ratio)
+        Self::Zonal(ZonalPolicy::new(failover, svc.zonal_affinity.spillover, svc.zonal_affinity.spillover_ratio))
+    }
+}
+
+/// The selection-relevant part of a zonal service, independent of the TOML structs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ZonalPolicy {
+    /// `None` = no failover policy configured.
+    pub failover: Option<FailoverParams>,
+    pub zonal: ZonalParams,
+}
+
+impl ZonalPolicy {
+    pub fn new(failover: Option<FailoverParams>, spillover: Spillover, spillover_ratio: f64) -> Self {
+        Self { failover, zonal: ZonalParams { spillover, spillover_ratio } }
     }
 }
 
@@ -205,9 +208,10 @@ pub struct SpillArithmetic {
     pub relevant_in_zone: usize,
 }
 
-/// Everything the data plane needs to know about one service's selection state.
+/// The zonal pipeline's plan of one service (spec §1.2): the decision table's row and the
+/// eligible set per client zone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServicePlan {
+pub struct ZonalPlan {
     pub kind: EligibleKind,
     /// The row of the §1.2 decision table that matched (the "why" of `kind`).
     pub rule: Rule,
@@ -216,37 +220,84 @@ pub struct ServicePlan {
     pub classes: Vec<ClassPlan>,
 }
 
-/// Plan one service. `zones` is the number of configured client zones.
-pub fn plan_service(params: &ServicePolicy, backends: &[BackendState], zones: usize) -> ServicePlan {
+/// One service's plan, whichever product routes it: what `compile` turns into tables and what
+/// status, `lb plan`, explain and metrics show.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServicePlan {
+    /// Google Cloud's pipeline: eligible set, failover, zonal affinity.
+    Zonal(ZonalPlan),
+    /// A Traffic Manager routing method's classes of client prefixes (spec §2).
+    TrafficManager(tm::TmServicePlan),
+}
+
+impl ServicePlan {
+    /// The pool new connections go to; a Traffic Manager service has no failover pools.
+    pub fn active_pool(&self) -> Pool {
+        match self {
+            Self::Zonal(z) => z.active_pool,
+            Self::TrafficManager(_) => Pool::All,
+        }
+    }
+
+    pub fn zonal(&self) -> Option<&ZonalPlan> {
+        match self {
+            Self::Zonal(z) => Some(z),
+            Self::TrafficManager(_) => None,
+        }
+    }
+
+    pub fn traffic_manager(&self) -> Option<&tm::TmServicePlan> {
+        match self {
+            Self::Zonal(_) => None,
+            Self::TrafficManager(t) => Some(t),
+        }
+    }
+}
+
+/// Plan one zonal service. `zones` is the number of configured client zones.
+pub fn plan_service(params: &ZonalPolicy, backends: &[BackendState], zones: usize) -> ZonalPlan {
     let base = base_set(params.failover.as_ref(), backends);
-    let classes = match &params.routing {
-        Routing::Zonal(z) => zonal::plan_classes(z, &base, backends, zones),
-        // The zonal view does not apply: the classes come from `route_service`.
-        Routing::TrafficManager(_) => Vec::new(),
-    };
-    ServicePlan { kind: base.kind(), rule: base.rule, active_pool: base.pool(), classes }
+    let classes = zonal::plan_classes(&params.zonal, &base, backends, zones);
+    ZonalPlan { kind: base.kind(), rule: base.rule, active_pool: base.pool(), classes }
+}
+
+/// The policy's view of service `si`'s backends: zone, failover flag and health.
+fn backend_states(cfg: &Config, si: usize, healthy: &dyn Fn(usize, usize) -> bool) -> Vec<BackendState> {
+    let svc = &cfg.services[si];
+    svc.backends
+        .iter()
+        .enumerate()
+        .map(|(bi, b)| BackendState {
+            zone: svc.backend_zone_index(cfg, b),
+            failover: b.failover,
+            healthy: healthy(si, bi),
+        })
+        .collect()
 }
 
 /// Plan every service of a configuration. `healthy(service_idx, backend_idx)` is the current
-/// health of a backend.
-pub fn plan_config(cfg: &Config, healthy: &dyn Fn(usize, usize) -> bool) -> Vec<ServicePlan> {
-    cfg.services
-        .iter()
-        .enumerate()
-        .map(|(si, svc)| {
-            let backends: Vec<BackendState> = svc
-                .backends
-                .iter()
-                .enumerate()
-                .map(|(bi, b)| BackendState {
-                    zone: svc.backend_zone_index(cfg, b),
-                    failover: b.failover,
-                    healthy: healthy(si, bi),
-                })
-                .collect();
-            plan_service(&ServicePolicy::from_service(svc), &backends, cfg.zones.len())
-        })
-        .collect()
+/// health of a backend; Traffic Manager endpoints are routed by `probes`.
+pub fn plan_config(
+    cfg: &Config,
+    healthy: &dyn Fn(usize, usize) -> bool,
+    probes: &tm::ProbeStatuses,
+) -> Vec<ServicePlan> {
+    (0..cfg.services.len()).map(|si| plan(cfg, si, healthy, probes)).collect()
+}
+
+/// Plan service `si`.
+pub fn plan(
+    cfg: &Config,
+    si: usize,
+    healthy: &dyn Fn(usize, usize) -> bool,
+    probes: &tm::ProbeStatuses,
+) -> ServicePlan {
+    match Routing::of(&cfg.services[si]) {
+        Routing::Zonal(policy) => {
+            ServicePlan::Zonal(plan_service(&policy, &backend_states(cfg, si, healthy), cfg.zones.len()))
+        }
+        Routing::TrafficManager(_) => ServicePlan::TrafficManager(tm::compile_service(cfg, si, probes)),
+    }
 }
 
 /// One eligible member of a class: a backend of the service or, through a nested Traffic
@@ -294,8 +345,8 @@ pub struct Routed {
     pub prefixes: Vec<(IpNet, u32)>,
     /// Sorted by class id.
     pub classes: Vec<RoutedClass>,
-    /// A Traffic Manager service's classes with their reasons (for status, explain, plan).
-    pub tm: Option<tm::TmServicePlan>,
+    /// The plan the classes come from, with its reasons (for status, explain, `lb plan`).
+    pub plan: ServicePlan,
 }
 
 /// Class id of zone index `z` (class [`lb_common::maps::CLASS_NONE`] is the non-compatible class).
@@ -303,18 +354,17 @@ pub fn zone_class(z: usize) -> u32 {
     z as u32 + 1
 }
 
-/// Routes service `si` given its `plan` (from [`plan_config`]), the health verdicts and the
-/// Traffic Manager probe statuses.
+/// Plans service `si` (see [`plan`]) and routes it: the health verdicts, and the Traffic
+/// Manager probe statuses.
 pub fn route_service(
     cfg: &Config,
     si: usize,
-    plan: &ServicePlan,
     healthy: &dyn Fn(usize, usize) -> bool,
     probes: &tm::ProbeStatuses,
 ) -> Routed {
     let svc = &cfg.services[si];
-    match ServicePolicy::from_service(svc).routing {
-        Routing::Zonal(_) => {
+    match plan(cfg, si, healthy, probes) {
+        ServicePlan::Zonal(plan) => {
             let member = |bi: usize| Member {
                 service: si,
                 backend: bi,
@@ -346,15 +396,14 @@ pub fn route_service(
                     .collect(),
                 prefixes: zone_prefixes(cfg).collect(),
                 classes,
-                tm: None,
+                plan: ServicePlan::Zonal(plan),
             }
         }
-        Routing::TrafficManager(_) => {
+        ServicePlan::TrafficManager(plan) => {
             let st = tm::Statuses::new(cfg, probes);
             // HEALTHY (read by connection persistence) = routable without the all-degraded
             // rule: Online, CheckingEndpoint or Unmonitored.
             let routable = |s: usize, b: usize| tm::status::is_routable(st.endpoint_status(s, b));
-            let plan = tm::compile_service(cfg, si, probes);
             let classes = plan
                 .classes
                 .iter()
@@ -386,7 +435,7 @@ pub fn route_service(
                     .collect(),
                 prefixes: plan.prefixes.iter().map(|(net, c)| (*net, *c as u32)).collect(),
                 classes,
-                tm: Some(plan),
+                plan: ServicePlan::TrafficManager(plan),
             }
         }
     }
@@ -400,7 +449,7 @@ fn zone_prefixes(cfg: &Config) -> impl Iterator<Item = (IpNet, u32)> + '_ {
 /// Client classes and client prefixes service `si` installs. Depends on the configuration only
 /// (not on health), so the data plane can be sized from it.
 pub fn class_layout(cfg: &Config, si: usize) -> (u32, u32) {
-    match ServicePolicy::from_service(&cfg.services[si]).routing {
+    match Routing::of(&cfg.services[si]) {
         Routing::Zonal(_) => (cfg.zones.len() as u32 + 1, zone_prefixes(cfg).count() as u32),
         Routing::TrafficManager(_) => {
             let map = tm::compile_classes(cfg, si);
@@ -412,7 +461,7 @@ pub fn class_layout(cfg: &Config, si: usize) -> (u32, u32) {
 /// Whether backend `addr` of `svc` is switched off by its routing method's own status: a
 /// Traffic Manager endpoint or profile Disabled. Zonal backends never are.
 pub fn endpoint_disabled(svc: &Service, addr: IpAddr) -> bool {
-    match ServicePolicy::from_service(svc).routing {
+    match Routing::of(svc) {
         Routing::Zonal(_) => false,
         Routing::TrafficManager(_) => tm::monitor::endpoint_disabled(svc, addr),
     }
@@ -421,7 +470,7 @@ pub fn endpoint_disabled(svc: &Service, addr: IpAddr) -> bool {
 /// The endpoints of `svc` its routing method monitors, with their probe settings: a Traffic
 /// Manager profile's enabled endpoints (health checks are configured apart, `health_check`).
 pub fn monitored_endpoints(svc: &Service) -> Vec<(IpAddr, tm::MonitorSettings)> {
-    match ServicePolicy::from_service(svc).routing {
+    match Routing::of(svc) {
         Routing::Zonal(_) => Vec::new(),
         Routing::TrafficManager(_) => tm::monitor::monitored_endpoints(svc),
     }

@@ -156,10 +156,49 @@ api_enum!(
     }
 );
 
+api_enum!(
+    /// A Traffic Manager routing method (spec §2.4): `routing_method` of a service that is not
+    /// ZONAL, so Traffic Manager code never has a zonal case to handle.
+    TmMethod {
+        Priority = "PRIORITY",
+        Weighted = "WEIGHTED",
+        Performance = "PERFORMANCE",
+        Geographic = "GEOGRAPHIC",
+        MultiValue = "MULTIVALUE",
+        Subnet = "SUBNET",
+    }
+);
+
 impl RoutingMethod {
     /// True for the Traffic Manager methods (everything but ZONAL).
     pub fn is_traffic_manager(self) -> bool {
         self != Self::Zonal
+    }
+
+    /// The Traffic Manager method; None for ZONAL.
+    pub fn tm_method(self) -> Option<TmMethod> {
+        Some(match self {
+            Self::Zonal => return None,
+            Self::Priority => TmMethod::Priority,
+            Self::Weighted => TmMethod::Weighted,
+            Self::Performance => TmMethod::Performance,
+            Self::Geographic => TmMethod::Geographic,
+            Self::MultiValue => TmMethod::MultiValue,
+            Self::Subnet => TmMethod::Subnet,
+        })
+    }
+}
+
+impl From<TmMethod> for RoutingMethod {
+    fn from(m: TmMethod) -> Self {
+        match m {
+            TmMethod::Priority => Self::Priority,
+            TmMethod::Weighted => Self::Weighted,
+            TmMethod::Performance => Self::Performance,
+            TmMethod::Geographic => Self::Geographic,
+            TmMethod::MultiValue => Self::MultiValue,
+            TmMethod::Subnet => Self::Subnet,
+        }
     }
 }
 

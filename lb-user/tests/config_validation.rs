@@ -2,7 +2,7 @@
 //! error names the service and the field path, and what is allowed), the accepted cases and
 //! defaults of spec §1.4 / §1.6, and the example files. Spec-derived tests carry the vector ID.
 
-use lb_user::config::{Config, ConfigError, ConfigErrorKind, Scope, Violation};
+use lb_user::config::{raw, Config, ConfigError, ConfigErrorKind, Scope, Violation};
 use lb_user::model::*;
 use std::path::{Path, PathBuf};
 
@@ -41,8 +41,21 @@ zone = "zone-2"
     )
 }
 
-fn base() -> Config {
-    Config::parse(&toml_with("", "")).expect("the base configuration is valid")
+/// The file structs of a valid configuration `text` (as written, before the typed model).
+fn parse_raw(text: &str) -> raw::Config {
+    Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
+    raw::Config::read(text).unwrap()
+}
+
+fn load_raw(path: &Path) -> raw::Config {
+    Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+    raw::Config::read(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn base() -> raw::Config {
+    let text = toml_with("", "");
+    Config::parse(&text).expect("the base configuration is valid");
+    raw::Config::read(&text).expect("the base configuration is valid")
 }
 
 fn config_error(err: &anyhow::Error) -> &ConfigError {
@@ -74,7 +87,7 @@ fn assert_single(
 const WEB: &str = "service \"web\"";
 
 /// Validate a mutated base config and expect one violation in service "web".
-fn reject_web(cfg: Config, field: &str, needles: &[&str]) -> Violation {
+fn reject_web(cfg: raw::Config, field: &str, needles: &[&str]) -> Violation {
     let v = assert_single(cfg.validate(), WEB, field, needles);
     assert_eq!(v.service(), Some("web"));
     v
@@ -211,13 +224,13 @@ fn more_than_250_backends_rejected() {
     let mut cfg = base();
     let template = cfg.services[0].backends[0].clone();
     cfg.services[0].backends = (0..250u32)
-        .map(|i| lb_user::config::Backend {
+        .map(|i| raw::Backend {
             address: std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(198, 18, 100, 0)) + i).into(),
             ..template.clone()
         })
         .collect();
     cfg.validate().expect("250 backends are allowed");
-    cfg.services[0].backends.push(lb_user::config::Backend { address: "198.18.99.1".parse().unwrap(), ..template });
+    cfg.services[0].backends.push(raw::Backend { address: "198.18.99.1".parse().unwrap(), ..template });
     reject_web(cfg, "backend", &["251", "250"]);
 }
 
@@ -395,7 +408,7 @@ fn p6_always_persist_with_per_connection_accepted() {
     cfg.validate().expect("ALWAYS_PERSIST is valid with PER_CONNECTION");
 }
 
-fn with_tracking(mode: TrackingMode, affinity: SessionAffinity, idle: Option<u32>) -> Config {
+fn with_tracking(mode: TrackingMode, affinity: SessionAffinity, idle: Option<u32>) -> raw::Config {
     let mut cfg = base();
     cfg.services[0].session_affinity = affinity;
     cfg.services[0].connection_tracking.tracking_mode = mode;
@@ -811,8 +824,7 @@ fn health_check_expected_status_out_of_range_rejected() {
 fn health_check_without_port_on_all_ports_service_rejected() {
     let mut cfg = base();
     cfg.services[0].ports.clear();
-    cfg.services[0].health_check =
-        Some(Config::parse(&with_health_check("")).unwrap().services[0].health_check.clone().unwrap());
+    cfg.services[0].health_check = Some(parse_raw(&with_health_check("")).services[0].health_check.clone().unwrap());
     reject_web(cfg.clone(), "health_check.port", &["required", "all ports", "1..=65535"]);
     cfg.services[0].health_check.as_mut().unwrap().port = Some(8080);
     cfg.validate().expect("an explicit port is enough");
@@ -822,8 +834,7 @@ fn health_check_without_port_on_all_ports_service_rejected() {
 #[test]
 fn health_check_http_defaults_accepted() {
     let cfg =
-        Config::parse(&with_health_check("protocol = \"HTTP\"\nrequest_path = \"/healthz\"\nexpected_status = 204\n"))
-            .expect("valid");
+        parse_raw(&with_health_check("protocol = \"HTTP\"\nrequest_path = \"/healthz\"\nexpected_status = 204\n"));
     let hc = cfg.services[0].health_check.as_ref().unwrap();
     assert_eq!((hc.check_interval_sec, hc.timeout_sec, hc.healthy_threshold, hc.unhealthy_threshold), (5, 5, 2, 2));
     assert_eq!(cfg.services[0].health_check_port(), Some(80), "defaults to the first service port");
@@ -907,14 +918,14 @@ fn load_names_the_file() {
     let good = temp_file("good.toml", &toml_with("", ""));
     let loaded = Config::load(&good);
     std::fs::remove_file(&good).ok();
-    assert_eq!(loaded.expect("valid"), base());
+    assert_eq!(loaded.expect("valid"), Config::from(base()));
 }
 
 #[test]
 fn defaults() {
     let text = "[[service]]\nname = \"s\"\nvip = \"2001:db8::100\"\nprotocol = \"UDP\"\n\
                 [[service.backend]]\naddress = \"2001:db8::11\"\n";
-    let cfg = Config::parse(text).expect("a minimal config is valid");
+    let cfg = parse_raw(text);
     assert_eq!(cfg.dataplane.maglev_table_size, 16381);
     assert_eq!(cfg.dataplane.conntrack_entries, 1 << 20);
     let s = &cfg.services[0];
@@ -935,7 +946,7 @@ fn defaults() {
 
 #[test]
 fn failover_policy_defaults() {
-    let cfg = Config::parse(&toml_with("", "[service.failover_policy]\n")).expect("valid");
+    let cfg = parse_raw(&toml_with("", "[service.failover_policy]\n"));
     let fp = cfg.services[0].failover_policy.as_ref().expect("present = configured");
     assert_eq!(
         (fp.failover_ratio, fp.drop_traffic_if_unhealthy, fp.disable_connection_drain_on_failover),
@@ -964,7 +975,7 @@ fn every_example_parses() {
 
 #[test]
 fn z13_example_zonal_toml() {
-    let cfg = Config::load(&examples_dir().join("zonal.toml")).expect("valid");
+    let cfg = load_raw(&examples_dir().join("zonal.toml"));
     let names: Vec<&str> = cfg.zones.iter().map(|z| z.name.as_str()).collect();
     assert_eq!(names, ["zone-1", "zone-2"]);
     assert_eq!(cfg.zones[0].client_prefixes, ["198.18.1.0/24".parse().unwrap(), "2001:db8:1::/64".parse().unwrap()]);
@@ -989,7 +1000,7 @@ fn z13_example_zonal_toml() {
 
 #[test]
 fn failover_example() {
-    let cfg = Config::load(&examples_dir().join("failover.toml")).expect("valid");
+    let cfg = load_raw(&examples_dir().join("failover.toml"));
     let s = &cfg.services[0];
     assert_eq!(s.failover_policy.as_ref().map(|fp| fp.failover_ratio), Some(0.5));
     assert_eq!(s.zonal_affinity.spillover, Spillover::StayWithinZone);

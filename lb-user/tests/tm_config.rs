@@ -4,7 +4,7 @@
 //! allowed.
 
 use lb_user::config::{Config, ConfigError, ConfigErrorKind};
-use lb_user::policy::tm::{effective_priorities, MonitorSettings};
+use lb_user::policy::tm::effective_priorities;
 use std::path::Path;
 
 // ---------------------------------------------------------------- helpers
@@ -177,9 +177,9 @@ fn m4_multivalue_targets_and_max_return() {
         );
     }
     let cfg = accept(&svc("tm", "MULTIVALUE", "max_return = 10", &[ep("a", "192.0.2.1", "")]));
-    assert_eq!(cfg.services[0].max_return(), 10);
+    assert_eq!(cfg.services[0].tm().unwrap().max_return, 10);
     let cfg = accept(&svc("tm", "MULTIVALUE", "", &[ep("a", "192.0.2.1", ""), ep("b", "2001:db8::1", "")]));
-    assert_eq!(cfg.services[0].max_return(), 2, "default");
+    assert_eq!(cfg.services[0].tm().unwrap().max_return, 2, "default");
     reject(
         &svc("tm", "PRIORITY", "max_return = 2", &[ep("a", "192.0.2.1", "")]),
         TM,
@@ -338,12 +338,12 @@ fn o1_timeout_defaults_follow_interval() {
     for (interval, timeout) in [(30, 10), (10, 9)] {
         let cfg =
             accept(&monitored(&format!("protocol = \"HTTP\"\nport = 80\npath = \"/\"\ninterval_sec = {interval}")));
-        let m = MonitorSettings::from_config(cfg.services[0].monitor.as_ref().unwrap()).unwrap();
+        let m = cfg.services[0].tm().unwrap().monitor.clone().unwrap();
         assert_eq!((m.interval_sec, m.timeout_sec, m.tolerated_failures), (interval, timeout, 3));
         assert_eq!(m.expected_status, [(200, 200)]);
     }
     let cfg = accept(&monitored("protocol = \"TCP\"\nport = 443"));
-    let m = MonitorSettings::from_config(cfg.services[0].monitor.as_ref().unwrap()).unwrap();
+    let m = cfg.services[0].tm().unwrap().monitor.clone().unwrap();
     assert_eq!((m.interval_sec, m.timeout_sec), (30, 10));
 }
 
@@ -480,6 +480,6 @@ fn latency_and_geo_inputs() {
 fn example_traffic_manager_toml_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traffic_manager.toml");
     let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    assert!(cfg.services.iter().any(|s| s.routing_method.is_traffic_manager()));
+    assert!(cfg.services.iter().any(|s| s.routing_method().is_traffic_manager()));
     assert!(!cfg.latency.is_empty() && !cfg.geo.is_empty());
 }

@@ -627,7 +627,7 @@ fn http_monitor(ranges: &str) -> MonitorSettings {
         service("m", "PRIORITY", "", &[]),
         ep("e1", "192.0.2.1", "")
     ));
-    MonitorSettings::from_config(cfg.services[0].monitor.as_ref().unwrap()).unwrap()
+    cfg.services[0].tm().unwrap().monitor.clone().unwrap()
 }
 
 #[test]
@@ -678,7 +678,7 @@ fn profile_status_precedence() {
 fn always_serve_is_unmonitored_and_routable() {
     let cfg = priority_profile(1);
     let mut cfg2 = cfg.clone();
-    cfg2.services[0].backends[0].always_serve = true;
+    cfg2.services[0].backends[0].tm_mut().unwrap().always_serve = true;
     let p = probes(&cfg2, &[("prio", "e1", Degraded)]);
     assert_eq!(Statuses::new(&cfg2, &p).endpoint_status(0, 0), MonitorStatus::Unmonitored);
     assert_eq!(dns_a(&cfg2, &p, "prio", &anyone()), "e1");
@@ -797,7 +797,7 @@ fn classes_follow_nested_children_inputs() {
     assert!(set_of(&plan, "8.8.8.8").is_empty());
     // Geo child disabled: the parent falls to the SUBNET child, whose ranges now matter.
     let mut off = cfg.clone();
-    off.services[1].profile_status = Some(AdminStatus::Disabled);
+    off.services[1].tm_mut().unwrap().profile_status = AdminStatus::Disabled;
     let plan = compile_service(&off, 0, &probes(&off, &[]));
     assert_disjoint(&plan);
     assert_eq!(set_of(&plan, "10.1.2.200"), ["s1"]);

@@ -133,7 +133,12 @@ fn explain_names_the_backend_the_kernel_picks() {
         let mac = out.data[5];
         let want = predicted.backend.unwrap().to_string();
         let want = want.as_str();
-        let backend = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        let backend = cfg
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .find(|b| b.address().is_some_and(|a| a.to_string() == want))
+            .unwrap();
         assert_eq!(
             backend.mac.unwrap().to_string(),
             format!("02:be:00:00:00:{mac:02x}"),
@@ -196,7 +201,12 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
         }
         assert_eq!(out.action, XDP_TX, "{} {client}:{sport}: {predicted:?}", svc.name);
         let want = predicted.backend.unwrap().to_string();
-        let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        let b = cfg
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .find(|b| b.address().is_some_and(|a| a.to_string() == want))
+            .unwrap();
         assert_eq!(
             b.mac.unwrap().to_string(),
             format!("02:be:00:00:00:{:02x}", out.data[5]),
@@ -274,7 +284,7 @@ mac = "02:be:00:00:00:32"
         let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else {
             panic!("a Traffic Manager class: {predicted:?}")
         };
-        assert_eq!(routing_method, svc.routing_method.as_str());
+        assert_eq!(routing_method, svc.routing_method().as_str());
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
         if predicted.dropped {
             assert_eq!(out.action, XDP_DROP, "{predicted:?}");
@@ -284,7 +294,12 @@ mac = "02:be:00:00:00:32"
         assert_eq!(out.action, XDP_TX, "{predicted:?}");
         let want = predicted.backend.unwrap().to_string();
         let want = want.as_str();
-        let b = cfg.services.iter().flat_map(|s| &s.backends).find(|b| b.address.to_string() == want).unwrap();
+        let b = cfg
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .find(|b| b.address().is_some_and(|a| a.to_string() == want))
+            .unwrap();
         assert_eq!(b.mac.unwrap().to_string(), format!("02:be:00:00:00:{:02x}", out.data[5]), "{predicted:?}");
         forwarded += 1;
     }

@@ -6,7 +6,7 @@
 //! The schema checks the file's shape only: the rules across fields (primes, overlaps, which
 //! field needs which other) stay with `lb validate`.
 
-use crate::config::Config;
+use crate::config::raw::Config;
 use schemars::generate::SchemaSettings;
 use serde_json::Value;
 

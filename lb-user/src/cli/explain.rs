@@ -25,7 +25,7 @@ pub fn offline(config: &Path, unhealthy: &[IpAddr], flow: &FlowArgs) -> Result<E
     let down = unhealthy_set(&cfg, unhealthy).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
     let healthy = |si: usize, bi: usize| {
         let b = &cfg.services[si].backends[bi];
-        b.is_nested() || !down.contains(&b.address)
+        b.address().is_none_or(|a| !down.contains(&a))
     };
     let compiled = compile(&cfg, &healthy, &mut Ids::default())?;
     views::explain(&cfg, &compiled, &flow.service, flow.client, flow.sport, flow.dport, flow.proto)

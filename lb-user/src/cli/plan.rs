@@ -53,7 +53,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         unhealthy_set(&cfg, &args.unhealthy).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let plans = plan_all(&cfg, &|si, bi| {
         let b = &cfg.services[si].backends[bi];
-        b.is_nested() || !unhealthy.contains(&b.address)
+        b.address().is_none_or(|a| !unhealthy.contains(&a))
     });
     if let Some(client) = args.client {
         if args.json {
@@ -74,7 +74,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
 /// The addresses to mark unhealthy; every one must be a configured backend of some service.
 pub fn unhealthy_set(cfg: &Config, addrs: &[IpAddr]) -> anyhow::Result<HashSet<IpAddr>> {
     let known: HashSet<IpAddr> =
-        cfg.services.iter().flat_map(|s| s.backends.iter().filter(|b| !b.is_nested()).map(|b| b.address)).collect();
+        cfg.services.iter().flat_map(|s| s.backends.iter().filter_map(|b| b.address())).collect();
     let unknown: Vec<String> = addrs.iter().filter(|a| !known.contains(a)).map(|a| a.to_string()).collect();
     if !unknown.is_empty() {
         bail!("--unhealthy {}: not a backend address of any service", unknown.join(","));
@@ -113,7 +113,7 @@ fn zonal_json(cfg: &Config, svc: &Service, plan: &ZonalPlan) -> Value {
                     "healthy_in_zone": a.healthy_in_zone,
                     "configured_in_zone": a.relevant_in_zone,
                     "ratio": a.healthy_in_zone as f64 / a.relevant_in_zone as f64,
-                    "spillover_ratio": svc.zonal_affinity.spillover_ratio,
+                    "spillover_ratio": spillover_ratio(svc),
                 })),
                 "eligible": addresses(svc, class),
             })
@@ -210,7 +210,7 @@ fn zonal_table(cfg: &Config, svc: &Service, plan: &ZonalPlan, out: &mut String) 
 pub fn zonal_why(svc: &Service, plan: &ZonalPlan, class: &ClassPlan) -> String {
     if let Some(a) = class.spill {
         let r = a.healthy_in_zone as f64 / a.relevant_in_zone as f64;
-        let want = svc.zonal_affinity.spillover_ratio;
+        let want = spillover_ratio(svc);
         let (op, then) = if class.outcome == ZonalOutcome::Refined { (">=", "stays in zone") } else { ("<", "spills") };
         return format!("{}/{} = {r:.2} {op} {want:.2}: {then}", a.healthy_in_zone, a.relevant_in_zone);
     }
@@ -228,7 +228,12 @@ pub fn zonal_why(svc: &Service, plan: &ZonalPlan, class: &ClassPlan) -> String {
 
 /// The class's eligible backends as written in the config, in config order.
 fn addresses(svc: &Service, class: &ClassPlan) -> Vec<String> {
-    class.eligible.iter().map(|&i| svc.backends[i].address.to_string()).collect()
+    class.eligible.iter().filter_map(|&i| svc.backends[i].address()).map(|a| a.to_string()).collect()
+}
+
+/// A zonal service's `zonal_affinity.spillover_ratio`.
+fn spillover_ratio(svc: &Service) -> f64 {
+    svc.zonal().map_or(0.0, |z| z.zonal_affinity.spillover_ratio)
 }
 
 /// What one service does for one client source address.
@@ -344,7 +349,7 @@ mod tests {
 
     fn plans(cfg: &Config, unhealthy: &[&str]) -> Plans {
         let bad: Vec<IpAddr> = unhealthy.iter().map(|a| a.parse().unwrap()).collect();
-        plan_all(cfg, &|s, b| !bad.contains(&cfg.services[s].backends[b].address))
+        plan_all(cfg, &|s, b| cfg.services[s].backends[b].address().is_none_or(|a| !bad.contains(&a)))
     }
 
     #[test]

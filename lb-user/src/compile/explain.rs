@@ -123,7 +123,7 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
             let c = tm.classes.iter().find(|c| c.id as u32 == class);
             let facts = ClassFacts::TrafficManager {
                 client_zone: None,
-                routing_method: svc_cfg.routing_method.as_str().to_owned(),
+                routing_method: svc_cfg.routing_method().as_str().to_owned(),
                 reason: c.map(|c| c.reason.clone()),
             };
             (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())

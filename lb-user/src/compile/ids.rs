@@ -108,8 +108,11 @@ impl Ids {
     /// Forget ids of services and backends that are no longer configured, except backends for
     /// which `keep(key)` holds (tracked flows may still point at their id).
     pub fn retain(&mut self, cfg: &Config, keep: &dyn Fn(&BackendKey) -> bool) {
-        let configured: HashSet<(&str, IpAddr)> =
-            cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| (s.name.as_str(), b.address))).collect();
+        let configured: HashSet<(&str, IpAddr)> = cfg
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().filter_map(|b| Some((s.name.as_str(), b.address()?))))
+            .collect();
         self.backends.retain(|k, _| keep(k) || configured.contains(&(k.service.as_str(), k.address)));
         let named: HashSet<&str> = cfg
             .services

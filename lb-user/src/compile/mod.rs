@@ -159,10 +159,12 @@ pub fn compile_cached(
         let (mut backend_ids, mut backend_addrs) = (Vec::new(), Vec::new());
         for ep in &routed.endpoints {
             let b = &svc.backends[ep.backend];
-            let bid = ids.backend(&svc.name, b.address);
+            // Endpoints with records have addresses (a nested one has none: `Routed::endpoints`).
+            let Some(address) = b.address() else { continue };
+            let bid = ids.backend(&svc.name, address);
             backend_ids.push(bid);
-            backend_addrs.push(b.address);
-            let (addr, family) = addr_words(b.address);
+            backend_addrs.push(address);
+            let (addr, family) = addr_words(address);
             backends.push((
                 bid,
                 Backend {
@@ -279,7 +281,7 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
     };
     // Validation rejects the one invalid combination (ALWAYS_PERSIST + PER_SESSION).
     let mut flags = lb_common::decide::persistence_flags(persistence, tracking, affinity).unwrap_or(0);
-    if svc.failover_policy.as_ref().is_some_and(|f| f.disable_connection_drain_on_failover) {
+    if svc.zonal().and_then(|z| z.failover_policy.as_ref()).is_some_and(|f| f.disable_connection_drain_on_failover) {
         flags |= service_flags::FLUSH_ON_POOL_CHANGE;
     }
     let encap = if svc.vip.is_ipv4() { cfg.dataplane.encap_source_v4 } else { cfg.dataplane.encap_source_v6 };

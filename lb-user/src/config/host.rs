@@ -6,7 +6,7 @@
 
 use super::error::Scope;
 use super::error::{Report, Sink};
-use super::Config;
+use super::raw::Config;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The addresses of every interface (up or down) in this network namespace, with the name of

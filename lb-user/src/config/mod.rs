@@ -12,6 +12,7 @@ pub mod monitor;
 mod notices;
 mod prefix;
 pub mod ranges;
+pub mod raw;
 mod recover;
 pub mod regions;
 mod tm_validate;
@@ -41,32 +42,6 @@ pub const DEFAULT_CONNTRACK_ENTRIES: u32 = 1 << 20;
 pub const DEFAULT_IDLE_TIMEOUT_SEC: u32 = 600;
 /// Spec §2.4 MultiValue: `maxReturn` default.
 pub const DEFAULT_MAX_RETURN: u32 = 2;
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    #[serde(default)]
-    pub dataplane: Dataplane,
-    #[serde(default, rename = "zone")]
-    pub zones: Vec<Zone>,
-    #[serde(default, rename = "service")]
-    pub services: Vec<Service>,
-    /// Traffic Manager PERFORMANCE input: client prefix -> regions in ascending RTT.
-    #[serde(default, rename = "latency")]
-    pub latency: Vec<LatencyEntry>,
-    /// Traffic Manager GEOGRAPHIC input: client prefix -> most specific region code.
-    #[serde(default, rename = "geo")]
-    pub geo: Vec<GeoEntry>,
-    /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
-    #[serde(default)]
-    pub dns: Option<DnsFront>,
-    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
-    #[serde(default)]
-    pub announce: Option<Announce>,
-    /// `[metrics]`: the Prometheus endpoint; off without the section.
-    #[serde(default)]
-    pub metrics: Option<Metrics>,
-}
 
 /// `[metrics]`: where the daemon serves its Prometheus metrics (`GET /metrics`, HTTP/1).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -106,36 +81,6 @@ pub struct GeoEntry {
     #[schemars(with = "Vec<String>")]
     pub client_prefixes: Vec<IpNet>,
     pub region: String,
-}
-
-/// `[service.monitor]`: Traffic Manager endpoint monitoring (spec §2.3). Defaults are resolved
-/// by `monitor::MonitorSettings::from_config`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Monitor {
-    #[serde(default)]
-    pub protocol: MonitorProtocol,
-    /// Required.
-    #[serde(default)]
-    pub port: Option<u16>,
-    /// Required for HTTP/HTTPS, forbidden with TCP.
-    #[serde(default)]
-    pub path: Option<String>,
-    /// 30 (normal) or 10 (fast).
-    #[serde(default = "default_30")]
-    pub interval_sec: u32,
-    /// interval 30: 5..=10, default 10; interval 10: 5..=9, default 9.
-    #[serde(default)]
-    pub timeout_sec: Option<u32>,
-    /// 0..=9, default 3.
-    #[serde(default = "default_3")]
-    pub tolerated_failures: u32,
-    /// At most 8 "min-max" (or single "code") ranges; default 200 only. HTTP/HTTPS only.
-    #[serde(default)]
-    pub expected_status_ranges: Vec<String>,
-    /// At most 8 "name:value" pairs sent with HTTP/HTTPS probes.
-    #[serde(default)]
-    pub custom_headers: Vec<String>,
 }
 
 /// Data-plane sizing and addressing, fixed at load time.
@@ -179,55 +124,6 @@ pub struct Zone {
     #[serde(default, deserialize_with = "prefix::prefix_list")]
     #[schemars(with = "Vec<String>")]
     pub client_prefixes: Vec<IpNet>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Service {
-    pub name: String,
-    pub vip: IpAddr,
-    pub protocol: Protocol,
-    /// Empty = all ports.
-    #[serde(default)]
-    pub ports: Vec<u16>,
-    #[serde(default)]
-    pub session_affinity: SessionAffinity,
-    #[serde(default)]
-    pub forwarding: Forwarding,
-    #[serde(default)]
-    pub zonal_affinity: ZonalAffinity,
-    /// Present = a failover policy is configured.
-    #[serde(default)]
-    pub failover_policy: Option<FailoverPolicy>,
-    #[serde(default)]
-    pub connection_tracking: ConnectionTracking,
-    #[serde(default)]
-    pub connection_draining: ConnectionDraining,
-    #[serde(default)]
-    pub health_check: Option<HealthCheck>,
-    /// `subsetting.policy`; only NONE: CONSISTENT_HASH_SUBSETTING is refused (not supported).
-    #[serde(default)]
-    pub subsetting: Subsetting,
-    #[serde(default, rename = "backend")]
-    pub backends: Vec<Backend>,
-    /// ZONAL (default: the Google Cloud pipeline) or a Traffic Manager method.
-    #[serde(default)]
-    pub routing_method: RoutingMethod,
-    /// Traffic Manager `profileStatus` (default Enabled); Disabled = NXDOMAIN, no traffic.
-    #[serde(default)]
-    pub profile_status: Option<AdminStatus>,
-    /// Traffic Manager DNS TTL in seconds (0..=2147483647).
-    #[serde(default)]
-    pub ttl: Option<u32>,
-    /// MULTIVALUE only: records per answer, 1..=10, default 2.
-    #[serde(default)]
-    pub max_return: Option<u32>,
-    /// Traffic Manager endpoint monitoring.
-    #[serde(default)]
-    pub monitor: Option<Monitor>,
-    /// Traffic Manager: the name the DNS front (`[dns]`) answers for this service.
-    #[serde(default)]
-    pub dns_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -288,109 +184,250 @@ pub struct HealthCheck {
 fn default_5() -> u32 {
     5
 }
+
 fn default_2() -> u32 {
     2
 }
-fn default_weight() -> u32 {
-    1
-}
-fn default_30() -> u32 {
-    30
-}
-fn default_3() -> u32 {
-    3
-}
-/// A nested endpoint has no address of its own; the unspecified address stands for "absent"
-/// (validation rejects it on every other backend).
-fn unspecified_address() -> IpAddr {
-    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+
+/// The configuration `lb` runs: a valid file ([`raw`]) converted once, at load, into types in
+/// which a wrong combination cannot be written: a service is zonal or a Traffic Manager profile
+/// ([`ServiceKind`]), a backend an address or a nested profile ([`Endpoint`]) with its product's
+/// fields ([`BackendRole`]), and every string with structure (ranges, headers, status ranges)
+/// parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub dataplane: Dataplane,
+    pub zones: Vec<Zone>,
+    pub services: Vec<Service>,
+    /// Traffic Manager PERFORMANCE input: client prefix -> regions in ascending RTT.
+    pub latency: Vec<LatencyEntry>,
+    /// Traffic Manager GEOGRAPHIC input: client prefix -> most specific region code.
+    pub geo: Vec<GeoEntry>,
+    /// `[dns]`: the DNS front answering for the services' `dns_name`s (Traffic Manager).
+    pub dns: Option<DnsFront>,
+    /// `[announce]`: the VIP routes a BGP daemon announces (`crate::daemon::announce`).
+    pub announce: Option<Announce>,
+    /// `[metrics]`: the Prometheus endpoint; off without the section.
+    pub metrics: Option<Metrics>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+/// One `[[service]]`: what every product has (the listener, affinity, forwarding, tracking,
+/// draining and the backends), and its product's own settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Service {
+    pub name: String,
+    pub vip: IpAddr,
+    pub protocol: Protocol,
+    /// Empty = all ports.
+    pub ports: Vec<u16>,
+    pub session_affinity: SessionAffinity,
+    pub forwarding: Forwarding,
+    pub connection_tracking: ConnectionTracking,
+    pub connection_draining: ConnectionDraining,
+    /// Backends (Traffic Manager: endpoints) in file order.
+    pub backends: Vec<Backend>,
+    pub kind: ServiceKind,
+}
+
+/// Which product routes a service's clients.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServiceKind {
+    /// `routing_method = "ZONAL"` (the default): Google Cloud's pipeline.
+    Zonal(ZonalSpec),
+    /// A Traffic Manager routing method.
+    TrafficManager(TmSpec),
+}
+
+/// The Google Cloud pipeline's settings of a service.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ZonalSpec {
+    pub zonal_affinity: ZonalAffinity,
+    /// Present = a failover policy is configured.
+    pub failover_policy: Option<FailoverPolicy>,
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A Traffic Manager profile's settings (spec §2), defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TmSpec {
+    pub method: TmMethod,
+    /// `profileStatus`: Disabled = NXDOMAIN, no traffic.
+    pub profile_status: AdminStatus,
+    /// DNS TTL in seconds (only with `dns_name`).
+    pub ttl: Option<u32>,
+    /// MULTIVALUE: records per answer (default 2).
+    pub max_return: u32,
+    /// Endpoint monitoring, resolved with its defaults; None = endpoints are not probed.
+    pub monitor: Option<monitor::MonitorSettings>,
+    /// The name the DNS front (`[dns]`) answers for this service.
+    pub dns_name: Option<String>,
+}
+
+/// One `[[service.backend]]`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Backend {
-    /// Required, except on a nested endpoint (`target_service`), which must omit it.
-    #[serde(default = "unspecified_address")]
-    // The unspecified address stands for "absent": no default to offer in the schema.
-    #[schemars(extend("default" = null))]
-    pub address: IpAddr,
-    /// Name of a `[[zone]]`; absent = the backend is in no client zone.
-    #[serde(default)]
-    pub zone: Option<String>,
-    /// true = failover backend (only with a failover policy).
-    #[serde(default)]
-    pub failover: bool,
-    #[serde(default = "default_weight")]
+    pub endpoint: Endpoint,
     pub weight: u32,
-    /// Destination MAC for L2_DSR forwarding ("aa:bb:cc:dd:ee:ff"), parsed when the file is read;
-    /// an override: absent, the host's neighbour entry for the backend's address gives it.
-    #[serde(default)]
+    /// Destination MAC for L2_DSR forwarding (an override of the neighbour entry).
     pub mac: Option<MacAddr>,
-    // ---- Traffic Manager endpoint fields (spec §2.1); only with a Traffic Manager method.
-    /// Endpoint name for messages and status inputs; unique in the service. Default: address.
-    #[serde(default)]
+    pub role: BackendRole,
+}
+
+/// Where a backend's traffic goes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Endpoint {
+    Address(IpAddr),
+    /// A Traffic Manager endpoint whose traffic goes to a child profile (spec §2.5).
+    Nested(Nested),
+}
+
+/// A nested endpoint: the child service and its Online thresholds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nested {
+    pub service: String,
+    /// Online child endpoints needed for this endpoint to be Online (default 1).
+    pub min_child_endpoints: Option<u32>,
+    /// The same test counting IPv4 child endpoints (A queries).
+    pub min_child_endpoints_ipv4: Option<u32>,
+    /// The same test counting IPv6 child endpoints (AAAA queries).
+    pub min_child_endpoints_ipv6: Option<u32>,
+}
+
+/// A backend's product-specific fields.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendRole {
+    Zonal {
+        /// Name of a `[[zone]]`; None = in no client zone.
+        zone: Option<String>,
+        /// A failover backend (only with a failover policy).
+        failover: bool,
+    },
+    TrafficManager(TmEndpoint),
+}
+
+/// A Traffic Manager endpoint's fields (spec §2.1), parsed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TmEndpoint {
+    /// Name for messages and status inputs; unique in the service (default: the address).
     pub name: Option<String>,
     /// `endpointStatus`: Disabled endpoints are never returned and not probed.
-    #[serde(default)]
     pub endpoint_status: AdminStatus,
-    /// 1..=1000, unique; set on all endpoints or none (default: 1, 2, ... in file order).
-    #[serde(default)]
+    /// 1..=1000, unique in the service (None: file order).
     pub priority: Option<u32>,
-    /// `endpointLocation`: a region name of `[[latency]]`; required under PERFORMANCE.
-    #[serde(default)]
+    /// `endpointLocation`: a region name of `[[latency]]`.
     pub location: Option<String>,
-    /// Region codes served by this endpoint (GEOGRAPHIC); each mapped once per service.
-    #[serde(default)]
+    /// Region codes served (GEOGRAPHIC).
     pub geo_mapping: Vec<String>,
-    /// Client ranges (SUBNET): "10.0.0.0/8" or "192.168.1.10-192.168.1.20"; none = fallback.
-    #[serde(default)]
-    pub subnets: Vec<String>,
-    /// Nested endpoint: the name of a child service (a Traffic Manager method).
-    #[serde(default)]
-    pub target_service: Option<String>,
-    /// Nested only: Online child endpoints needed for this endpoint to be Online (default 1).
-    #[serde(default)]
-    pub min_child_endpoints: Option<u32>,
-    /// Nested only: the same test counting IPv4 child endpoints (A queries).
-    #[serde(default)]
-    pub min_child_endpoints_ipv4: Option<u32>,
-    /// Nested only: the same test counting IPv6 child endpoints (AAAA queries).
-    #[serde(default)]
-    pub min_child_endpoints_ipv6: Option<u32>,
-    /// `alwaysServe`: never probed, monitor status Unmonitored (counted as Online).
-    #[serde(default)]
+    /// Client ranges (SUBNET); none = the fallback endpoint.
+    pub subnets: Vec<ranges::AddrRange>,
+    /// `alwaysServe`: never probed, Unmonitored (counted as Online).
     pub always_serve: bool,
-    /// Endpoint-level monitor headers ("name:value", at most 8): added to the profile's
-    /// `[service.monitor] custom_headers`, replacing one of the same name (endpoint wins).
-    #[serde(default)]
-    pub custom_headers: Vec<String>,
+    /// Endpoint-level monitor headers, added to the profile's (endpoint wins).
+    pub custom_headers: Vec<(String, String)>,
 }
 
 impl Backend {
+    /// The backend's address; None for a nested endpoint.
+    pub fn address(&self) -> Option<IpAddr> {
+        match &self.endpoint {
+            Endpoint::Address(a) => Some(*a),
+            Endpoint::Nested(_) => None,
+        }
+    }
+
     /// True for a nested endpoint (its traffic goes to a child service).
     pub fn is_nested(&self) -> bool {
-        self.target_service.is_some()
+        matches!(self.endpoint, Endpoint::Nested(_))
+    }
+
+    /// The nested endpoint's child, if this is one.
+    pub fn nested(&self) -> Option<&Nested> {
+        match &self.endpoint {
+            Endpoint::Nested(n) => Some(n),
+            Endpoint::Address(_) => None,
+        }
+    }
+
+    /// The client zone of a zonal backend.
+    pub fn zone(&self) -> Option<&str> {
+        match &self.role {
+            BackendRole::Zonal { zone, .. } => zone.as_deref(),
+            BackendRole::TrafficManager(_) => None,
+        }
+    }
+
+    /// A zonal failover backend.
+    pub fn is_failover(&self) -> bool {
+        matches!(self.role, BackendRole::Zonal { failover: true, .. })
+    }
+
+    /// A Traffic Manager endpoint's fields.
+    pub fn tm(&self) -> Option<&TmEndpoint> {
+        match &self.role {
+            BackendRole::TrafficManager(t) => Some(t),
+            BackendRole::Zonal { .. } => None,
+        }
+    }
+
+    pub fn tm_mut(&mut self) -> Option<&mut TmEndpoint> {
+        match &mut self.role {
+            BackendRole::TrafficManager(t) => Some(t),
+            BackendRole::Zonal { .. } => None,
+        }
+    }
+
+    /// `endpointStatus` (zonal backends are always Enabled).
+    pub fn endpoint_status(&self) -> AdminStatus {
+        self.tm().map(|t| t.endpoint_status).unwrap_or_default()
     }
 
     /// The name used in messages and status inputs: `name`, else the address.
     pub fn label(&self) -> String {
-        match (&self.name, &self.target_service) {
+        match (self.tm().and_then(|t| t.name.as_ref()), &self.endpoint) {
             (Some(n), _) => n.clone(),
-            (None, Some(t)) => format!("->{t}"),
-            (None, None) => self.address.to_string(),
+            (None, Endpoint::Nested(n)) => format!("->{}", n.service),
+            (None, Endpoint::Address(a)) => a.to_string(),
         }
     }
 }
 
 impl Service {
-    /// Traffic Manager `profileStatus` (default Enabled).
-    pub fn profile_status(&self) -> AdminStatus {
-        self.profile_status.unwrap_or_default()
+    /// The zonal pipeline's settings; None for a Traffic Manager service.
+    pub fn zonal(&self) -> Option<&ZonalSpec> {
+        match &self.kind {
+            ServiceKind::Zonal(z) => Some(z),
+            ServiceKind::TrafficManager(_) => None,
+        }
     }
 
-    /// MULTIVALUE records per answer (default 2).
-    pub fn max_return(&self) -> u32 {
-        self.max_return.unwrap_or(DEFAULT_MAX_RETURN)
+    /// The Traffic Manager profile's settings; None for a zonal service.
+    pub fn tm(&self) -> Option<&TmSpec> {
+        match &self.kind {
+            ServiceKind::Zonal(_) => None,
+            ServiceKind::TrafficManager(t) => Some(t),
+        }
+    }
+
+    pub fn tm_mut(&mut self) -> Option<&mut TmSpec> {
+        match &mut self.kind {
+            ServiceKind::Zonal(_) => None,
+            ServiceKind::TrafficManager(t) => Some(t),
+        }
+    }
+
+    /// `routing_method` as the file has it (ZONAL or the Traffic Manager method).
+    pub fn routing_method(&self) -> RoutingMethod {
+        self.tm().map_or(RoutingMethod::Zonal, |t| t.method.into())
+    }
+
+    /// The health check of a zonal service.
+    pub fn health_check(&self) -> Option<&HealthCheck> {
+        self.zonal().and_then(|z| z.health_check.as_ref())
+    }
+
+    /// Traffic Manager `profileStatus` (Enabled for zonal services).
+    pub fn profile_status(&self) -> AdminStatus {
+        self.tm().map(|t| t.profile_status).unwrap_or_default()
     }
 
     /// Index of the backend with this label (see `Backend::label`).
@@ -405,15 +442,97 @@ impl Service {
 
     /// Index of a backend's zone in `Config::zones`.
     pub fn backend_zone_index(&self, cfg: &Config, b: &Backend) -> Option<usize> {
-        let z = b.zone.as_deref()?;
+        let z = b.zone()?;
         cfg.zones.iter().position(|zone| zone.name == z)
     }
 
     /// The port the health check probes: its own `port`, else the service's first port
     /// (validation guarantees one of them exists when a health check is configured).
     pub fn health_check_port(&self) -> Option<u16> {
-        let hc = self.health_check.as_ref()?;
+        let hc = self.health_check()?;
         hc.port.or_else(|| self.ports.first().copied())
+    }
+}
+
+/// A file that passed validation, into the typed model. Every parse below succeeded in
+/// validation already (`validate`, `tm_validate`): a failure here is a bug, not bad input.
+impl From<raw::Config> for Config {
+    fn from(raw: raw::Config) -> Self {
+        Config {
+            dataplane: raw.dataplane,
+            zones: raw.zones,
+            services: raw.services.into_iter().map(Service::from).collect(),
+            latency: raw.latency,
+            geo: raw.geo,
+            dns: raw.dns,
+            announce: raw.announce,
+            metrics: raw.metrics,
+        }
+    }
+}
+
+impl From<raw::Service> for Service {
+    fn from(s: raw::Service) -> Self {
+        let kind = match s.routing_method.tm_method() {
+            None => ServiceKind::Zonal(ZonalSpec {
+                zonal_affinity: s.zonal_affinity.clone(),
+                failover_policy: s.failover_policy.clone(),
+                health_check: s.health_check.clone(),
+            }),
+            Some(method) => ServiceKind::TrafficManager(TmSpec {
+                method,
+                profile_status: s.profile_status(),
+                ttl: s.ttl,
+                max_return: s.max_return(),
+                monitor: s
+                    .monitor
+                    .as_ref()
+                    .map(|m| monitor::MonitorSettings::from_config(m).expect("validated: [service.monitor]")),
+                dns_name: s.dns_name.clone(),
+            }),
+        };
+        let tm = matches!(kind, ServiceKind::TrafficManager(_));
+        Service {
+            backends: s.backends.into_iter().map(|b| Backend::from_raw(b, tm)).collect(),
+            name: s.name,
+            vip: s.vip,
+            protocol: s.protocol,
+            ports: s.ports,
+            session_affinity: s.session_affinity,
+            forwarding: s.forwarding,
+            connection_tracking: s.connection_tracking,
+            connection_draining: s.connection_draining,
+            kind,
+        }
+    }
+}
+
+impl Backend {
+    fn from_raw(b: raw::Backend, tm: bool) -> Self {
+        let endpoint = match b.target_service {
+            Some(service) => Endpoint::Nested(Nested {
+                service,
+                min_child_endpoints: b.min_child_endpoints,
+                min_child_endpoints_ipv4: b.min_child_endpoints_ipv4,
+                min_child_endpoints_ipv6: b.min_child_endpoints_ipv6,
+            }),
+            None => Endpoint::Address(b.address),
+        };
+        let role = if tm {
+            BackendRole::TrafficManager(TmEndpoint {
+                name: b.name,
+                endpoint_status: b.endpoint_status,
+                priority: b.priority,
+                location: b.location,
+                geo_mapping: b.geo_mapping,
+                subnets: b.subnets.iter().map(|t| ranges::parse_subnet(t).expect("validated: subnets")).collect(),
+                always_serve: b.always_serve,
+                custom_headers: monitor::parse_custom_headers(&b.custom_headers).expect("validated: custom_headers"),
+            })
+        } else {
+            BackendRole::Zonal { zone: b.zone, failover: b.failover }
+        };
+        Backend { endpoint, weight: b.weight, mac: b.mac, role }
     }
 }
 
@@ -425,7 +544,9 @@ impl Config {
 
     /// Whether the service `key.service` has a backend at `key.address`.
     pub fn has_backend(&self, key: &BackendKey) -> bool {
-        self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.address == key.address))
+        self.services
+            .iter()
+            .any(|s| s.name == key.service && s.backends.iter().any(|b| b.address() == Some(key.address)))
     }
 
     /// Read, parse and validate a configuration file. Every error names the file.
@@ -458,34 +579,17 @@ impl Config {
     }
 
     fn parse_text_on(text: &str, host: Option<&HostAddrs>) -> Result<Config, ConfigErrorKind> {
-        let cfg: Config =
-            toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(recover::all_errors(text, first)))?;
-        let violations = validate::check(&cfg, host);
+        let raw = raw::Config::read_text(text)?;
+        let violations = validate::check(&raw, host);
         if violations.is_empty() {
-            Ok(cfg)
+            Ok(Config::from(raw))
         } else {
             Err(ConfigErrorKind::Invalid(violations))
-        }
-    }
-
-    /// Every check of the configuration contract (docs/config.md) and the spec. All violations are reported at once, so a user
-    /// fixes a file in one pass.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let violations = self.violations();
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
         }
     }
 
     /// The settings that have no effect in this configuration (warnings, see `notices`).
     pub fn notices(&self) -> Vec<Violation> {
         notices::notices(self)
-    }
-
-    /// The list of violations (empty = valid), in file order.
-    pub fn violations(&self) -> Vec<Violation> {
-        validate::check(self, None)
     }
 }

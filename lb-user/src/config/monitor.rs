@@ -2,7 +2,7 @@
 //! with defaults and limits, and the custom headers' syntax. Validation and the health checker
 //! share them; the status state machine is policy (`policy::tm::monitor`).
 
-use crate::config::Monitor;
+use crate::config::raw::Monitor;
 use crate::model::MonitorProtocol;
 
 /// The only probing intervals Traffic Manager offers: normal (30 s) and fast (10 s).

@@ -26,7 +26,7 @@ pub fn notices(cfg: &Config) -> Vec<Violation> {
             });
         }
     }
-    let method_used = |m: RoutingMethod| cfg.services.iter().any(|s| s.routing_method == m);
+    let method_used = |m: RoutingMethod| cfg.services.iter().any(|s| s.routing_method() == m);
     if !cfg.latency.is_empty() && !method_used(RoutingMethod::Performance) {
         out.push(Violation {
             scope: Scope::Latency { index: 0 },
@@ -43,7 +43,7 @@ pub fn notices(cfg: &Config) -> Vec<Violation> {
     }
     for (index, s) in cfg.services.iter().enumerate() {
         let scope = || Scope::Service { index, name: s.name.clone() };
-        if s.dns_name.is_some() && cfg.dns.is_none() {
+        if s.tm().is_some_and(|t| t.dns_name.is_some()) && cfg.dns.is_none() {
             out.push(Violation {
                 scope: scope(),
                 field: "dns_name".into(),

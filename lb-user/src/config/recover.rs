@@ -5,7 +5,7 @@
 //! its line, column and field path. Every part is parsed once and the parts are bounded in
 //! number, so the work stays linear in the file's size whatever the file holds.
 
-use super::Config;
+use super::raw::Config;
 
 /// Parts parsed again after a first error, at most: a hostile file with a million tables costs
 /// no more than this many small parses.

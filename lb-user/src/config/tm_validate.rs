@@ -7,8 +7,8 @@ use super::error::Scope;
 use super::error::{Report, Sink};
 use super::monitor::{parse_custom_headers, MonitorSettings};
 use super::ranges::{parse_subnet, AddrRange};
+use super::raw::{Backend, Config, Service};
 use super::regions::RegionTree;
-use super::{Backend, Config, Service};
 use crate::model::*;
 use std::collections::{HashMap, HashSet};
 
@@ -22,8 +22,6 @@ pub const MAX_TTL: u32 = 2_147_483_647;
 /// Traffic Manager nesting depth limit (spec §2.5); also guards recursion on an unvalidated
 /// configuration.
 pub const MAX_NESTING_DEPTH: usize = 10;
-
-const TM_METHODS: &str = "PRIORITY, WEIGHTED, PERFORMANCE, GEOGRAPHIC, MULTIVALUE, SUBNET";
 
 // ---------------------------------------------------------------- [[latency]] and [[geo]]
 
@@ -108,8 +106,9 @@ fn only_tm(field: impl Into<String>, r: &mut Report) {
     r.push(
         field,
         format!(
-            "only allowed with a Traffic Manager routing_method ({TM_METHODS}); this \
-             service uses ZONAL (the default)"
+            "only allowed with a Traffic Manager routing_method ({}); this \
+             service uses ZONAL (the default)",
+            TmMethod::ALLOWED.join(", ")
         ),
     );
 }
@@ -508,7 +507,8 @@ fn check_nested_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, chi
                     field,
                     format!(
                         "{child:?} uses routing_method = ZONAL: a child must use a Traffic \
-                         Manager method ({TM_METHODS})"
+                         Manager method ({})",
+                        TmMethod::ALLOWED.join(", ")
                     ),
                 );
             } else if child_svc.vip.is_ipv4() != svc.vip.is_ipv4() {

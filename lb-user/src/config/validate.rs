@@ -3,7 +3,8 @@
 //! the first problem.
 
 use super::error::{Report, Scope, Sink, Violation};
-use super::{Backend, Config, Dataplane, HealthCheck, Service, Zone};
+use super::raw::{Backend, Config, Service};
+use super::{Dataplane, HealthCheck, Zone};
 use crate::model::*;
 use ipnet::IpNet;
 use std::collections::{HashMap, HashSet};

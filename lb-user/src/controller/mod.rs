@@ -146,8 +146,8 @@ impl Controller {
             // An older daemon counted a probed backend without a verdict as healthy: it keeps
             // that verdict instead of starting over unchecked.
             for svc in self.cfg.services.iter().filter(|s| s.health_check_port().is_some()) {
-                for b in &svc.backends {
-                    self.checked.entry(BackendKey::new(&svc.name, b.address)).or_insert(true);
+                for address in svc.backends.iter().filter_map(|b| b.address()) {
+                    self.checked.entry(BackendKey::new(&svc.name, address)).or_insert(true);
                 }
             }
         }
@@ -240,8 +240,9 @@ impl Controller {
     pub fn probe_statuses(&self, cfg: &Config) -> ProbeStatuses {
         let mut probes = ProbeStatuses::new(cfg, MonitorStatus::CheckingEndpoint);
         for (si, svc) in cfg.services.iter().enumerate() {
-            for (bi, b) in svc.backends.iter().enumerate() {
-                probes.set_index(si, bi, self.monitor_status(&svc.name, b.address));
+            // A nested endpoint's status is its child's (`tm::Statuses`): it has no probe.
+            for (bi, address) in svc.backends.iter().enumerate().filter_map(|(bi, b)| Some((bi, b.address()?))) {
+                probes.set_index(si, bi, self.monitor_status(&svc.name, address));
             }
         }
         probes
@@ -274,7 +275,7 @@ impl Controller {
             .iter()
             .find(|s| s.name == service)
             .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        if !svc.backends.iter().any(|b| b.address == addr) {
+        if !svc.backends.iter().any(|b| b.address() == Some(addr)) {
             anyhow::bail!("service {service:?} has no backend {addr}");
         }
         Ok(())
@@ -357,7 +358,7 @@ impl Controller {
         let mut cfg = self.cfg.clone();
         for svc in &mut cfg.services {
             let name = svc.name.clone();
-            svc.backends.retain(|b| !self.drained.contains(&BackendKey::new(&name, b.address)));
+            svc.backends.retain(|b| b.address().is_none_or(|a| !self.drained.contains(&BackendKey::new(&name, a))));
         }
         cfg
     }
@@ -417,7 +418,7 @@ impl Controller {
             .iter()
             .map(|s| {
                 let probed = s.health_check_port().is_some();
-                s.backends.iter().map(|b| self.health_in(&s.name, b.address, probed)).collect()
+                s.backends.iter().map(|b| b.address().is_none_or(|a| self.health_in(&s.name, a, probed))).collect()
             })
             .collect();
         // Ids of departed backends stay reserved until their deadline.

@@ -40,11 +40,15 @@ pub fn servable_vips(
     usable: &dyn Fn(&str, IpAddr) -> bool,
     unchecked: &dyn Fn(&str, IpAddr) -> bool,
 ) -> BTreeSet<IpAddr> {
-    let checked = |s: &crate::config::Service| !s.backends.iter().any(|b| unchecked(&s.name, b.address));
+    let checked =
+        |s: &crate::config::Service| !s.backends.iter().filter_map(|b| b.address()).any(|a| unchecked(&s.name, a));
     cfg.services
         .iter()
         .filter(|s| applied.contains(&s.name.as_str()))
-        .filter(|s| s.backends.iter().any(|b| usable(&s.name, b.address)) || (!require_healthy_backend && checked(s)))
+        .filter(|s| {
+            s.backends.iter().filter_map(|b| b.address()).any(|a| usable(&s.name, a))
+                || (!require_healthy_backend && checked(s))
+        })
         .map(|s| s.vip)
         .collect()
 }

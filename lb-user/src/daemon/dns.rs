@@ -60,7 +60,10 @@ impl RoutingView {
     /// Index of the service answering for `name` (case-insensitive, trailing dot optional).
     pub fn service_for(&self, name: &str) -> Option<usize> {
         let wanted = canonical_dns_name(name);
-        self.cfg.services.iter().position(|s| s.dns_name.as_deref().is_some_and(|n| canonical_dns_name(n) == wanted))
+        self.cfg
+            .services
+            .iter()
+            .position(|s| s.tm().and_then(|t| t.dns_name.as_deref()).is_some_and(|n| canonical_dns_name(n) == wanted))
     }
 }
 
@@ -166,7 +169,7 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
     let location = location_address(source.to_canonical(), ecs_net);
     let client = Client::locate(&view.cfg, location);
     let svc = &view.cfg.services[si];
-    let ttl = svc.ttl.unwrap_or(DEFAULT_TTL);
+    let ttl = svc.tm().and_then(|t| t.ttl).unwrap_or(DEFAULT_TTL);
     match resolve_dns(&Statuses::new(&view.cfg, &view.probes), si, &client, qtype, rng) {
         DnsAnswer::NxDomain => {
             resp.metadata.response_code = ResponseCode::NXDomain;

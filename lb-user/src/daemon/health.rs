@@ -508,13 +508,13 @@ impl Probe {
 pub fn probes_for(cfg: &Config) -> Vec<Probe> {
     let mut probes = Vec::new();
     for svc in &cfg.services {
-        let (Some(hc), Some(port)) = (&svc.health_check, svc.health_check_port()) else { continue };
+        let (Some(hc), Some(port)) = (svc.health_check(), svc.health_check_port()) else { continue };
         let spec = ProbeSpec::from_config(hc, port);
         let of = svc.backends.len() as u32;
-        for (i, b) in svc.backends.iter().enumerate() {
+        for (i, address) in svc.backends.iter().filter_map(|b| b.address()).enumerate() {
             probes.push(Probe::Check {
                 service: svc.name.clone(),
-                backend: b.address,
+                backend: address,
                 spec: spec.clone(),
                 slot: i as u32,
                 of,

@@ -112,7 +112,8 @@ impl Daemon {
 
     /// Hands the configured backends to the neighbour keeper (see `neighbours`).
     pub(super) fn keep_neighbours(&self) {
-        let backends = self.ctl.config().services.iter().flat_map(|s| s.backends.iter().map(|b| b.address)).collect();
+        let backends =
+            self.ctl.config().services.iter().flat_map(|s| s.backends.iter().filter_map(|b| b.address())).collect();
         self.neighbours.keep(backends);
     }
 }

@@ -216,7 +216,7 @@ pub fn snapshot(ctl: &Controller, dp: &Dataplane) -> Result<Snapshot> {
             snap.backends.push(BackendSample {
                 service: s.name.clone(),
                 backend: addr.to_string(),
-                zone: b.zone.clone().unwrap_or_default(),
+                zone: b.zone().unwrap_or_default().to_owned(),
                 healthy: ctl.healthy(&s.name, addr),
                 unchecked: ctl.unchecked(&s.name, addr),
                 counters: dp.backend_stats(id)?,

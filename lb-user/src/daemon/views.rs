@@ -81,31 +81,34 @@ impl Daemon {
             .map(|svc| {
                 let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
                 let zonal = compiled.and_then(|c| c.plan.zonal());
+                // A nested endpoint has no address of its own: its child service lists its
+                // backends.
                 let backends = svc
                     .backends
                     .iter()
-                    .map(|b| {
-                        let unchecked = self.ctl.unchecked(&svc.name, b.address);
-                        let source = if self.ctl.override_of(&svc.name, b.address).is_some() {
+                    .filter_map(|b| Some((b, b.address()?)))
+                    .map(|(b, address)| {
+                        let unchecked = self.ctl.unchecked(&svc.name, address);
+                        let source = if self.ctl.override_of(&svc.name, address).is_some() {
                             "override"
-                        } else if unchecked || self.ctl.checker_verdict(&svc.name, b.address).is_some() {
+                        } else if unchecked || self.ctl.checker_verdict(&svc.name, address).is_some() {
                             "health_check"
                         } else {
                             "initial"
                         };
-                        let health = match (unchecked, self.ctl.healthy(&svc.name, b.address)) {
+                        let health = match (unchecked, self.ctl.healthy(&svc.name, address)) {
                             (true, _) => "unchecked",
                             (false, true) => "healthy",
                             (false, false) => "unhealthy",
                         };
                         BackendStatus {
-                            address: b.address,
-                            zone: b.zone.clone(),
-                            role: if b.failover { "failover" } else { "primary" }.to_owned(),
+                            address,
+                            zone: b.zone().map(str::to_owned),
+                            role: if b.is_failover() { "failover" } else { "primary" }.to_owned(),
                             health: health.to_owned(),
                             health_source: source.to_owned(),
                             weight: b.weight,
-                            draining: self.ctl.is_drained(&svc.name, b.address),
+                            draining: self.ctl.is_drained(&svc.name, address),
                         }
                     })
                     .collect();
@@ -120,7 +123,7 @@ impl Daemon {
                     active_pool: zonal.map(|p| p.active_pool.as_str().to_owned()),
                     backends,
                     zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
-                    routing_method: svc.routing_method.as_str().to_owned(),
+                    routing_method: svc.routing_method().as_str().to_owned(),
                     // Traffic Manager services: the routing method's client classes.
                     classes: compiled.and_then(class_views),
                 }

@@ -22,8 +22,8 @@ pub mod eligible;
 pub mod tm;
 pub mod zonal;
 
-use crate::config::{Config, Service};
-use crate::model::{RoutingMethod, Spillover};
+use crate::config::{Config, Service, ServiceKind};
+use crate::model::{Spillover, TmMethod};
 use ipnet::IpNet;
 use std::net::IpAddr;
 
@@ -63,20 +63,22 @@ pub enum Routing {
     /// zone and the non-compatible class.
     Zonal(ZonalPolicy),
     /// Azure Traffic Manager (spec §2): the method's classes of client prefixes ([`tm`]).
-    TrafficManager(RoutingMethod),
+    TrafficManager(TmMethod),
 }
 
 impl Routing {
     /// The routing of a configured service (the one place that reads it from the TOML structs).
     pub fn of(svc: &Service) -> Self {
-        if svc.routing_method.is_traffic_manager() {
-            return Self::TrafficManager(svc.routing_method);
+        match &svc.kind {
+            ServiceKind::TrafficManager(t) => Self::TrafficManager(t.method),
+            ServiceKind::Zonal(z) => {
+                let failover = z.failover_policy.as_ref().map(|fp| FailoverParams {
+                    failover_ratio: fp.failover_ratio,
+                    drop_traffic_if_unhealthy: fp.drop_traffic_if_unhealthy,
+                });
+                Self::Zonal(ZonalPolicy::new(failover, z.zonal_affinity.spillover, z.zonal_affinity.spillover_ratio))
+            }
         }
-        let failover = svc.failover_policy.as_ref().map(|fp| FailoverParams {
-            failover_ratio: fp.failover_ratio,
-            drop_traffic_if_unhealthy: fp.drop_traffic_if_unhealthy,
-        });
-        Self::Zonal(ZonalPolicy::new(failover, svc.zonal_affinity.spillover, svc.zonal_affinity.spillover_ratio))
     }
 }
 
@@ -269,7 +271,7 @@ fn backend_states(cfg: &Config, si: usize, healthy: &dyn Fn(usize, usize) -> boo
         .enumerate()
         .map(|(bi, b)| BackendState {
             zone: svc.backend_zone_index(cfg, b),
-            failover: b.failover,
+            failover: b.is_failover(),
             healthy: healthy(si, bi),
         })
         .collect()
@@ -365,12 +367,15 @@ pub fn route_service(
     let svc = &cfg.services[si];
     match plan(cfg, si, healthy, probes) {
         ServicePlan::Zonal(plan) => {
-            let member = |bi: usize| Member {
-                service: si,
-                backend: bi,
-                address: svc.backends[bi].address,
-                weight: svc.backends[bi].weight,
-                healthy: healthy(si, bi),
+            // A zonal backend always has an address (no nested endpoints).
+            let member = |bi: usize| {
+                Some(Member {
+                    service: si,
+                    backend: bi,
+                    address: svc.backends[bi].address()?,
+                    weight: svc.backends[bi].weight,
+                    healthy: healthy(si, bi),
+                })
             };
             let mut classes: Vec<RoutedClass> = plan
                 .classes
@@ -378,7 +383,7 @@ pub fn route_service(
                 .map(|cp| RoutedClass {
                     class: cp.client_zone.map(zone_class).unwrap_or(lb_common::maps::CLASS_NONE),
                     zonal: cp.client_zone.is_some(),
-                    members: cp.eligible.iter().map(|&bi| member(bi)).collect(),
+                    members: cp.eligible.iter().filter_map(|&bi| member(bi)).collect(),
                     unroutable: false,
                 })
                 .collect();

@@ -7,10 +7,10 @@
 
 use super::client::{geo_entry, latency_entry, Client};
 use super::methods::{eligible, EligibleBackend};
-use super::ranges::{from_int, int_range_to_cidrs, parse_subnet, to_int, AddrRange, Family};
+use super::ranges::{from_int, int_range_to_cidrs, to_int, AddrRange, Family};
 use super::status::{ProbeStatuses, Statuses, MAX_NESTING_DEPTH};
 use crate::config::Config;
-use crate::model::RoutingMethod;
+use crate::model::TmMethod;
 use ipnet::IpNet;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -49,7 +49,7 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
             continue;
         }
         for b in &cfg.services[s].backends {
-            if let Some(c) = b.target_service.as_deref().and_then(|t| cfg.service_index(t)) {
+            if let Some(c) = b.nested().and_then(|n| cfg.service_index(&n.service)) {
                 if !seen.contains(&c) {
                     seen.push(c);
                     frontier.push((c, depth + 1));
@@ -63,10 +63,11 @@ pub fn reachable_services(cfg: &Config, svc: usize) -> Vec<usize> {
 /// Builds the prefix map of a service.
 pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     let services = reachable_services(cfg, svc);
-    let uses = |m: RoutingMethod| services.iter().any(|&s| cfg.services[s].routing_method == m);
-    let (use_latency, use_geo) = (uses(RoutingMethod::Performance), uses(RoutingMethod::Geographic));
+    let method = |s: usize| cfg.services[s].tm().map(|t| t.method);
+    let uses = |m: TmMethod| services.iter().any(|&s| method(s) == Some(m));
+    let (use_latency, use_geo) = (uses(TmMethod::Performance), uses(TmMethod::Geographic));
     let subnet_services: Vec<usize> =
-        services.iter().copied().filter(|&s| cfg.services[s].routing_method == RoutingMethod::Subnet).collect();
+        services.iter().copied().filter(|&s| method(s) == Some(TmMethod::Subnet)).collect();
     // Per SUBNET service: (endpoint, range) of every endpoint, disabled ones included so the
     // map does not depend on administrative state.
     let subnet_ranges: Vec<(usize, Vec<(usize, AddrRange)>)> = subnet_services
@@ -76,7 +77,7 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
                 .backends
                 .iter()
                 .enumerate()
-                .flat_map(|(e, b)| b.subnets.iter().filter_map(move |t| Some((e, parse_subnet(t).ok()?))))
+                .flat_map(|(e, b)| b.tm().into_iter().flat_map(move |t| t.subnets.iter().map(move |r| (e, *r))))
                 .collect();
             (s, ranges)
         })
@@ -156,7 +157,7 @@ pub struct TmClass {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TmServicePlan {
     pub service: usize,
-    pub method: RoutingMethod,
+    pub method: TmMethod,
     /// Disjoint source prefixes -> class id (load into the LPM trie like zone prefixes).
     pub prefixes: Vec<(IpNet, usize)>,
     /// Indexed by class id; `classes[DEFAULT_CLASS]` serves sources matching no prefix.
@@ -220,5 +221,6 @@ pub fn compile_service(cfg: &Config, svc: usize, probes: &ProbeStatuses) -> TmSe
             TmClass { id, eligible: e.backends, reason: e.reason }
         })
         .collect();
-    TmServicePlan { service: svc, method: cfg.services[svc].routing_method, prefixes: map.prefixes, classes }
+    let method = cfg.services[svc].tm().map(|t| t.method).expect("compile_service: a Traffic Manager service");
+    TmServicePlan { service: svc, method, prefixes: map.prefixes, classes }
 }

@@ -5,12 +5,12 @@
 //!   spreads flows over (nested endpoints expanded into their child's set).
 
 use super::client::Client;
-use super::ranges::{parse_subnet, to_int, Family};
+use super::ranges::{to_int, Family};
 use super::regions::RegionTree;
 use super::rng::{mix64, Rng};
 use super::status::{Statuses, MAX_NESTING_DEPTH};
-use crate::config::Service;
-use crate::model::{AdminStatus, MonitorStatus, RoutingMethod};
+use crate::config::{Endpoint, Service};
+use crate::model::{AdminStatus, MonitorStatus, TmMethod};
 use std::collections::HashMap;
 use std::net::IpAddr;
 
@@ -32,13 +32,13 @@ impl Selection {
 
 /// Priorities in effect: the configured ones, or 1, 2, 3, ... in file order (spec §2.1).
 pub fn effective_priorities(service: &Service) -> Vec<u32> {
-    service.backends.iter().enumerate().map(|(i, b)| b.priority.unwrap_or(i as u32 + 1)).collect()
+    service.backends.iter().enumerate().map(|(i, b)| b.tm().and_then(|t| t.priority).unwrap_or(i as u32 + 1)).collect()
 }
 
 /// The parsed SUBNET ranges of an endpoint (validated configurations parse cleanly; a broken
 /// range is skipped rather than trusted).
 fn endpoint_ranges(service: &Service, ep: usize) -> Vec<super::ranges::AddrRange> {
-    service.backends[ep].subnets.iter().filter_map(|t| parse_subnet(t).ok()).collect()
+    service.backends[ep].tm().map(|t| t.subnets.clone()).unwrap_or_default()
 }
 
 fn label(service: &Service, ep: usize) -> String {
@@ -59,9 +59,11 @@ pub fn select(st: &Statuses, svc: usize, client: &Client, family: Option<Family>
         return Selection::none("profile Disabled (NXDOMAIN)");
     }
     let available = st.available(svc, family, depth);
-    let method = service.routing_method;
+    let Some(method) = service.tm().map(|t| t.method) else {
+        return Selection::none("not a Traffic Manager service");
+    };
     match method {
-        RoutingMethod::Priority => {
+        TmMethod::Priority => {
             let prio = effective_priorities(service);
             match available.iter().min_by_key(|&&e| prio[e]) {
                 Some(&e) => Selection {
@@ -71,11 +73,11 @@ pub fn select(st: &Statuses, svc: usize, client: &Client, family: Option<Family>
                 None => Selection::none("PRIORITY: no endpoint available"),
             }
         }
-        RoutingMethod::Weighted | RoutingMethod::MultiValue | RoutingMethod::Zonal => {
+        TmMethod::Weighted | TmMethod::MultiValue => {
             if available.is_empty() {
                 return Selection::none(format!("{method}: no endpoint available"));
             }
-            let weighted = method == RoutingMethod::Weighted;
+            let weighted = method == TmMethod::Weighted;
             Selection {
                 endpoints: available
                     .iter()
@@ -84,9 +86,9 @@ pub fn select(st: &Statuses, svc: usize, client: &Client, family: Option<Family>
                 reason: format!("{method}: available {}", labels(service, &available)),
             }
         }
-        RoutingMethod::Performance => select_performance(service, &available, client),
-        RoutingMethod::Geographic => select_geographic(st, svc, client, family, depth),
-        RoutingMethod::Subnet => select_subnet(service, &available, client),
+        TmMethod::Performance => select_performance(service, &available, client),
+        TmMethod::Geographic => select_geographic(st, svc, client, family, depth),
+        TmMethod::Subnet => select_subnet(service, &available, client),
     }
 }
 
@@ -95,7 +97,7 @@ fn select_performance(service: &Service, available: &[usize], client: &Client) -
         let here: Vec<usize> = available
             .iter()
             .copied()
-            .filter(|&e| service.backends[e].location.as_deref() == Some(region.as_str()))
+            .filter(|&e| service.backends[e].tm().and_then(|t| t.location.as_deref()) == Some(region.as_str()))
             .collect();
         if !here.is_empty() {
             return Selection {
@@ -133,10 +135,9 @@ fn select_geographic(st: &Statuses, svc: usize, client: &Client, family: Option<
     let chain = tree.ancestors_inclusive(code);
     for g in &chain {
         // Disabled endpoints are ignored as if unmapped, so a coarser mapping may match.
-        let mapped = service
-            .backends
-            .iter()
-            .position(|b| b.endpoint_status == AdminStatus::Enabled && b.geo_mapping.iter().any(|m| m == g));
+        let mapped = service.backends.iter().position(|b| {
+            b.tm().is_some_and(|t| t.endpoint_status == AdminStatus::Enabled && t.geo_mapping.iter().any(|m| m == g))
+        });
         if let Some(e) = mapped {
             let status = st.endpoint_status_for(svc, e, family, depth);
             if matches!(status, MonitorStatus::Stopped | MonitorStatus::Inactive) {
@@ -162,7 +163,7 @@ fn select_geographic(st: &Statuses, svc: usize, client: &Client, family: Option<
 fn select_subnet(service: &Service, available: &[usize], client: &Client) -> Selection {
     let matched = client.addr.and_then(|addr| {
         (0..service.backends.len()).find(|&e| {
-            service.backends[e].endpoint_status == AdminStatus::Enabled
+            service.backends[e].endpoint_status() == AdminStatus::Enabled
                 && endpoint_ranges(service, e).iter().any(|r| r.contains(addr))
         })
     });
@@ -175,7 +176,7 @@ fn select_subnet(service: &Service, available: &[usize], client: &Client) -> Sel
         }
     }
     let fallback = (0..service.backends.len()).find(|&e| {
-        service.backends[e].endpoint_status == AdminStatus::Enabled && service.backends[e].subnets.is_empty()
+        service.backends[e].tm().is_some_and(|t| t.endpoint_status == AdminStatus::Enabled && t.subnets.is_empty())
     });
     let why = match matched {
         Some(m) => format!("{} (matched) is not available", label(service, m)),
@@ -258,46 +259,46 @@ fn resolve_at(
     if depth > MAX_NESTING_DEPTH {
         return DnsAnswer::NoData;
     }
-    let record = |e: usize| Record { service: svc, backend: e, address: service.backends[e].address };
-    if service.routing_method == RoutingMethod::MultiValue {
+    let method = service.tm().map(|t| t.method);
+    if method == Some(TmMethod::MultiValue) {
         if qtype == QueryType::Cname {
             return DnsAnswer::NoData;
         }
-        let mut pool: Vec<usize> = st
+        let mut pool: Vec<Record> = st
             .available(svc, qtype.family(), depth)
             .into_iter()
-            .filter(|&e| qtype.accepts(&service.backends[e].address))
+            .filter_map(|e| {
+                service.backends[e].address().filter(|a| qtype.accepts(a)).map(|address| Record {
+                    service: svc,
+                    backend: e,
+                    address,
+                })
+            })
             .collect();
         // Partial Fisher-Yates: up to max_return distinct members in random order.
-        let n = (service.max_return() as usize).min(pool.len());
+        let n = (service.tm().map_or(0, |t| t.max_return) as usize).min(pool.len());
         for i in 0..n {
             let j = i + rng.below((pool.len() - i) as u64) as usize;
             pool.swap(i, j);
         }
         pool.truncate(n);
-        return if pool.is_empty() {
-            DnsAnswer::NoData
-        } else {
-            DnsAnswer::Records(pool.into_iter().map(record).collect())
-        };
+        return if pool.is_empty() { DnsAnswer::NoData } else { DnsAnswer::Records(pool) };
     }
     let sel = select(st, svc, client, qtype.family(), depth);
-    let Some(e) = pick_one(service.routing_method, &sel.endpoints, client, rng) else {
+    let Some(e) = method.and_then(|m| pick_one(m, &sel.endpoints, client, rng)) else {
         return DnsAnswer::NoData;
     };
-    let b = &service.backends[e];
-    if let Some(child) = b.target_service.as_deref() {
-        return match st.cfg.service_index(child) {
+    match &service.backends[e].endpoint {
+        Endpoint::Nested(n) => match st.cfg.service_index(&n.service) {
             Some(c) if st.cfg.services[c].profile_status() == AdminStatus::Enabled => {
                 resolve_at(st, c, client, qtype, rng, depth + 1)
             }
             _ => DnsAnswer::NoData,
-        };
-    }
-    if qtype.accepts(&b.address) {
-        DnsAnswer::Records(vec![record(e)])
-    } else {
-        DnsAnswer::NoData
+        },
+        Endpoint::Address(address) if qtype.accepts(address) => {
+            DnsAnswer::Records(vec![Record { service: svc, backend: e, address: *address }])
+        }
+        Endpoint::Address(_) => DnsAnswer::NoData,
     }
 }
 
@@ -313,13 +314,13 @@ pub fn client_subnet_hash(client: &Client) -> u64 {
 /// One endpoint from a selection: PERFORMANCE spreads deterministically by client subnet
 /// (**[AMBIG]** spec §2.4: the region choice is deterministic, the spread inside it hashes the
 /// client subnet); every other method draws by weight.
-fn pick_one(method: RoutingMethod, endpoints: &[(usize, u32)], client: &Client, rng: &mut impl Rng) -> Option<usize> {
+fn pick_one(method: TmMethod, endpoints: &[(usize, u32)], client: &Client, rng: &mut impl Rng) -> Option<usize> {
     let total: u64 = endpoints.iter().map(|&(_, w)| u64::from(w)).sum();
     if endpoints.is_empty() || total == 0 {
         return None;
     }
     let mut ticket =
-        if method == RoutingMethod::Performance { client_subnet_hash(client) % total } else { rng.below(total) };
+        if method == TmMethod::Performance { client_subnet_hash(client) % total } else { rng.below(total) };
     for &(e, w) in endpoints {
         if ticket < u64::from(w) {
             return Some(e);
@@ -379,8 +380,9 @@ fn eligible_at(
     let mut parts: Vec<(u32, Vec<EligibleBackend>)> = Vec::new();
     for &(e, w) in &sel.endpoints {
         let b = &service.backends[e];
-        match b.target_service.as_deref() {
-            Some(child) => {
+        match &b.endpoint {
+            Endpoint::Nested(n) => {
+                let child = n.service.as_str();
                 let child_set = match st.cfg.service_index(child) {
                     // Spelled out once per answer: repeating it under every parent would grow
                     // the text exponentially with the nesting depth.
@@ -394,10 +396,10 @@ fn eligible_at(
                 reason.push_str(&format!("; {} -> [{}]", b.label(), child_set.reason));
                 parts.push((w, child_set.backends));
             }
-            None if Family::of(&b.address) == family => {
-                parts.push((w, vec![EligibleBackend { service: svc, backend: e, address: b.address, weight: 1 }]))
+            Endpoint::Address(address) if Family::of(address) == family => {
+                parts.push((w, vec![EligibleBackend { service: svc, backend: e, address: *address, weight: 1 }]))
             }
-            None => {}
+            Endpoint::Address(_) => {}
         }
     }
     let set = Eligible { backends: mix(parts), reason };

@@ -95,7 +95,7 @@ pub fn nested_endpoint_status(
 /// profile.
 pub fn endpoint_disabled(svc: &Service, addr: IpAddr) -> bool {
     svc.profile_status() == AdminStatus::Disabled
-        || svc.backends.iter().any(|b| b.address == addr && b.endpoint_status == AdminStatus::Disabled)
+        || svc.backends.iter().any(|b| b.address() == Some(addr) && b.endpoint_status() == AdminStatus::Disabled)
 }
 
 /// The endpoints of Traffic Manager service `svc` its monitor probes, each with the profile's
@@ -105,13 +105,13 @@ pub fn monitored_endpoints(svc: &Service) -> Vec<(IpAddr, MonitorSettings)> {
     if svc.profile_status() == AdminStatus::Disabled {
         return Vec::new();
     }
-    let Some(settings) = svc.monitor.as_ref().and_then(|m| MonitorSettings::from_config(m).ok()) else {
+    let Some(settings) = svc.tm().and_then(|t| t.monitor.as_ref()) else {
         return Vec::new();
     };
     svc.backends
         .iter()
-        .filter(|b| !(b.is_nested() || b.always_serve || b.endpoint_status == AdminStatus::Disabled))
-        // Endpoint headers are validated with the configuration.
-        .map(|b| (b.address, settings.for_endpoint(&parse_custom_headers(&b.custom_headers).unwrap_or_default())))
+        .filter_map(|b| Some((b.address()?, b.tm()?)))
+        .filter(|(_, t)| !(t.always_serve || t.endpoint_status == AdminStatus::Disabled))
+        .map(|(address, t)| (address, settings.for_endpoint(&t.custom_headers)))
         .collect()
 }

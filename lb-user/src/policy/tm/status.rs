@@ -117,10 +117,11 @@ impl<'a> Statuses<'a> {
             // Vector O6: a disabled profile's endpoints are Inactive.
             return MonitorStatus::Inactive;
         }
-        if b.endpoint_status == AdminStatus::Disabled {
+        if b.endpoint_status() == AdminStatus::Disabled {
             return MonitorStatus::Disabled;
         }
-        if let Some(child) = &b.target_service {
+        if let Some(n) = b.nested() {
+            let child = &n.service;
             // Health checks cannot be disabled for nested endpoints: alwaysServe is ignored.
             let Some(c) = self.cfg.service_index(child) else {
                 return MonitorStatus::Stopped;
@@ -128,9 +129,9 @@ impl<'a> Statuses<'a> {
             if depth >= MAX_NESTING_DEPTH {
                 return MonitorStatus::Stopped;
             }
-            return self.nested_status(c, b, family, depth + 1);
+            return self.nested_status(c, n, family, depth + 1);
         }
-        if b.always_serve {
+        if b.tm().is_some_and(|t| t.always_serve) {
             return MonitorStatus::Unmonitored;
         }
         self.probes.get(svc, ep)
@@ -139,7 +140,7 @@ impl<'a> Statuses<'a> {
     fn nested_status(
         &self,
         child: usize,
-        b: &crate::config::Backend,
+        b: &crate::config::Nested,
         family: Option<Family>,
         depth: usize,
     ) -> MonitorStatus {
@@ -147,7 +148,7 @@ impl<'a> Statuses<'a> {
         let statuses: Vec<(MonitorStatus, Option<Family>)> = (0..self.service(child).backends.len())
             .map(|e| {
                 let cb = &self.service(child).backends[e];
-                let fam = (!cb.is_nested()).then(|| Family::of(&cb.address));
+                let fam = cb.address().map(|a| Family::of(&a));
                 (self.endpoint_status_for(child, e, family, depth), fam)
             })
             .collect();

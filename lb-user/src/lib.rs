@@ -20,6 +20,7 @@ pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod dataplane;
+pub mod error;
 pub mod model;
 pub mod policy;
 pub mod rng;

@@ -262,7 +262,8 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            // Scripts branch on the kind (lb-user `error::ErrorKind`), not on the message.
+            lb_user::error::ErrorKind::of(&e).map_or(std::process::ExitCode::FAILURE, |k| k.exit_code().into())
         }
     }
 }

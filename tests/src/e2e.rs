@@ -7,7 +7,7 @@
 use crate::netns::{sh, ChildGuard, Netns};
 use crate::topology::{Host, Topology, VIP4, VIP6};
 use anyhow::{bail, Context, Result};
-use lb_user::daemon::reply::{BackendStatus, Status};
+use lb_user::daemon::reply::{BackendStatus, Health, Status};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -193,7 +193,7 @@ impl Daemon {
     pub fn wait_first_verdicts(&self) -> Result<()> {
         wait_for("every backend's first health-check verdict", Duration::from_secs(60), || {
             let st = self.status().ok()?;
-            st.services.iter().all(|s| s.backends.iter().all(|b| b.health != "unchecked")).then_some(())
+            st.services.iter().all(|s| s.backends.iter().all(|b| b.health != Health::Unchecked)).then_some(())
         })
         .with_context(|| format!("lb status:\n{}\nlog:\n{}", self.cli(&["status"]).unwrap_or_default(), self.log()))
     }
@@ -239,6 +239,13 @@ impl Daemon {
     /// `lb ARGS --socket S` (the CLI talks to the daemon over the Unix socket).
     pub fn cli(&self, args: &[&str]) -> Result<String> {
         sh(Command::new(bin("lb")).args(args).arg("--socket").arg(&self.socket))
+    }
+
+    /// Runs `lb ARGS --socket` expecting a failure: its exit code and stderr.
+    pub fn cli_failure(&self, args: &[&str]) -> Result<(Option<i32>, String)> {
+        let out = Command::new(bin("lb")).args(args).arg("--socket").arg(&self.socket).output()?;
+        anyhow::ensure!(!out.status.success(), "lb {args:?} succeeded");
+        Ok((out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()))
     }
 
     pub fn status(&self) -> Result<Status> {
@@ -325,7 +332,7 @@ impl Daemon {
 
     /// Whether `lb status` reports the backend healthy.
     pub fn is_healthy(&self, service: &str, address: &str) -> Result<bool> {
-        Ok(self.backend_status(service, address)?.health == "healthy")
+        Ok(self.backend_status(service, address)?.health == Health::Healthy)
     }
 
     /// `lb backend set --health H` (healthy, unhealthy, auto).

@@ -63,7 +63,7 @@ fn unreadable_config_is_refused_and_the_daemon_keeps_serving() {
             .services
             .iter()
             .flat_map(|s| s.backends.iter())
-            .any(|b| b.address.to_string() == b2 && b.health == "unhealthy")
+            .any(|b| b.address.to_string() == b2 && b.health == lb_user::daemon::reply::Health::Unhealthy)
             .then_some(())
     })
     .unwrap_or_else(|e| fail(e));

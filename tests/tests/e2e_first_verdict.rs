@@ -66,7 +66,7 @@ fn backends_added_by_a_reload_get_connections_only_after_a_pass() {
     for b in [down, late] {
         let addr = b.addr(false).to_string();
         wait_for(&format!("the first verdict of {}", b.name), Duration::from_secs(30), || {
-            d.backend_status("web", &addr).ok().filter(|s| s.health == "unhealthy")
+            d.backend_status("web", &addr).ok().filter(|s| s.health == lb_user::daemon::reply::Health::Unhealthy)
         })
         .unwrap_or_else(|e| fail(e));
     }

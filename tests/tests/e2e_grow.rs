@@ -4,6 +4,7 @@
 //! keeps its backend, also where the grown configuration's Maglev table now points elsewhere.
 use lb_tests::e2e::*;
 use lb_tests::topology::{Topology, TopologySpec};
+use lb_user::error::ErrorKind;
 
 /// Long-lived connections held through the restart.
 const SESSIONS: usize = 48;
@@ -40,8 +41,8 @@ fn a_restart_into_bigger_maps_keeps_every_connection() {
 
     // The reload does not fit the maps loaded at start: refused, nothing changes.
     d.rewrite_config(&grown).unwrap();
-    let err = d.cli(&["reload"]).expect_err("a reload beyond the loaded sizes is refused");
-    assert!(format!("{err:#}").contains("restart the daemon"), "{err:#}");
+    let (code, err) = d.cli_failure(&["reload"]).expect("a reload beyond the loaded sizes is refused");
+    assert_eq!(code, Some(ErrorKind::NeedsRestart.exit_code().into()), "{err}");
 
     // The restart applies it on maps of other sizes; the connection table comes along.
     d.restart().unwrap_or_else(|e| fail(e, &d));

@@ -79,7 +79,10 @@ fn z13_spill_ratio_08_real_health_checks_ipip_v4() {
     })
     .unwrap_or_else(|e| panic!("{e:#}\n{}", d.diagnostics()));
     for a in &down_addrs {
-        assert_eq!(d.backend_status("web", a).unwrap().health_source, "health_check");
+        assert_eq!(
+            d.backend_status("web", a).unwrap().health_source,
+            lb_user::daemon::reply::HealthSource::HealthCheck
+        );
     }
     check_z13(&topo, &d, false);
 

@@ -97,8 +97,8 @@ pub fn status(v: &Status) -> String {
             svc.vip,
             svc.protocol,
             ports,
-            or_dash(&svc.eligible_kind),
-            or_dash(&svc.rule),
+            svc.eligible_kind.map_or("-", |k| k.as_str()),
+            svc.rule.map_or("-", |r| r.id()),
             or_dash(&svc.active_pool)
         );
         let mut backends = table(
@@ -110,9 +110,9 @@ pub fn status(v: &Status) -> String {
             let cells = [
                 b.address.to_string(),
                 or_dash(&b.zone).to_owned(),
-                b.role.clone(),
-                b.health.clone(),
-                b.health_source.clone(),
+                b.role.to_string(),
+                b.health.to_string(),
+                b.health_source.to_string(),
                 b.weight.to_string(),
                 b.draining.to_string(),
             ];
@@ -266,6 +266,8 @@ pub fn reload_plan(v: &ReloadPlan) -> String {
 mod tests {
     use super::*;
     use crate::daemon::reply::{ClassStats, ClassView, Counters, ServiceStats, ServiceStatus, ZoneView};
+    use crate::model::{Protocol, RoutingMethod};
+    use crate::policy::{EligibleKind, Rule};
 
     fn counters(client_class: u32, client_zone: Option<&str>) -> ClassStats {
         ClassStats {
@@ -365,14 +367,14 @@ mod tests {
         ServiceStatus {
             name: "web".into(),
             vip: "198.18.0.100".parse().unwrap(),
-            protocol: "TCP".into(),
+            protocol: Protocol::Tcp,
             ports: vec![80],
-            eligible_kind: Some("ALL_HEALTHY".into()),
-            rule: Some("E-1".into()),
+            eligible_kind: Some(EligibleKind::AllHealthy),
+            rule: Some(Rule::E1),
             active_pool: Some("ALL".into()),
             backends: vec![],
             zones,
-            routing_method: "ZONAL".into(),
+            routing_method: RoutingMethod::Zonal,
             classes: None,
         }
     }
@@ -392,14 +394,14 @@ mod tests {
             ServiceStatus {
                 name: "app".into(),
                 vip: ip("198.18.0.21"),
-                protocol: "TCP".into(),
+                protocol: Protocol::Tcp,
                 ports: vec![80],
                 eligible_kind: None,
                 rule: None,
                 active_pool: None,
                 backends: vec![],
                 zones: vec![],
-                routing_method: "SUBNET".into(),
+                routing_method: RoutingMethod::Subnet,
                 classes: Some(vec![
                     ClassView {
                         class: 1,

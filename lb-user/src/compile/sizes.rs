@@ -4,7 +4,8 @@
 
 use crate::config::Config;
 use crate::dataplane::DataplaneSizes;
-use anyhow::{bail, Result};
+use crate::error::NeedsRestart;
+use anyhow::Result;
 
 /// Data-plane sizes for a configuration. Roomy powers of two, so that ordinary reloads fit and
 /// a restart with a similar configuration can adopt the pinned maps.
@@ -44,7 +45,10 @@ pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
 pub fn fits_in(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
     let want = sizes_for(cfg);
     if want.table_size_m != now.table_size_m || want.conntrack_entries != now.conntrack_entries {
-        bail!("dataplane.maglev_table_size and dataplane.conntrack_entries take effect only on restart");
+        return Err(NeedsRestart(
+            "dataplane.maglev_table_size and dataplane.conntrack_entries take effect only on restart".into(),
+        )
+        .into());
     }
     let services = cfg.services.len() as u32;
     let classes = super::classes_per_service(cfg);
@@ -54,9 +58,11 @@ pub fn fits_in(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
         || backends * 2 > now.max_backends
         || 2 * services * classes > now.table_slots
     {
-        bail!(
+        return Err(NeedsRestart(
             "the new configuration needs a larger data plane than was loaded at start; restart the daemon to apply it"
-        );
+                .into(),
+        )
+        .into());
     }
     Ok(())
 }

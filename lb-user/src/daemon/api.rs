@@ -3,6 +3,7 @@
 
 use super::control_slots::{Limits, Slot, Slots};
 use super::reply::Reply;
+use crate::error::ErrorKind;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -86,23 +87,49 @@ pub struct Response<T = Reply> {
     pub result: Option<T>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What kind of failure `error` is, when a caller may act on it (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
 }
 
 impl<T> Response<T> {
     pub fn ok(result: T) -> Self {
-        Self { ok: true, result: Some(result), error: None }
+        Self { ok: true, result: Some(result), error: None, kind: None }
     }
     pub fn err(e: impl std::fmt::Display) -> Self {
-        Self { ok: false, result: None, error: Some(e.to_string()) }
+        Self { ok: false, result: None, error: Some(e.to_string()), kind: None }
+    }
+    /// The answer to a failed request: its message and, when typed, its kind.
+    pub fn failed(e: &anyhow::Error) -> Self {
+        Self { ok: false, result: None, error: Some(format!("{e:#}")), kind: ErrorKind::of(e) }
+    }
+}
+
+/// Why a request to the daemon failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot reach the lb daemon at {}: {source} (is `lb run` running?)", socket.display())]
+    Unreachable { socket: std::path::PathBuf, source: std::io::Error },
+    /// The daemon answered with an error (`kind` when it is typed).
+    #[error("{message}")]
+    Refused { message: String, kind: Option<ErrorKind> },
+}
+
+impl CallError {
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Self::Unreachable { .. } => Some(ErrorKind::DaemonUnreachable),
+            Self::Refused { kind, .. } => *kind,
+        }
     }
 }
 
 /// Send one request to the daemon and return its result as `T` (the reply type of the
 /// request, in [`super::reply`]), or its error as an `Err`.
 pub async fn call<T: DeserializeOwned>(socket: &Path, req: &Request) -> anyhow::Result<T> {
-    let stream = UnixStream::connect(socket).await.map_err(|e| {
-        anyhow::anyhow!("cannot reach the lb daemon at {}: {e} (is `lb run` running?)", socket.display())
-    })?;
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| CallError::Unreachable { socket: socket.to_path_buf(), source })?;
     let (read, mut write) = stream.into_split();
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
@@ -124,7 +151,11 @@ pub async fn call<T: DeserializeOwned>(socket: &Path, req: &Request) -> anyhow::
     match (resp.ok, resp.result) {
         (true, Some(result)) => Ok(result),
         (true, None) => Ok(serde_json::from_value(serde_json::Value::Null)?),
-        (false, _) => anyhow::bail!("{}", resp.error.unwrap_or_else(|| "unknown daemon error".into())),
+        (false, _) => Err(CallError::Refused {
+            message: resp.error.unwrap_or_else(|| "unknown daemon error".into()),
+            kind: resp.kind,
+        }
+        .into()),
     }
 }
 

@@ -7,6 +7,7 @@
 use super::api::Pending;
 use super::reply::ReloadCounts;
 use crate::config::{Config, HostAddrs};
+use crate::error::NeedsRestart;
 use anyhow::Context;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -180,24 +181,28 @@ pub fn check_reloadable(now: &crate::dataplane::DataplaneSizes, running: &Config
     // The DNS front's sockets are bound at start.
     if cfg.dns != running.dns {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
-        anyhow::bail!(
+        return Err(NeedsRestart(format!(
             "[dns] listen takes effect only on restart (running: {}, in the file: {})",
             show(&running.dns),
             show(&cfg.dns)
-        );
+        ))
+        .into());
     }
     if cfg.metrics != running.metrics {
         let show = |m: &Option<crate::config::Metrics>| m.as_ref().map_or("none".to_owned(), |m| m.listen.to_string());
-        anyhow::bail!(
+        return Err(NeedsRestart(format!(
             "[metrics] listen takes effect only on restart (running: {}, in the file: {})",
             show(&running.metrics),
             show(&cfg.metrics)
-        );
+        ))
+        .into());
     }
     // The TUN device and its table are made at start.
     let where_ = |c: &Config| c.announce.as_ref().map(|a| (a.table, a.device.clone()));
     if where_(cfg) != where_(running) {
-        anyhow::bail!("[announce] (present or not, table, device) takes effect only on restart");
+        return Err(
+            NeedsRestart("[announce] (present or not, table, device) takes effect only on restart".into()).into()
+        );
     }
     crate::compile::sizes::fits_in(now, cfg)
 }
@@ -257,7 +262,9 @@ mod tests {
         let sizes = crate::compile::sizes::sizes_for(&running);
         assert!(check_reloadable(&sizes, &running, &Config::parse(&service(2)).unwrap()).is_ok());
         let with_dns = Config::parse(&format!("[dns]\nlisten = \"127.0.0.1:5353\"\n{}", service(1))).unwrap();
-        let err = check_reloadable(&sizes, &running, &with_dns).unwrap_err().to_string();
+        let err = check_reloadable(&sizes, &running, &with_dns).unwrap_err();
+        assert_eq!(crate::error::ErrorKind::of(&err), Some(crate::error::ErrorKind::NeedsRestart));
+        let err = err.to_string();
         assert!(err.contains("[dns] listen") && err.contains("restart") && err.contains("127.0.0.1:5353"), "{err}");
         assert!(check_reloadable(&sizes, &with_dns, &with_dns).is_ok());
         let with_metrics = Config::parse(&format!("[metrics]\nlisten = \"127.0.0.1:9405\"\n{}", service(1))).unwrap();

@@ -2,7 +2,10 @@
 //! them (`cli::render`) or prints them as JSON (`--json`), and the tests read them. Each is the
 //! `result` of a [`super::api::Response`]; the JSON field names are the wire format.
 
+use crate::model::{Protocol, RoutingMethod};
+use crate::policy::{EligibleKind, Rule};
 use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::net::IpAddr;
 
 pub use super::api::HealthOverride;
@@ -62,17 +65,17 @@ pub struct AnnounceStatus {
 pub struct ServiceStatus {
     pub name: String,
     pub vip: IpAddr,
-    pub protocol: String,
+    pub protocol: Protocol,
     pub ports: Vec<u16>,
     /// Zonal services: the §1.2 eligible kind, rule and active pool (None before the first
-    /// tables, and for Traffic Manager services' own fields).
-    pub eligible_kind: Option<String>,
-    pub rule: Option<String>,
+    /// tables, and for Traffic Manager services).
+    pub eligible_kind: Option<EligibleKind>,
+    pub rule: Option<Rule>,
     pub active_pool: Option<String>,
     pub backends: Vec<BackendStatus>,
     /// The eligible set per client zone (zonal services).
     pub zones: Vec<ZoneView>,
-    pub routing_method: String,
+    pub routing_method: RoutingMethod,
     /// Traffic Manager services: the routing method's client classes; None for zonal ones.
     pub classes: Option<Vec<ClassView>>,
 }
@@ -81,16 +84,55 @@ pub struct ServiceStatus {
 pub struct BackendStatus {
     pub address: IpAddr,
     pub zone: Option<String>,
-    /// `primary` or `failover`.
-    pub role: String,
-    /// `healthy`, `unhealthy`, or `unchecked` (health-checked, no verdict yet: takes no new
-    /// connections while a backend of its service is healthy).
-    pub health: String,
-    /// Where the health comes from: `override`, `health_check` or `initial` (no health check).
-    pub health_source: String,
+    pub role: Role,
+    pub health: Health,
+    pub health_source: HealthSource,
     pub weight: u32,
     pub draining: bool,
 }
+
+/// A backend's role in its service's failover policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Primary,
+    Failover,
+}
+
+/// A backend's health as the data plane uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    /// Health-checked, no verdict yet: takes no new connections while a backend of its service
+    /// is healthy.
+    Unchecked,
+}
+
+/// Where a backend's health comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthSource {
+    /// `lb backend set`.
+    Override,
+    HealthCheck,
+    /// No health check: healthy from the start.
+    Initial,
+}
+
+/// The wire names, for the human renderings too.
+macro_rules! display_as_wire {
+    ($($t:ty),+) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let v = serde_json::to_value(self).map_err(|_| fmt::Error)?;
+                f.write_str(v.as_str().unwrap_or_default())
+            }
+        }
+    )+};
+}
+display_as_wire!(Role, Health, HealthSource);
 
 /// One client zone's eligible set (None = the non-compatible clients).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -268,5 +310,33 @@ mod tests {
             serde_json::to_string(&set).unwrap(),
             r#"{"service":"web","address":"198.18.11.1","health":"auto"}"#
         );
+    }
+
+    /// The typed fields keep the wire's strings (scripts read `lb status --json`).
+    #[test]
+    fn typed_status_fields_keep_their_wire_names() {
+        let b = BackendStatus {
+            address: "198.18.11.1".parse().unwrap(),
+            zone: None,
+            role: Role::Failover,
+            health: Health::Unchecked,
+            health_source: HealthSource::HealthCheck,
+            weight: 1,
+            draining: false,
+        };
+        let v = serde_json::to_value(&b).unwrap();
+        assert_eq!(
+            (&v["role"], &v["health"], &v["health_source"]),
+            (&"failover".into(), &"unchecked".into(), &"health_check".into())
+        );
+        assert_eq!(b.health_source.to_string(), "health_check");
+        let wire = |x: serde_json::Value| x.as_str().unwrap().to_owned();
+        assert_eq!(wire(serde_json::to_value(Rule::E8).unwrap()), Rule::E8.id());
+        assert_eq!(
+            wire(serde_json::to_value(EligibleKind::HealthyFailover).unwrap()),
+            EligibleKind::HealthyFailover.as_str()
+        );
+        assert_eq!(wire(serde_json::to_value(RoutingMethod::MultiValue).unwrap()), "MULTIVALUE");
+        assert_eq!(wire(serde_json::to_value(Protocol::L3Default).unwrap()), Protocol::L3Default.as_str());
     }
 }

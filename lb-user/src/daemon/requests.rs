@@ -79,7 +79,7 @@ impl Daemon {
         }
         match result {
             Ok(v) => Response::ok(v),
-            Err(e) => Response::err(format!("{e:#}")),
+            Err(e) => Response::failed(&e),
         }
     }
 

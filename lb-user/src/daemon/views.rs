@@ -11,7 +11,10 @@ use crate::model::Protocol;
 use anyhow::{bail, Result};
 use std::net::IpAddr;
 
-use super::reply::{self, BackendStatus, ClassStats, ClassView, Counters, ServiceStats, ServiceStatus, ZoneView};
+use super::reply::{
+    self, BackendStatus, ClassStats, ClassView, Counters, Health, HealthSource, Role, ServiceStats, ServiceStatus,
+    ZoneView,
+};
 use super::{faults, metrics, Daemon};
 
 /// What a new flow of `service` from `client` gets with the tables `compiled` of `cfg`. The
@@ -90,23 +93,23 @@ impl Daemon {
                     .map(|(b, address)| {
                         let unchecked = self.ctl.unchecked(&svc.name, address);
                         let source = if self.ctl.override_of(&svc.name, address).is_some() {
-                            "override"
+                            HealthSource::Override
                         } else if unchecked || self.ctl.checker_verdict(&svc.name, address).is_some() {
-                            "health_check"
+                            HealthSource::HealthCheck
                         } else {
-                            "initial"
+                            HealthSource::Initial
                         };
                         let health = match (unchecked, self.ctl.healthy(&svc.name, address)) {
-                            (true, _) => "unchecked",
-                            (false, true) => "healthy",
-                            (false, false) => "unhealthy",
+                            (true, _) => Health::Unchecked,
+                            (false, true) => Health::Healthy,
+                            (false, false) => Health::Unhealthy,
                         };
                         BackendStatus {
                             address,
                             zone: b.zone().map(str::to_owned),
-                            role: if b.is_failover() { "failover" } else { "primary" }.to_owned(),
-                            health: health.to_owned(),
-                            health_source: source.to_owned(),
+                            role: if b.is_failover() { Role::Failover } else { Role::Primary },
+                            health,
+                            health_source: source,
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, address),
                         }
@@ -115,15 +118,15 @@ impl Daemon {
                 ServiceStatus {
                     name: svc.name.clone(),
                     vip: svc.vip,
-                    protocol: svc.protocol.as_str().to_owned(),
+                    protocol: svc.protocol,
                     ports: svc.ports.clone(),
                     // The zonal pipeline's decision (spec §1.2); a Traffic Manager service has none.
-                    eligible_kind: zonal.map(|p| p.kind.as_str().to_owned()),
-                    rule: zonal.map(|p| p.rule.id().to_owned()),
+                    eligible_kind: zonal.map(|p| p.kind),
+                    rule: zonal.map(|p| p.rule),
                     active_pool: zonal.map(|p| p.active_pool.as_str().to_owned()),
                     backends,
                     zones: compiled.map(|c| zone_views(cfg, c)).unwrap_or_default(),
-                    routing_method: svc.routing_method().as_str().to_owned(),
+                    routing_method: svc.routing_method(),
                     // Traffic Manager services: the routing method's client classes.
                     classes: compiled.and_then(class_views),
                 }

@@ -291,6 +291,9 @@ fn load_error(e: aya::EbpfError, sizes: &DataplaneSizes) -> anyhow::Error {
                 "loading the XDP object: the kernel could not allocate its maps (about {mib} MiB; see dataplane.conntrack_entries and dataplane.maglev_table_size, and the memory cgroup's or RLIMIT_MEMLOCK's limit)"
             ))
         }
+        Some(libc::EPERM) | Some(libc::EACCES) => anyhow::Error::new(e).context(crate::error::NotPermitted(
+            "loading the XDP object: not permitted (root, or CAP_BPF + CAP_NET_ADMIN, is required)".into(),
+        )),
         _ => anyhow::Error::new(e).context("loading the XDP object (root, or CAP_BPF + CAP_NET_ADMIN, is required)"),
     }
 }

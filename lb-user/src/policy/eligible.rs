@@ -2,26 +2,35 @@
 
 use super::{BackendState, EligibleKind, FailoverParams, Pool};
 
-/// A row of the §1.2 decision table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A row of the §1.2 decision table (on the wire by its id, "E-1".."E-9").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Rule {
     /// No FP, ≥1 backend healthy: all healthy backends.
+    #[serde(rename = "E-1")]
     E1,
     /// No FP, none healthy: all backends (last resort).
+    #[serde(rename = "E-2")]
     E2,
     /// FP, ≥1 healthy, 0 healthy primaries: healthy failover backends ("failover mode").
+    #[serde(rename = "E-3")]
     E3,
     /// FP, ≥1 healthy, 0 healthy failover backends: healthy primaries ("failback mode").
+    #[serde(rename = "E-4")]
     E4,
     /// FP, `failoverRatio == 0`: healthy primaries.
+    #[serde(rename = "E-5")]
     E5,
     /// FP, healthy-primary ratio ≥ `failoverRatio`: healthy primaries.
+    #[serde(rename = "E-6")]
     E6,
     /// FP, ratio < `failoverRatio`: healthy failover backends.
+    #[serde(rename = "E-7")]
     E7,
     /// FP, none healthy, `dropTrafficIfUnhealthy`: drop.
+    #[serde(rename = "E-8")]
     E8,
     /// FP, none healthy, no drop: all primaries (last resort).
+    #[serde(rename = "E-9")]
     E9,
 }
 

@@ -96,8 +96,10 @@ impl ZonalPolicy {
     }
 }
 
-/// The original eligible set of §1.2, before any per-class refinement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The original eligible set of §1.2, before any per-class refinement (on the wire as
+/// [`EligibleKind::as_str`] spells it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum EligibleKind {
     AllHealthy,
     AllBackends,

@@ -90,7 +90,13 @@ fn run() -> Result<()> {
     }
     e2e::wait_for("the health checks to mark b2-4 and b2-5 unhealthy", Duration::from_secs(60), || {
         let st = daemon.status().ok()?;
-        let unhealthy = st.services.first()?.backends.iter().filter(|b| b.health == "unhealthy").count();
+        let unhealthy = st
+            .services
+            .first()?
+            .backends
+            .iter()
+            .filter(|b| b.health == lb_user::daemon::reply::Health::Unhealthy)
+            .count();
         (unhealthy == 2 || INTERRUPTED.load(Ordering::SeqCst)).then_some(())
     })?;
     check_interrupt()?;

@@ -38,8 +38,9 @@ fn crossterm_width() -> Option<u16> {
     if !std::io::stdout().is_terminal() {
         return None;
     }
-    // SAFETY: TIOCGWINSZ fills a winsize on a terminal descriptor.
+    // SAFETY: a winsize is plain integers; all zeroes is a valid value.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills a winsize on a terminal descriptor.
     let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
     (ok && ws.ws_col > 0).then_some(ws.ws_col)
 }

@@ -31,12 +31,15 @@ impl HostAddrs {
             let addr = if ifa.ifa_addr.is_null() {
                 None
             } else {
+                // SAFETY: a non-null ifa_addr points to a sockaddr of the list.
                 match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
                     libc::AF_INET => {
+                        // SAFETY: AF_INET: the sockaddr is a sockaddr_in.
                         let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                         Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
                     }
                     libc::AF_INET6 => {
+                        // SAFETY: AF_INET6: the sockaddr is a sockaddr_in6.
                         let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                         Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
                     }

@@ -27,16 +27,19 @@ pub fn primary_address(ifname: &str, v6: bool) -> Option<IpAddr> {
         // SAFETY: `p` is an element of the list getifaddrs returned, not yet freed.
         let ifa = unsafe { &*p };
         p = ifa.ifa_next;
+        // SAFETY: ifa_name is the entry's NUL-terminated interface name.
         if ifa.ifa_addr.is_null() || unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_bytes() != ifname.as_bytes() {
             continue;
         }
         // SAFETY: the family says which sockaddr type `ifa_addr` points to.
         found = match (unsafe { (*ifa.ifa_addr).sa_family } as i32, v6) {
             (libc::AF_INET, false) => {
+                // SAFETY: AF_INET: the sockaddr is a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 Some(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()))
             }
             (libc::AF_INET6, true) => {
+                // SAFETY: AF_INET6: the sockaddr is a sockaddr_in6.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 let a = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
                 (a.segments()[0] & 0xffc0 != 0xfe80).then_some(IpAddr::V6(a))

@@ -119,6 +119,7 @@ where
     slot.set(key, entry);
     // Written whole, with the state word: not WRITING, next version, live.
     let next = ct_table::next_state(state & !ct_table::state::WRITING, true);
+    // SAFETY: `state_mut` points into `slot`, which this function holds mutably.
     unsafe { core::ptr::write(slot.state_mut(), next) };
     map.set(index[which], b[which], 0)?;
     Ok(())

@@ -23,8 +23,9 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/lb";
 
 fn is_bpffs(path: &Path) -> bool {
     let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
-    // SAFETY: statfs writes into the struct we own; c is a valid C string.
+    // SAFETY: a statfs is plain integers; all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs writes into the struct we own; c is a valid C string.
     unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
 }
 

@@ -85,8 +85,11 @@ struct LbStats {
 }
 // SAFETY: plain C structs without padding bytes left undeclared.
 unsafe impl Pod for VipDefinition {}
+// SAFETY: as above.
 unsafe impl Pod for VipMeta {}
+// SAFETY: as above.
 unsafe impl Pod for RealDefinition {}
+// SAFETY: as above.
 unsafe impl Pod for LbStats {}
 
 /// `struct flow_key` (37 bytes, aligned to 40) -> `struct real_pos_lru` (16 bytes).

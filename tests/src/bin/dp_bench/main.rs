@@ -724,6 +724,7 @@ fn main() -> Result<()> {
         }
         return profile(&case, secs);
     }
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("dp_bench needs root (BPF_PROG_TEST_RUN with maps, and a network namespace for bpf_fib_lookup)");
     }

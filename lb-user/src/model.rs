@@ -105,19 +105,50 @@ api_enum!(
 // Serialized names are Traffic Manager's own strings, except the routing-method selector, which
 // follows this file's upper-case style because it also names the Google Cloud pipeline (ZONAL).
 
-api_enum!(
-    /// How a service picks backends: ZONAL is the Google Cloud pipeline (spec §1); the others
-    /// are Traffic Manager routing methods (spec §2.4).
-    #[derive(Default)]
-    RoutingMethod {
-        #[default] Zonal = "ZONAL",
-        Priority = "PRIORITY",
-        Weighted = "WEIGHTED",
-        Performance = "PERFORMANCE",
-        Geographic = "GEOGRAPHIC",
-        MultiValue = "MULTIVALUE",
-        Subnet = "SUBNET",
-    }
+/// `RoutingMethod` and `TmMethod` from one list of the Traffic Manager methods: the second is
+/// the first without ZONAL, so Traffic Manager code never has a zonal case to handle.
+macro_rules! routing_methods {
+    ($($variant:ident = $text:literal),+ $(,)?) => {
+        api_enum!(
+            /// How a service picks backends: ZONAL is the Google Cloud pipeline (spec §1); the others
+            /// are Traffic Manager routing methods (spec §2.4).
+            #[derive(Default)]
+            RoutingMethod { #[default] Zonal = "ZONAL", $($variant = $text),+ }
+        );
+
+        api_enum!(
+            /// A Traffic Manager routing method (spec §2.4): `routing_method` of a service that
+            /// is not ZONAL.
+            TmMethod { $($variant = $text),+ }
+        );
+
+        impl RoutingMethod {
+            /// The Traffic Manager method; None for ZONAL.
+            pub fn tm_method(self) -> Option<TmMethod> {
+                match self {
+                    Self::Zonal => None,
+                    $(Self::$variant => Some(TmMethod::$variant)),+
+                }
+            }
+        }
+
+        impl From<TmMethod> for RoutingMethod {
+            fn from(m: TmMethod) -> Self {
+                match m {
+                    $(TmMethod::$variant => Self::$variant),+
+                }
+            }
+        }
+    };
+}
+
+routing_methods!(
+    Priority = "PRIORITY",
+    Weighted = "WEIGHTED",
+    Performance = "PERFORMANCE",
+    Geographic = "GEOGRAPHIC",
+    MultiValue = "MULTIVALUE",
+    Subnet = "SUBNET",
 );
 
 api_enum!(
@@ -156,49 +187,10 @@ api_enum!(
     }
 );
 
-api_enum!(
-    /// A Traffic Manager routing method (spec §2.4): `routing_method` of a service that is not
-    /// ZONAL, so Traffic Manager code never has a zonal case to handle.
-    TmMethod {
-        Priority = "PRIORITY",
-        Weighted = "WEIGHTED",
-        Performance = "PERFORMANCE",
-        Geographic = "GEOGRAPHIC",
-        MultiValue = "MULTIVALUE",
-        Subnet = "SUBNET",
-    }
-);
-
 impl RoutingMethod {
     /// True for the Traffic Manager methods (everything but ZONAL).
     pub fn is_traffic_manager(self) -> bool {
         self != Self::Zonal
-    }
-
-    /// The Traffic Manager method; None for ZONAL.
-    pub fn tm_method(self) -> Option<TmMethod> {
-        Some(match self {
-            Self::Zonal => return None,
-            Self::Priority => TmMethod::Priority,
-            Self::Weighted => TmMethod::Weighted,
-            Self::Performance => TmMethod::Performance,
-            Self::Geographic => TmMethod::Geographic,
-            Self::MultiValue => TmMethod::MultiValue,
-            Self::Subnet => TmMethod::Subnet,
-        })
-    }
-}
-
-impl From<TmMethod> for RoutingMethod {
-    fn from(m: TmMethod) -> Self {
-        match m {
-            TmMethod::Priority => Self::Priority,
-            TmMethod::Weighted => Self::Weighted,
-            TmMethod::Performance => Self::Performance,
-            TmMethod::Geographic => Self::Geographic,
-            TmMethod::MultiValue => Self::MultiValue,
-            TmMethod::Subnet => Self::Subnet,
-        }
     }
 }
 

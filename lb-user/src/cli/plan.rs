@@ -244,6 +244,9 @@ struct ClientView {
     zone: Option<String>,
     eligible: Vec<String>,
     reason: String,
+    /// Where GEOGRAPHIC routing locates the client, and by what (Traffic Manager services that
+    /// route by geography).
+    location: Option<String>,
 }
 
 /// The class a source address falls in for one service (as the kernel's LPM lookup does) and
@@ -255,7 +258,8 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> Client
         ServicePlan::TrafficManager(tm) => {
             let class = &tm.classes[tm.class_of(client)];
             let eligible = class.eligible.iter().map(|e| e.address.to_string()).collect();
-            return ClientView { class: class.id as u32, zone: None, eligible, reason: class.reason.clone() };
+            let location = crate::policy::tm::client::geo_location(cfg, si, client);
+            return ClientView { class: class.id as u32, zone: None, eligible, reason: class.reason.clone(), location };
         }
     };
     // Zonal: the zone whose prefix matches longest (zone prefixes never overlap).
@@ -284,19 +288,24 @@ fn client_view(cfg: &Config, plans: &Plans, si: usize, client: IpAddr) -> Client
         zone: zone.map(|z| cfg.zones[z].name.clone()),
         eligible,
         reason,
+        location: None,
     }
 }
 
 /// `lb plan --client IP --json`: `{"client", "services": [{"name", "client_class", "client_zone"
-/// (ZONAL only), "eligible", "reason"}]}`; `client_class` is the data plane's class id.
+/// (ZONAL only), "location" (GEOGRAPHIC routing only: the region and what located the client),
+/// "eligible", "reason"}]}`; `client_class` is the data plane's class id.
 pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
     let services: Vec<Value> = (0..cfg.services.len())
         .map(|si| {
-            let ClientView { class, zone, eligible, reason } = client_view(cfg, plans, si, client);
+            let ClientView { class, zone, eligible, reason, location } = client_view(cfg, plans, si, client);
             let mut v =
                 json!({"name": cfg.services[si].name, "client_class": class, "eligible": eligible, "reason": reason});
             if plans.services[si].zonal().is_some() {
                 v["client_zone"] = json!(zone);
+            }
+            if let Some(location) = location {
+                v["location"] = json!(location);
             }
             v
         })
@@ -308,9 +317,12 @@ pub fn client_json(cfg: &Config, plans: &Plans, client: IpAddr) -> Value {
 pub fn client_table(cfg: &Config, plans: &Plans, client: IpAddr) -> String {
     let mut out = format!("client {client}\n");
     for si in 0..cfg.services.len() {
-        let ClientView { class, eligible, reason, .. } = client_view(cfg, plans, si, client);
+        let ClientView { class, eligible, reason, location, .. } = client_view(cfg, plans, si, client);
         let set = if eligible.is_empty() { "DROP".to_string() } else { eligible.join(", ") };
         out.push_str(&format!("  {}  class {class}: {set}\n    why: {reason}\n", cfg.services[si].name));
+        if let Some(location) = location {
+            out.push_str(&format!("    located: {location}\n"));
+        }
     }
     out
 }

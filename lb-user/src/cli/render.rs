@@ -179,8 +179,11 @@ pub fn explain(v: &Explanation) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "service {} ({}), client {}", v.service, v.vip, v.client);
     match &v.class {
-        ClassFacts::TrafficManager { routing_method, reason, .. } => {
+        ClassFacts::TrafficManager { routing_method, reason, location, .. } => {
             let _ = writeln!(out, "  client class   {} ({})", v.client_class, routing_method);
+            if let Some(location) = location {
+                let _ = writeln!(out, "  located        {location}");
+            }
             let _ = writeln!(out, "  why            {}", or_dash(reason));
         }
         ClassFacts::Zonal { client_zone, eligible_kind, rule, reason, affinity } => {

@@ -90,7 +90,15 @@ pub struct Explanation {
 #[serde(untagged)]
 pub enum ClassFacts {
     /// A Traffic Manager service: a source-prefix group of its routing method.
-    TrafficManager { client_zone: Option<String>, routing_method: String, reason: Option<String> },
+    TrafficManager {
+        client_zone: Option<String>,
+        routing_method: String,
+        reason: Option<String>,
+        /// GEOGRAPHIC routing: the client's region and what located it (a `[[geo]]` prefix or
+        /// the GeoIP database's network and record).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        location: Option<String>,
+    },
     /// A zonal service: a client zone (None = non-compatible client) and the §1.2 rule.
     Zonal { client_zone: Option<String>, eligible_kind: String, rule: String, reason: String, affinity: Option<String> },
 }
@@ -125,6 +133,9 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
                 client_zone: None,
                 routing_method: svc_cfg.routing_method().as_str().to_owned(),
                 reason: c.map(|c| c.reason.clone()),
+                location: cfg
+                    .service_index(service)
+                    .and_then(|si| crate::policy::tm::client::geo_location(cfg, si, flow.client)),
             };
             (facts, c.map(|c| c.eligible.iter().map(|e| e.address).collect()).unwrap_or_default())
         }

@@ -13,6 +13,8 @@ pub enum Scope {
     Dataplane,
     /// `[announce]` (fields are absolute, like `[dataplane]`'s).
     Announce,
+    /// `[dns]` (fields are absolute).
+    Dns,
     /// The `index`-th `[[zone]]`.
     Zone { index: usize, name: String },
     /// The `index`-th `[[service]]`.
@@ -30,6 +32,7 @@ impl fmt::Display for Scope {
             Scope::Config => f.write_str("configuration"),
             Scope::Dataplane => f.write_str("dataplane"),
             Scope::Announce => f.write_str("announce"),
+            Scope::Dns => f.write_str("dns"),
             Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
             Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
@@ -65,7 +68,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
             Scope::Config => f.write_str(&self.problem),
-            Scope::Dataplane | Scope::Announce => write!(f, "{}: {}", self.field, self.problem),
+            Scope::Dataplane | Scope::Announce | Scope::Dns => write!(f, "{}: {}", self.field, self.problem),
             _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
         }
     }

@@ -7,6 +7,7 @@
 mod announce;
 mod error;
 pub mod file;
+pub mod geoip;
 mod host;
 pub mod monitor;
 mod notices;
@@ -58,6 +59,12 @@ pub struct Metrics {
 pub struct DnsFront {
     /// "ADDR:PORT", UDP and TCP.
     pub listen: std::net::SocketAddr,
+    /// A MaxMind DB (GeoLite2/GeoIP2 Country or City) locating clients for GEOGRAPHIC routing
+    /// (DNS answers and the per-packet path) where no `[[geo]]` prefix does. Read at start, on
+    /// every reload and when the file changes; a bad file refuses the reload (the one in use
+    /// stays).
+    #[serde(default)]
+    pub geoip_database: Option<std::path::PathBuf>,
 }
 
 /// `[[latency]]`: clients in these prefixes measure these regions nearest first (spec §2.4
@@ -209,6 +216,8 @@ pub struct Config {
     pub announce: Option<Announce>,
     /// `[metrics]`: the Prometheus endpoint; off without the section.
     pub metrics: Option<Metrics>,
+    /// `[dns] geoip_database`, loaded.
+    pub geoip: Option<std::sync::Arc<geoip::GeoIp>>,
 }
 
 /// One `[[service]]`: what every product has (the listener, affinity, forwarding, tracking,
@@ -467,6 +476,7 @@ impl From<raw::Config> for Config {
             dns: raw.dns,
             announce: raw.announce,
             metrics: raw.metrics,
+            geoip: None,
         }
     }
 }
@@ -581,11 +591,22 @@ impl Config {
     fn parse_text_on(text: &str, host: Option<&HostAddrs>) -> Result<Config, ConfigErrorKind> {
         let raw = raw::Config::read_text(text)?;
         let violations = validate::check(&raw, host);
-        if violations.is_empty() {
-            Ok(Config::from(raw))
-        } else {
-            Err(ConfigErrorKind::Invalid(violations))
+        if !violations.is_empty() {
+            return Err(ConfigErrorKind::Invalid(violations));
         }
+        let database = raw.dns.as_ref().and_then(|d| d.geoip_database.clone());
+        let mut cfg = Config::from(raw);
+        if let Some(path) = database {
+            let db = geoip::GeoIp::load(&path).map_err(|problem| {
+                ConfigErrorKind::Invalid(vec![Violation {
+                    scope: Scope::Dns,
+                    field: "dns.geoip_database".into(),
+                    problem: format!("{problem}: must be a MaxMind DB (GeoLite2/GeoIP2 Country or City)"),
+                }])
+            })?;
+            cfg.geoip = Some(std::sync::Arc::new(db));
+        }
+        Ok(cfg)
     }
 
     /// The settings that have no effect in this configuration (warnings, see `notices`).

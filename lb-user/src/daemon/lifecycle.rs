@@ -98,6 +98,7 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
         links: LinkWatch { unlisted, ..Default::default() },
         compiles: CompileSchedule { epoch: 0, running: false, again: false, done: compiled },
         reloads,
+        geoip: Default::default(),
     };
     d.announce();
     d.keep_neighbours();

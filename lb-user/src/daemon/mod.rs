@@ -10,6 +10,7 @@ pub mod dns;
 pub mod dry_run;
 mod exported;
 pub mod faults;
+mod geoip_watch;
 pub mod health;
 mod lifecycle;
 pub mod limits;
@@ -97,6 +98,8 @@ struct Daemon {
     compiles: CompileSchedule,
     /// Reloads waiting for their read of the configuration file, off the loop (`reload`).
     reloads: reload::Reloads,
+    /// Rewrites of the GeoIP database, which reload the configuration.
+    geoip: geoip_watch::GeoIpWatch,
 }
 
 /// The interfaces and pins as the daemon last saw them (`link_watch`).
@@ -232,6 +235,9 @@ async fn serve(
                 d.check_links();
                 d.check_pins();
                 d.check_trace();
+                if d.geoip.changed(d.ctl.config()) {
+                    d.reloads.request(reload::Origin::GeoIpChanged);
+                }
                 if let Some(listener) = run_dir::recreate_if_gone(&d.args.socket) {
                     control.abort();
                     control = api::spawn_server(listener, requests.clone());

@@ -31,6 +31,8 @@ pub type ConfigRead = Result<String, String>;
 pub enum Origin {
     Signal,
     Request(Pending),
+    /// `[dns] geoip_database` changed on disk (`geoip_watch`).
+    GeoIpChanged,
 }
 
 /// The reloads waiting for a read of the configuration file, and what the reloads came to.
@@ -178,8 +180,9 @@ async fn off_loop<T: Send + 'static>(
 /// loaded maps. Otherwise the reload is refused (the running tables stay) and the message says
 /// a restart is needed.
 pub fn check_reloadable(now: &crate::dataplane::DataplaneSizes, running: &Config, cfg: &Config) -> anyhow::Result<()> {
-    // The DNS front's sockets are bound at start.
-    if cfg.dns != running.dns {
+    // The DNS front's sockets are bound at start (its GeoIP database is read at every reload).
+    let listen = |c: &Config| c.dns.as_ref().map(|d| d.listen);
+    if listen(cfg) != listen(running) {
         let show = |d: &Option<crate::config::DnsFront>| d.as_ref().map_or("none".to_owned(), |d| d.listen.to_string());
         return Err(NeedsRestart(format!(
             "[dns] listen takes effect only on restart (running: {}, in the file: {})",

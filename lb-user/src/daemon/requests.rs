@@ -88,6 +88,10 @@ impl Daemon {
     pub(super) fn on_config_read(&mut self, read: &reload::ConfigRead) {
         for origin in self.reloads.finished() {
             match origin {
+                reload::Origin::GeoIpChanged => {
+                    let result = self.reload(read);
+                    audit("reload", "the GeoIP database changed", &result);
+                }
                 reload::Origin::Signal => {
                     let result = self.reload(read);
                     audit("reload", "SIGHUP", &result);

@@ -5,7 +5,7 @@
 //! prefixes (PERFORMANCE) and `[[geo]]` prefixes (GEOGRAPHIC). The prefix map depends only on
 //! the configuration; health changes only change the per-class eligible sets.
 
-use super::client::{geo_entry, latency_entry, Client};
+use super::client::{geo_of, latency_entry, Client};
 use super::methods::{eligible, EligibleBackend};
 use super::ranges::{from_int, int_range_to_cidrs, to_int, AddrRange, Family};
 use super::status::{ProbeStatuses, Statuses, MAX_NESTING_DEPTH};
@@ -23,8 +23,9 @@ pub const DEFAULT_CLASS: usize = 0;
 pub struct ClassKey {
     /// Index of the matching `[[latency]]` entry (if PERFORMANCE is used).
     pub latency: Option<usize>,
-    /// Index of the matching `[[geo]]` entry (if GEOGRAPHIC is used).
-    pub geo: Option<usize>,
+    /// The region the clients are located in (if GEOGRAPHIC is used): by a `[[geo]]` prefix,
+    /// else the GeoIP database.
+    pub geo: Option<String>,
     /// For each SUBNET service used: (service, endpoint whose range matches).
     pub subnets: Vec<(usize, Option<usize>)>,
 }
@@ -90,6 +91,11 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
     }
     if use_geo {
         inputs.extend(cfg.geo.iter().flat_map(|e| e.client_prefixes.iter().map(AddrRange::of_net)));
+        // The database's networks: where a `[[geo]]` prefix covers one, `geo_of` gives the
+        // prefix's region, so the prefixes win.
+        if let Some(db) = &cfg.geoip {
+            inputs.extend(db.networks.iter().map(|(net, _)| AddrRange::of_net(net)));
+        }
     }
     for (_, ranges) in &subnet_ranges {
         inputs.extend(ranges.iter().map(|(_, r)| *r));
@@ -97,7 +103,7 @@ pub fn compile_classes(cfg: &Config, svc: usize) -> ClassMap {
 
     let key_of = |addr: IpAddr| ClassKey {
         latency: if use_latency { latency_entry(cfg, addr) } else { None },
-        geo: if use_geo { geo_entry(cfg, addr) } else { None },
+        geo: if use_geo { geo_of(cfg, addr).map(|(region, _)| region) } else { None },
         subnets: subnet_ranges
             .iter()
             .map(|(s, ranges)| (*s, ranges.iter().find(|(_, r)| r.contains(addr)).map(|(e, _)| *e)))
@@ -215,7 +221,7 @@ pub fn compile_service(cfg: &Config, svc: usize, probes: &ProbeStatuses) -> TmSe
             let client = Client {
                 addr: *rep,
                 latency: key.latency.map(|i| cfg.latency[i].regions.clone()).unwrap_or_default(),
-                geo: key.geo.map(|i| cfg.geo[i].region.clone()),
+                geo: key.geo.clone(),
             };
             let e = eligible(&st, svc, &client);
             TmClass { id, eligible: e.backends, reason: e.reason }

@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: i64 = 0;
 const BPF_OBJ_PIN: i64 = 6;
+const BPF_OBJ_GET: i64 = 7;
+const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_PROG_LOAD: i64 = 5;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_LINK_CREATE: i64 = 28;
@@ -159,6 +162,39 @@ pub fn run_live(prog: &OwnedFd, frame: &[u8], ifindex: u32, repeat: u32) -> Resu
     attr[8] = BPF_F_TEST_XDP_LIVE_FRAMES as u64;
     bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| anyhow::anyhow!("BPF_PROG_TEST_RUN (live frames): {e}"))?;
     Ok(())
+}
+
+/// The program attached through the bpf_link pinned at `link_pin` (a running daemon's: the
+/// program with the daemon's own maps).
+pub fn prog_of_pinned_link(link_pin: &std::path::Path) -> Result<OwnedFd> {
+    let path = std::ffi::CString::new(link_pin.as_os_str().as_encoded_bytes())?;
+    let mut attr = [0u64; 3];
+    attr[0] = path.as_ptr() as u64;
+    let link = fd(bpf(BPF_OBJ_GET, &mut attr).map_err(|e| anyhow::anyhow!("opening {}: {e}", link_pin.display()))?);
+    // struct bpf_link_info: type, id, prog_id, ...
+    let mut info = [0u32; 4];
+    let mut attr = [0u64; 2];
+    attr[0] = link.as_raw_fd() as u64 | (std::mem::size_of_val(&info) as u64) << 32;
+    attr[1] = info.as_mut_ptr() as u64;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map_err(|e| anyhow::anyhow!("reading the link's info: {e}"))?;
+    let mut attr = [0u64; 2];
+    attr[0] = info[2] as u64;
+    Ok(fd(bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map_err(|e| anyhow::anyhow!("opening program {}: {e}", info[2]))?))
+}
+
+/// Runs `prog` once on `frame` as if received on `ifindex` (of the calling thread's
+/// namespace), without sending anything; returns the XDP action.
+pub fn run_once(prog: &OwnedFd, frame: &[u8], ifindex: u32) -> Result<i32> {
+    let ctx: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let mut attr = [0u64; 10];
+    attr[0] = prog.as_raw_fd() as u64;
+    attr[1] = frame.len() as u64;
+    attr[2] = frame.as_ptr() as u64;
+    attr[4] = 1;
+    attr[5] = std::mem::size_of_val(&ctx) as u64;
+    attr[6] = ctx.as_ptr() as u64;
+    bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| anyhow::anyhow!("BPF_PROG_TEST_RUN: {e}"))?;
+    Ok((attr[0] >> 32) as i32)
 }
 
 /// The instruction pair that loads the address of map `map` into `dst`.

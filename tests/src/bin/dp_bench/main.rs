@@ -36,6 +36,7 @@
 
 mod cold;
 mod katran;
+mod memory;
 mod trace;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

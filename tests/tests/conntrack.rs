@@ -549,15 +549,9 @@ fn a_full_table_evicts_the_least_recently_seen_unconfirmed_flow() {
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
 }
 
-/// An ICMP "fragmentation needed" to the VIP quoting a packet the VIP sent to the client's
-/// port `sport` (a flow's own quote: the balancer follows that flow's entry).
+/// An ICMP "fragmentation needed" quoting the VIP's packet to the client's port `sport`.
 fn frag_needed_quoting(sport: u16) -> Vec<u8> {
-    let quoted = V4::new(VIP, CLIENT, PROTO_TCP).build(&tcp4(VIP, CLIENT, 80, sport, TCP_ACK, b""));
-    let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
-    icmp.extend_from_slice(&quoted[..28]);
-    let c = checksum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, 1).build(&icmp))
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &icmp4_frag_needed_quoting(CLIENT, VIP, sport))
 }
 
 /// A frame from client `src` (spoofed: any address) of kind `kind` (0 SYN, 1 ACK, 2 UDP).

@@ -443,7 +443,7 @@ pub mod stat {
 /// One record, so that the data plane looks it up once per packet and then only adds. It also
 /// holds this CPU's connection-table search record (`ct_search`, scratch memory, not a
 /// counter): the packet's one lookup of this record then serves the table search too, instead
-/// of a per-CPU lookup of its own (each costs a few ns; BENCHMARKS.md round 7).
+/// of a per-CPU lookup of its own (each costs a few ns; round 7 in the history of BENCHMARKS.md).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {

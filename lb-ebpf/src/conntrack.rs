@@ -190,7 +190,7 @@ fn find<S: ct_table::Slot>(
 /// together rather than one after the other as the search's branches resolve (BPF has no
 /// prefetch instruction; these are plain loads). Not before a lookup: a hit usually ends in
 /// the first bucket's first lines, and loads retire in order, so it would wait for the second
-/// bucket's lines too (measured: 45-80 ns dearer; BENCHMARKS.md).
+/// bucket's lines too (measured: 45-80 ns dearer; in the history of BENCHMARKS.md).
 #[inline(always)]
 fn prefetch<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2]) {
     let lines = core::mem::size_of::<ct_table::Bucket<S>>() / 64;

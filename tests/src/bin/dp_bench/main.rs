@@ -611,7 +611,7 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     // The wrapper's own share of an IPIP figure: the wrapper alone (a head growth like the
     // encapsulation's, then the restore) minus the one head adjustment the encapsulation
     // makes anyway (half of the two-call figure). Derived from three medians, an estimate
-    // the machine's noise cannot confirm (BENCHMARKS.md, round 8), so the targets are judged
+    // the machine's noise cannot confirm (round 8 in the history of BENCHMARKS.md), so the targets are judged
     // on measured figures only: the IPIP case with the wrapper, and `lb` alone on L2 DSR.
     let overhead = (v4.restore_only - v4.floor) - (ops.helper_calls - v4.floor) / 2.0;
     println!("  the wrapper's own overhead on an IPIP case, estimated from three medians: wrapper alone - one head adjustment = {overhead:.0} ns");

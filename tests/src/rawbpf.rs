@@ -59,12 +59,15 @@ pub mod op {
     /// Byte swap to big endian (imm: width in bits).
     pub const TO_BE: u8 = 0xdc;
     pub const LDX_W: u8 = 0x61;
+    pub const LDX_H: u8 = 0x69;
     pub const LDX_DW: u8 = 0x79;
     pub const STX_H: u8 = 0x6b;
     pub const STX_DW: u8 = 0x7b;
     pub const ST_W: u8 = 0x62;
+    pub const ST_H: u8 = 0x6a;
     pub const LD_IMM64: u8 = 0x18;
     pub const JEQ_K: u8 = 0x15;
+    pub const JNE_K: u8 = 0x55;
     pub const JGT_X: u8 = 0x2d;
     pub const CALL: u8 = 0x85;
     pub const EXIT: u8 = 0x95;
@@ -73,6 +76,33 @@ pub mod op {
 /// `r0 = verdict; exit`.
 pub fn constant(verdict: i32) -> Vec<Insn> {
     vec![insn(op::MOV_K, 0, 0, 0, verdict), insn(op::EXIT, 0, 0, 0, 0)]
+}
+
+/// The trivial XDP forwarder (the live bench's floor): an Ethernet frame carrying IPv4 gets
+/// destination MAC `dst` and source MAC `src` and is redirected to `ifindex`; anything else
+/// passes.
+pub fn forwarder(dst: [u8; 6], src: [u8; 6], ifindex: u32) -> Vec<Insn> {
+    let w = |b: &[u8]| i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let h = |b: &[u8]| i32::from(u16::from_le_bytes([b[0], b[1]]));
+    vec![
+        insn(op::LDX_W, 2, 1, 0, 0), // data
+        insn(op::LDX_W, 3, 1, 4, 0), // data_end
+        insn(op::MOV_X, 4, 2, 0, 0),
+        insn(op::ADD_K, 4, 0, 0, 14),
+        insn(op::JGT_X, 4, 3, 10, 0),           // -> pass
+        insn(op::LDX_H, 5, 2, 12, 0),           // ethertype, network order
+        insn(op::JNE_K, 5, 0, 8, 0x0008),       // not IPv4 -> pass
+        insn(op::ST_W, 2, 0, 0, w(&dst[0..4])), // destination MAC
+        insn(op::ST_H, 2, 0, 4, h(&dst[4..6])),
+        insn(op::ST_H, 2, 0, 6, h(&src[0..2])), // source MAC
+        insn(op::ST_W, 2, 0, 8, w(&src[2..6])),
+        insn(op::MOV_K, 1, 0, 0, ifindex as i32),
+        insn(op::MOV_K, 2, 0, 0, 0),
+        insn(op::CALL, 0, 0, 0, 23), // bpf_redirect
+        insn(op::EXIT, 0, 0, 0, 0),
+        insn(op::MOV_K, 0, 0, 0, XDP_PASS), // pass
+        insn(op::EXIT, 0, 0, 0, 0),
+    ]
 }
 
 fn bpf(cmd: i64, attr: &mut [u64]) -> std::io::Result<i64> {

@@ -554,25 +554,34 @@ fn frag_needed_quoting(sport: u16) -> Vec<u8> {
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &icmp4_frag_needed_quoting(CLIENT, VIP, sport))
 }
 
-/// A frame from client `src` (spoofed: any address) of kind `kind` (0 SYN, 1 ACK, 2 UDP).
+/// A frame from client `src` (spoofed: any address) of kind `kind` (0 SYN, 1 ACK, 2 UDP, 3 an
+/// ICMP echo request).
 fn flood_frame(kind: u32, src: Ipv4Addr, sport: u16) -> Vec<u8> {
     let ip = match kind {
         0 => V4::new(src, VIP, PROTO_TCP).build(&tcp4(src, VIP, sport, 80, TCP_SYN, b"")),
         1 => V4::new(src, VIP, PROTO_TCP).build(&tcp4(src, VIP, sport, 80, TCP_ACK, b"x")),
-        _ => V4::new(src, VIP, PROTO_UDP).build(&udp4(src, VIP, sport, 53, b"x")),
+        2 => V4::new(src, VIP, PROTO_UDP).build(&udp4(src, VIP, sport, 53, b"x")),
+        _ => {
+            let mut echo = vec![8, 0, 0, 0, (sport >> 8) as u8, sport as u8, 0, 1];
+            let c = checksum(&echo);
+            echo[2..4].copy_from_slice(&c.to_be_bytes());
+            V4::new(src, VIP, 1).build(&echo)
+        }
     };
     ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
 }
 
-/// Issue 35 item 1: a flood of single packets (SYN, ACK, UDP) with spoofed tuples cannot evict
-/// a flow that has sent two packets. One bucket of 8 slots, held by 4 TCP connections (SYN,
-/// ACK) and 4 UDP flows (two datagrams), all confirmed; the table then moves to b2. Every
+/// Issue 35 item 1: a flood of single packets (SYN, ACK, UDP, ICMP echo; the service also takes
+/// every other protocol on the VIP) with spoofed tuples cannot evict a flow that has sent two
+/// packets. One bucket of 8 slots, held by 4 TCP connections (SYN, ACK) and 4 UDP flows (two
+/// datagrams), all confirmed; the table then moves to b2. Every
 /// flood packet finds 8 confirmed live flows, is forwarded by the stateless choice (b2)
 /// without an entry and counted `ct_full_stateless`; every flow stays on b1.
 #[test]
 fn a_single_packet_flood_never_evicts_a_confirmed_flow() {
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = one_bucket_table(info);
+    dp.set_service(&[service_key(VIP.into(), 0, lb_common::maps::PROTO_ANY)], info).unwrap();
     for p in 41000..41004 {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
         assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1);
@@ -582,10 +591,10 @@ fn a_single_packet_flood_never_evicts_a_confirmed_flow() {
     assert_eq!(dp.conntrack_entries().len(), 8);
     move_table_to_b2(&mut dp);
     let before = dp.stats().unwrap();
-    let flood = 3 * 200;
+    let flood = 4 * 150;
     for i in 0..flood {
         let src = Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8);
-        assert_eq!(backend_of(&dp, &flood_frame(i % 3, src, 1024 + i as u16)), B2, "flood packet {i}");
+        assert_eq!(backend_of(&dp, &flood_frame(i % 4, src, 1024 + i as u16)), B2, "flood packet {i}");
     }
     for p in 41000..41004 {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "TCP flow {p} stays");

@@ -119,12 +119,14 @@ where
     }
     let slot = &mut b[which].slots[way];
     let state = ct_table::slot_state(slot);
-    slot.set(key, entry);
-    // Written whole, with the state word: not WRITING, next version, live; confirmed if the
-    // key's own entry was (a rewrite of a flow's entry, as tests age them, keeps its standing).
+    // A rewrite of the key's own live entry (as tests age entries) keeps its confirmation.
     let confirmed = if own && state & ct_table::state::LIVE != 0 { state & ct_table::state::CONFIRMED } else { 0 };
-    let next = ct_table::next_state(state & !ct_table::state::WRITING, true) | confirmed;
+    slot.set(key, entry);
+    // Written whole, with the state word: not WRITING, next version, live.
+    let next = ct_table::next_state(state & !ct_table::state::WRITING, true);
     unsafe { core::ptr::write(slot.state_mut(), next) };
+    // SAFETY: as above; our own copy of the bucket, written back whole below.
+    unsafe { *slot.state_mut() |= confirmed };
     map.set(index[which], b[which], 0)?;
     Ok(())
 }

@@ -18,6 +18,13 @@
 //! next packet makes the entry. Two CPUs inserting the same new key at the same instant can
 //! leave two copies; lookups find the first, the other ages out like any idle flow. (RSS keeps
 //! a flow's packets on one CPU, so both are rare.)
+//!
+//! An entry is *confirmed* ([`state::CONFIRMED`]) once its flow has shown a packet after the
+//! one that made it (a hit of the data plane's lookup; a SYN that keeps its entry does not
+//! confirm it). A new flow never takes the slot of a confirmed live flow (issue 35): a flood of
+//! single packets with spoofed tuples, however many, replaces only unconfirmed entries, and
+//! when all 16 candidates hold confirmed live flows the packet is forwarded by the stateless
+//! choice without an entry (`ct_full_stateless`).
 
 use crate::maps::{CtEntry, CtKey, CtKey4};
 
@@ -30,14 +37,19 @@ pub mod state {
     pub const WRITING: u32 = 1;
     /// The slot holds a flow.
     pub const LIVE: u32 = 2;
-    /// The version counter's unit (bits 2 and up): bumped by every write.
-    pub const VERSION: u32 = 4;
+    /// The flow has shown a packet after the one that made its entry: no new flow takes its
+    /// slot while it is live. Set once per flow by a compare-and-swap that leaves the version
+    /// as it is (readers compare states without this bit); every write clears it.
+    pub const CONFIRMED: u32 = 4;
+    /// The version counter's unit (bits 3 and up): bumped by every write.
+    pub const VERSION: u32 = 8;
 }
 
-/// The state a completed write leaves: next version, WRITING clear, LIVE as given.
+/// The state a completed write leaves: next version, WRITING and CONFIRMED clear, LIVE as
+/// given (a written entry is a new, unconfirmed one).
 #[inline(always)]
 pub const fn next_state(observed: u32, live: bool) -> u32 {
-    let next = (observed & !(state::WRITING | state::LIVE)).wrapping_add(state::VERSION);
+    let next = (observed & !(state::WRITING | state::LIVE | state::CONFIRMED)).wrapping_add(state::VERSION);
     if live {
         next | state::LIVE
     } else {
@@ -225,11 +237,11 @@ pub struct Search {
     pub free: [u8; 2],
     /// Per candidate bucket: its slots without a writer and without a live flow.
     pub free_count: [u8; 2],
-    /// How [`victim`] chose `index`: [`chosen::OWN`], [`chosen::EVICTS`] or 0 (a slot without
-    /// a live flow). Kept so that an insert can write the choice of a search made before it
+    /// How [`victim`] chose `index`: [`chosen::OWN`], [`chosen::EVICTS`], [`chosen::FULL`] or
+    /// 0 (a slot without a live flow). Kept so that an insert can write the choice of a search made before it
     /// (a re-selecting SYN's) without searching again.
     pub chosen: u32,
-    /// `last_seen_ns` of the least recently seen flow so far.
+    /// `last_seen_ns` of the least recently seen unconfirmed live flow so far.
     pub oldest: u64,
 }
 
@@ -237,8 +249,12 @@ pub struct Search {
 pub mod chosen {
     /// The key's own slot.
     pub const OWN: u32 = 1;
-    /// The least recently seen flow's slot: the insert evicts it ([`super::Victim::evicts`]).
+    /// The least recently seen unconfirmed flow's slot: the insert evicts it
+    /// ([`super::Victim::evicts`]).
     pub const EVICTS: u32 = 2;
+    /// No slot: all 16 candidates hold confirmed live flows (or are being written). `state`
+    /// is left WRITING, so an insert from this choice fails.
+    pub const FULL: u32 = 3;
 }
 
 /// No slot (a search's `free` before it found one).
@@ -296,14 +312,18 @@ pub struct Victim {
     /// The slot, `candidate * WAYS + way` (at most 15).
     pub index: u32,
     /// Both buckets had only live flows: the insert evicts the least recently seen
-    /// (`search.oldest` is its `last_seen_ns`). Not set for a slot of an idle flow.
+    /// unconfirmed one (`search.oldest` is its `last_seen_ns`). Not set for a slot of an idle flow.
     pub evicts: bool,
+    /// No slot may be taken: every candidate holds a confirmed live flow (or a writer). The
+    /// flow goes without an entry (`index` means nothing).
+    pub full: bool,
 }
 
 /// The slot an insert of `key` writes: the key's own slot; else a slot without a live flow
 /// (empty, or holding a flow last seen before `fresh_after`, idle; and without a writer) of the
 /// less loaded candidate bucket, the one with more such slots (the first bucket on a tie); else
-/// the least recently seen flow of the two buckets. The chosen slot, its state as seen and how
+/// the least recently seen unconfirmed flow of the two buckets; else none ([`Victim::full`]: a
+/// confirmed live flow never gives way to a new one, issue 35). The chosen slot, its state as seen and how
 /// it was chosen are left in `search` (`index`, `state`, `chosen`). `fresh_after`: the insert's time minus the idle timeout (0: no flow counts
 /// as idle, as for a table with no idle timeout, or a copy of all flows).
 ///
@@ -336,7 +356,7 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64,
             put(unsafe { &mut (*st).index }, k as u32);
             put(unsafe { &mut (*st).state }, bits);
             put(unsafe { &mut (*st).chosen }, chosen::OWN);
-            return Victim { index: k as u32, evicts: false };
+            return Victim { index: k as u32, evicts: false, full: false };
         }
         // (A slot another CPU is writing is no candidate: taking it would fail.)
         if bits & state::WRITING == 0 {
@@ -347,7 +367,7 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64,
                 }
                 put(unsafe { &mut (*st).free_count[c] }, get(unsafe { &(*st).free_count[c] }) + 1);
             }
-            if bits & state::LIVE != 0 && seen < get(unsafe { &(*st).oldest }) {
+            if bits & (state::LIVE | state::CONFIRMED) == state::LIVE && seen < get(unsafe { &(*st).oldest }) {
                 put(unsafe { &mut (*st).oldest }, seen);
                 put(unsafe { &mut (*st).index }, k as u32);
                 put(unsafe { &mut (*st).state }, bits);
@@ -370,14 +390,34 @@ pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64,
         put(unsafe { &mut (*st).state }, if bits & state::WRITING == 0 && idle { bits } else { state::WRITING });
         put(unsafe { &mut (*st).index }, k as u32);
         put(unsafe { &mut (*st).chosen }, 0);
-        return Victim { index: k as u32, evicts: false };
+        return Victim { index: k as u32, evicts: false, full: false };
+    }
+    if get(unsafe { &(*st).oldest }) == u64::MAX {
+        // No unconfirmed live flow either (its `index` and `state` are still the initial 0
+        // and WRITING: an insert from them fails).
+        put(unsafe { &mut (*st).chosen }, chosen::FULL);
+        return Victim { index: 0, evicts: false, full: true };
     }
     put(unsafe { &mut (*st).chosen }, chosen::EVICTS);
-    Victim { index: get(unsafe { &(*st).index }), evicts: true }
+    Victim { index: get(unsafe { &(*st).index }), evicts: true, full: false }
+}
+
+/// The least recently seen live flow's slot of two buckets, confirmed or not, `candidate *
+/// WAYS + way` (0 if none is live). For userspace copies of a table, where a flow that finds
+/// both buckets confirmed and full must still displace one ([`victim`] gives none then).
+pub fn least_recent<S: Slot>(buckets: [&Bucket<S>; 2]) -> u32 {
+    let mut best = (u64::MAX, 0);
+    for k in 0..2 * WAYS {
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
+        if slot_state(slot) & state::LIVE != 0 && slot.entry().last_seen_ns < best.0 {
+            best = (slot.entry().last_seen_ns, k as u32);
+        }
+    }
+    best.1
 }
 
 /// The `fresh_after` of [`victim`] for an insert at `now_ns`: flows last seen before it are
-/// idle, as [`evicted_live`] counts them (0 for no idle timeout: every flow is live).
+/// idle (0 for no idle timeout: every flow is live).
 #[inline(always)]
 pub fn fresh_after(now_ns: u64, idle_timeout_ns: u64) -> u64 {
     if idle_timeout_ns == 0 {
@@ -385,13 +425,6 @@ pub fn fresh_after(now_ns: u64, idle_timeout_ns: u64) -> u64 {
     } else {
         now_ns.saturating_sub(idle_timeout_ns)
     }
-}
-
-/// Whether an evicted flow last seen at `last_seen_ns` was live at `now_ns`: seen within
-/// `idle_timeout_ns` (0: entries never idle out, so every evicted flow was live).
-#[inline(always)]
-pub fn evicted_live(last_seen_ns: u64, now_ns: u64, idle_timeout_ns: u64) -> bool {
-    idle_timeout_ns == 0 || now_ns.saturating_sub(last_seen_ns) <= idle_timeout_ns
 }
 
 #[cfg(test)]
@@ -546,7 +579,7 @@ mod tests {
         b1.slots[2] = live(key4(21), 100);
         // 5 free slots in the first bucket, 6 in the second: the second's first free one.
         let v = victim([&b0, &b1], &key4(99), 0, st);
-        assert_eq!((v, unsafe { (*st).state }), (Victim { index: 9, evicts: false }, 0));
+        assert_eq!((v, unsafe { (*st).state }), (Victim { index: 9, evicts: false, full: false }, 0));
         // A tie: the first bucket.
         b1.slots[1] = live(key4(22), 100);
         assert_eq!(victim([&b0, &b1], &key4(99), 0, st).index, 3);
@@ -607,18 +640,18 @@ mod tests {
             b1.slots[w] = live(key4(20 + w as u32), if w == 1 || w == 4 { 10 } else { 300 });
         }
         // Without an idle time, the least recently seen of the 16 goes.
-        assert_eq!(victim([&b0, &b1], &key4(99), 0, st), Victim { index: 9, evicts: true });
+        assert_eq!(victim([&b0, &b1], &key4(99), 0, st), Victim { index: 9, evicts: true, full: false });
         assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (9, chosen::EVICTS), "recorded for a later write");
         // Idle before 100: the first idle slot of the bucket with more of them, no eviction.
-        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 5, evicts: false });
+        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 5, evicts: false, full: false });
         assert_eq!(unsafe { (*st).state }, state::LIVE, "taken from the state it was seen in");
         assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (5, 0));
         // An empty slot and an idle one count alike.
         b1.slots[6].state = next_state(state::LIVE, false);
         b1.slots[7].state = next_state(state::LIVE, false);
-        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 9, evicts: false });
+        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 9, evicts: false, full: false });
         // A flow's own slot still wins, idle or not.
-        assert_eq!(victim([&b0, &b1], &key4(20), 400, st), Victim { index: 8, evicts: false });
+        assert_eq!(victim([&b0, &b1], &key4(20), 400, st), Victim { index: 8, evicts: false, full: false });
         assert_eq!(unsafe { ((*st).index, (*st).state, (*st).chosen) }, (8, state::LIVE, chosen::OWN));
     }
 
@@ -678,6 +711,90 @@ mod tests {
         assert!(steady(0) > 0, "the rule before evicted live flows here");
     }
 
+    fn confirmed(key: CtKey4, last_seen_ns: u64) -> Slot4 {
+        Slot4 { state: state::LIVE | state::CONFIRMED, ..live(key, last_seen_ns) }
+    }
+
+    /// Issue 35: a new flow takes a free or idle slot, else the least recently seen
+    /// unconfirmed live flow's, never a confirmed live flow's; with 16 confirmed live flows
+    /// there is no slot. A confirmed idle flow's slot is free like any idle one.
+    #[test]
+    fn a_confirmed_live_flow_never_gives_way() {
+        let (mut b0, mut b1) = (Bucket4::default(), Bucket4::default());
+        let mut st = Search::default();
+        let st: *mut Search = &mut st;
+        for w in 0..WAYS {
+            b0.slots[w] = confirmed(key4(10 + w as u32), 100 + w as u64);
+            b1.slots[w] = confirmed(key4(20 + w as u32), 200 + w as u64);
+        }
+        // Seen longest ago, but confirmed: it stays; an unconfirmed flow seen later goes.
+        b1.slots[3] = live(key4(23), 250);
+        b1.slots[6] = live(key4(26), 240);
+        assert_eq!(victim([&b0, &b1], &key4(99), 50, st), Victim { index: 14, evicts: true, full: false });
+        assert_eq!(unsafe { ((*st).chosen, (*st).oldest, (*st).state) }, (chosen::EVICTS, 240, state::LIVE));
+        // Only confirmed live flows: none.
+        b1.slots[3] = confirmed(key4(23), 250);
+        b1.slots[6] = confirmed(key4(26), 240);
+        assert_eq!(victim([&b0, &b1], &key4(99), 50, st), Victim { index: 0, evicts: false, full: true });
+        assert_eq!(unsafe { ((*st).chosen, (*st).state) }, (chosen::FULL, state::WRITING), "an insert fails");
+        // The key's own slot is still its own.
+        assert_eq!(victim([&b0, &b1], &key4(12), 50, st), Victim { index: 2, evicts: false, full: false });
+        // A confirmed flow idle before 101 (seen at 100) frees its slot.
+        assert_eq!(victim([&b0, &b1], &key4(99), 101, st), Victim { index: 0, evicts: false, full: false });
+        // Userspace copies still find the least recently seen of all.
+        assert_eq!(least_recent([&b0, &b1]), 0);
+    }
+
+    /// Issue 35's requirement in a table: flows that sent two packets (confirmed) fill half
+    /// the slots, then a flood of single packets with random tuples, 20 times the table's
+    /// slots, is inserted. Not one confirmed flow is evicted; the flood's flows evict each
+    /// other or go without an entry.
+    #[test]
+    fn a_single_packet_flood_evicts_no_confirmed_flow() {
+        let buckets = 1u32 << 8;
+        let slots = buckets as usize * WAYS;
+        let mut table = vec![Bucket4::default(); buckets as usize];
+        let mut st = Search::default();
+        let insert = |table: &mut vec::Vec<Bucket4>, st: &mut Search, key: CtKey4, seen: u64, confirm: bool| {
+            let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
+            let v = victim([&table[a as usize], &table[b as usize]], &key, 1, st);
+            if v.full {
+                return None;
+            }
+            let (which, way) =
+                if (v.index as usize) < WAYS { (a, v.index as usize) } else { (b, v.index as usize - WAYS) };
+            let slot = &mut table[which as usize].slots[way];
+            let evicted = (slot.state & state::CONFIRMED != 0 && slot.key != key).then_some(1);
+            *slot = if confirm { confirmed(key, seen) } else { live(key, seen) };
+            evicted
+        };
+        let legit = |i: u32| CtKey4 { src: 0x0a00_0000 | i, ..key4(0) };
+        for i in 0..slots as u32 / 2 {
+            assert_eq!(insert(&mut table, &mut st, legit(i), 10, true), None);
+        }
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let (mut full, mut evicted) = (0, 0);
+        for t in 0..20 * slots as u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let key = CtKey4 { src: rng as u32, ports: (rng >> 32) as u32, ..key4(0) };
+            let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
+            let pair = [&table[a as usize], &table[b as usize]];
+            if victim(pair, &key, 1, &mut st).full {
+                full += 1;
+            }
+            evicted += insert(&mut table, &mut st, key, 20 + t, false).unwrap_or(0);
+        }
+        assert_eq!(evicted, 0, "confirmed flows evicted by the flood");
+        for i in 0..slots as u32 / 2 {
+            let [a, b] = super::buckets::<Slot4>(&legit(i), 0x5eed, buckets - 1);
+            assert!(find([&table[a as usize], &table[b as usize]], &legit(i), &mut st).is_some(), "flow {i}");
+        }
+        // Half the slots confirmed leaves room for the flood in nearly every pair of buckets.
+        assert!(full < 20 * slots / 100, "{full}");
+    }
+
     #[test]
     fn writes_bump_the_version_and_clear_the_writer_bit() {
         let s = next_state(0, true);
@@ -687,5 +804,7 @@ mod tests {
         assert_eq!(s2 & state::WRITING, 0);
         assert_ne!(s2, s);
         assert_eq!(next_state(s2, false) & state::LIVE, 0);
+        // A write makes a new, unconfirmed entry.
+        assert_eq!(next_state(s2 | state::CONFIRMED, true) & state::CONFIRMED, 0);
     }
 }

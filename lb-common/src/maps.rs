@@ -393,9 +393,8 @@ pub mod stat {
         /// New flow whose connection-table slot another CPU was writing at that instant: forwarded
         /// but not tracked; its next packet makes the entry.
         CT_INSERT_BUSY = "ct_insert_busy",
-        /// A new flow's insert evicted a live flow: one seen within the inserting service's idle
-        /// timeout (any flow, if that service's entries never idle out). 0 while the tracked flows
-        /// stay within the configured capacity.
+        /// A new flow's insert evicted a confirmed live flow. Since issue 35 no insert does
+        /// (`ct_full_stateless` instead), so it stays 0; kept so the indices stay ABI.
         CT_EVICT_LIVE = "ct_evict_live",
         /// Frame to a VIP whose destination MAC is not the ingress device's (broadcast, multicast,
         /// or flooded to us for another host): passed untouched, not balanced.
@@ -426,10 +425,17 @@ pub mod stat {
         /// spoofed or looped packet (a backend holds its VIP on its loopback and reaches it
         /// locally), dropped instead of forwarded.
         DROP_MARTIAN = "drop_martian",
+        /// A flow without an entry whose 16 candidate slots all hold confirmed live flows
+        /// (`lb_common::ct_table`): forwarded by the stateless choice, not tracked; counted per
+        /// packet. Nonzero means more established flows than `conntrack_entries`.
+        CT_FULL_STATELESS = "ct_full_stateless",
+        /// A new flow's insert replaced an unconfirmed live entry (a flow that had shown one
+        /// packet only): what a flood of spoofed single packets does to the table.
+        CT_EVICT_UNCONFIRMED = "ct_evict_unconfirmed",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
-    pub const GLOBAL_COUNT: u32 = 32;
+    pub const GLOBAL_COUNT: u32 = 40;
     const _: () = assert!(NAMES.len() <= GLOBAL_COUNT as usize);
 }
 
@@ -437,7 +443,7 @@ pub mod stat {
 /// One record, so that the data plane looks it up once per packet and then only adds. It also
 /// holds this CPU's connection-table search record (`ct_search`, scratch memory, not a
 /// counter): the packet's one lookup of this record then serves the table search too, instead
-/// of a per-CPU lookup of its own (each costs a few ns; BENCHMARKS.md round 7).
+/// of a per-CPU lookup of its own (each costs a few ns; round 7 in the history of BENCHMARKS.md).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {
@@ -561,9 +567,9 @@ const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
-// 32 counters and the search record. A pinned `STATS` of another size (264 bytes before
-// `pass_fragment` and `drop_martian`) is replaced at adoption, as every map whose size changed.
-const _: () = assert!(core::mem::size_of::<GlobalStats>() == 280);
+// 40 counters and the search record. A pinned `STATS` of another size (280 bytes before
+// `ct_full_stateless`) is replaced at adoption, as every map whose size changed.
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 344);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 const _: () = assert!(core::mem::size_of::<BackendCounters>() == 24);
@@ -579,7 +585,8 @@ mod tests {
         assert_eq!((stat::CT_EVICT_LIVE, stat::PASS_NOT_OUR_MAC), (24, 25));
         assert_eq!((stat::ICMP_TOO_BIG_SENT, stat::DROP_TOO_BIG, stat::DROP_NO_NEIGH), (26, 27, 28));
         assert_eq!((stat::DROP_TOO_BIG_NO_DF, stat::PASS_FRAGMENT, stat::DROP_MARTIAN), (29, 30, 31));
-        assert_eq!(stat::NAMES.len(), 32);
+        assert_eq!((stat::CT_FULL_STATELESS, stat::CT_EVICT_UNCONFIRMED), (32, 33));
+        assert_eq!(stat::NAMES.len(), 34);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

@@ -129,10 +129,10 @@ pub struct TraceEvent {
 /// Which global counters decide a packet's fate (the `drop_*` and `pass_*` ones): the traced
 /// program names the last of them that moved (the most specific: `drop_no_neigh` comes after
 /// `drop_fib`, which counts it too).
-pub const VERDICT_COUNTERS: u32 = verdict_counters();
+pub const VERDICT_COUNTERS: u64 = verdict_counters();
 
-const fn verdict_counters() -> u32 {
-    let mut mask = 0u32;
+const fn verdict_counters() -> u64 {
+    let mut mask = 0u64;
     let mut i = 0;
     while i < stat::NAMES.len() {
         let n = stat::NAMES[i].as_bytes();
@@ -145,7 +145,7 @@ const fn verdict_counters() -> u32 {
     }
     mask
 }
-const _: () = assert!(stat::GLOBAL_COUNT <= 32);
+const _: () = assert!(stat::GLOBAL_COUNT <= 64);
 
 /// A family's address width, for userspace.
 pub const fn family_len(family: u8) -> u32 {

@@ -45,8 +45,7 @@ impl<'a> FlowKey<'a> {
     }
 
     /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
-    /// false if another CPU held the slot (see `insert`). An evicted flow seen within
-    /// `idle_timeout_ns` of the entry's time is counted (`stat::CT_EVICT_LIVE`).
+    /// see `write` for what it counts. Whether it wrote it.
     #[inline(always)]
     pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         self.write(entry, idle_timeout_ns, counters, true)
@@ -77,23 +76,41 @@ impl<'a> FlowKey<'a> {
         self.write(entry, idle_timeout_ns, counters, false)
     }
 
+    /// Writes the entry (searching first, or into the slot `keep_for_syn` chose). Counts what
+    /// it could not do: another CPU held the slot (`ct_insert_busy`: its next packet makes the
+    /// entry), or all 16 candidates hold confirmed live flows (`ct_full_stateless`: the flow
+    /// goes by the stateless choice); and an unconfirmed live entry it replaced
+    /// (`ct_evict_unconfirmed`). Never a confirmed live entry (`ct_table::victim`). Whether it
+    /// wrote the entry.
     #[inline(always)]
     fn write(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters, search_first: bool) -> bool {
         let Some(st) = counters.ct_search() else { return false };
         let fresh_after = ct_table::fresh_after(entry.last_seen_ns, idle_timeout_ns);
-        let evicted = match self {
+        let written = match self {
             FlowKey::V4(k, at) => insert(&CONNTRACK4, k, at, entry, search_first.then_some(fresh_after), st),
             FlowKey::V6(k, at) => insert(&CONNTRACK, k, at, entry, search_first.then_some(fresh_after), st),
         };
-        match evicted {
-            Some(Some(last_seen)) if ct_table::evicted_live(last_seen, entry.last_seen_ns, idle_timeout_ns) => {
-                counters.inc(stat::CT_EVICT_LIVE);
-                true
-            }
-            Some(_) => true,
-            None => false,
+        match written {
+            Written::Fresh => return true,
+            Written::Evicted => counters.inc(stat::CT_EVICT_UNCONFIRMED),
+            Written::Full => counters.inc(stat::CT_FULL_STATELESS),
+            Written::Busy => counters.inc(stat::CT_INSERT_BUSY),
         }
+        matches!(written, Written::Evicted)
     }
+}
+
+/// What `insert` did.
+#[derive(Clone, Copy)]
+enum Written {
+    /// Into the key's own slot, a free one or an idle one.
+    Fresh,
+    /// Into the slot of an unconfirmed live flow.
+    Evicted,
+    /// Nothing: every candidate holds a confirmed live flow.
+    Full,
+    /// Nothing: another CPU held the slot (or the buckets were out of range).
+    Busy,
 }
 
 /// A slot found by `FlowKey::get`.
@@ -112,6 +129,21 @@ impl Slot {
             Slot::V4(s) => unsafe { (*s).entry.last_seen_ns = now },
             Slot::V6(s) => unsafe { (*s).entry.last_seen_ns = now },
         }
+    }
+
+    /// Marks the entry confirmed (its flow showed a second packet), once per flow: a
+    /// compare-and-swap from the state `FlowKey::get` saw, so an entry rewritten since is left
+    /// alone (the next packet tries again). The version stays: readers ignore this bit.
+    #[inline(always)]
+    fn confirm(self, state: u32) {
+        if state & ct_table::state::CONFIRMED != 0 {
+            return;
+        }
+        let confirmed = state | ct_table::state::CONFIRMED;
+        match self {
+            Slot::V4(s) => cas(unsafe { &mut (*s).state }, state, confirmed),
+            Slot::V6(s) => cas(unsafe { &mut (*s).state }, state, confirmed),
+        };
     }
 
     /// Frees the slot, unless it was rewritten since `FlowKey::get` saw it in `state`.
@@ -158,7 +190,7 @@ fn find<S: ct_table::Slot>(
 /// together rather than one after the other as the search's branches resolve (BPF has no
 /// prefetch instruction; these are plain loads). Not before a lookup: a hit usually ends in
 /// the first bucket's first lines, and loads retire in order, so it would wait for the second
-/// bucket's lines too (measured: 45-80 ns dearer; BENCHMARKS.md).
+/// bucket's lines too (measured: 45-80 ns dearer; in the history of BENCHMARKS.md).
 #[inline(always)]
 fn prefetch<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2]) {
     let lines = core::mem::size_of::<ct_table::Bucket<S>>() / 64;
@@ -206,7 +238,8 @@ fn copy<S: ct_table::Slot>(
     // between the two reads of the state: if the state is unchanged, no writer touched the
     // slot meanwhile and both belong to the version the search saw.
     let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
-    if ct_table::slot_state(unsafe { &*slot }) != state {
+    // CONFIRMED aside: another CPU confirming the entry meanwhile changed nothing we read.
+    if (ct_table::slot_state(unsafe { &*slot }) ^ state) & !ct_table::state::CONFIRMED != 0 {
         return None;
     }
     Some((slot, entry, state))
@@ -218,10 +251,14 @@ fn take<S: ct_table::Slot>(slot: &mut S, observed: u32) -> bool {
     if observed & ct_table::state::WRITING != 0 {
         return false;
     }
-    let state = slot.state_mut();
+    cas(slot.state_mut(), observed, observed | ct_table::state::WRITING)
+}
+
+/// Sets the state word at `state` to `new` if it is `observed`; whether it did.
+#[inline(always)]
+fn cas(state: *mut u32, observed: u32, new: u32) -> bool {
     // BPF_ATOMIC | BPF_CMPXCHG (needs the v3 instruction set, kernel 5.12+; see .cargo/config.toml).
-    let writing = observed | ct_table::state::WRITING;
-    unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, writing) }.1
+    unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, new) }.1
 }
 
 /// Ends a write begun by `take`: the next version, live or not.
@@ -234,12 +271,12 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
 }
 
 /// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`)
-/// of the less loaded bucket, or the least recently seen one (`ct_table::victim`). If another
-/// CPU is writing that slot at this instant the flow goes untracked for this packet (None); its
-/// next packet makes the entry. Written:
-/// `Some(last_seen_ns of the flow it evicted)`, or `Some(None)`.
-/// `fresh_after` None: the key's buckets were searched already (`search`, for this packet, at
-/// the entry's time) and the slot chosen then is written, from the state seen then.
+/// of the less loaded bucket, or that of the least recently seen unconfirmed flow
+/// (`ct_table::victim`); none if all candidates hold confirmed live flows. If another CPU is
+/// writing the chosen slot at this instant the flow goes untracked for this packet; its next
+/// packet makes the entry. `fresh_after` None: the key's buckets were searched already
+/// (`search`, for this packet, at the entry's time) and the slot chosen then is written, from
+/// the state seen then.
 #[inline(always)]
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
@@ -248,22 +285,29 @@ fn insert<S: ct_table::Slot>(
     entry: &CtEntry,
     fresh_after: Option<u64>,
     st: *mut ct_table::Search,
-) -> Option<Option<u64>> {
-    let b = buckets(map, at)?;
+) -> Written {
+    let Some(b) = buckets(map, at) else { return Written::Busy };
     if let Some(fresh_after) = fresh_after {
         ct_table::victim(unsafe { [&*b[0], &*b[1]] }, key, fresh_after, st);
+    }
+    let chosen = unsafe { core::ptr::read_volatile(&(*st).chosen) };
+    if chosen == ct_table::chosen::FULL {
+        return Written::Full;
     }
     // Read back from the search record as plain integers: the verifier sees one unknown index.
     let slot = unsafe { &mut *slot_at(b, core::ptr::read_volatile(&(*st).index)) };
     // From the state the choice saw: if another CPU wrote the slot since, it is left alone.
     let observed = unsafe { core::ptr::read_volatile(&(*st).state) };
     if !take(slot, observed) {
-        return None;
+        return Written::Busy;
     }
     slot.set(key, entry);
     finish(slot, observed, true);
-    let evicts = unsafe { core::ptr::read_volatile(&(*st).chosen) } == ct_table::chosen::EVICTS;
-    Some(if evicts { Some(unsafe { core::ptr::read_volatile(&(*st).oldest) }) } else { None })
+    if chosen == ct_table::chosen::EVICTS {
+        Written::Evicted
+    } else {
+        Written::Fresh
+    }
 }
 
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
@@ -277,13 +321,15 @@ fn release<S: ct_table::Slot>(slot: &mut S, observed: u32) {
 
 /// The tracked (backend id, class, backend record, flow hash) of a flow if its entry is still
 /// valid; an invalid entry is deleted and counted by reason. The backend record is the one the
-/// check read, so the caller needs no second `BACKENDS` lookup.
+/// check read, so the caller needs no second `BACKENDS` lookup. A valid entry is confirmed
+/// unless `quoted` (an ICMP error quoting the flow is no packet of it).
 #[inline(always)]
 pub fn lookup(
     key: FlowKey,
     service: &ServiceInfo,
     proto: u8,
     now: u64,
+    quoted: bool,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend, u32)> {
     let (slot, e, state) = key.get(counters)?;
@@ -297,6 +343,10 @@ pub fn lookup(
         CtVerdict::Valid => match backend {
             Some(b) => {
                 slot.touch(now);
+                // A packet after the one that made the entry: the flow is confirmed.
+                if !quoted {
+                    slot.confirm(state);
+                }
                 return Some((e.backend, e.class as u32, b, e.hash));
             }
             // Not reached: `ct_verdict` calls an unreadable backend gone.

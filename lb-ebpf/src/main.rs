@@ -254,7 +254,7 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
         let choice = choose(svc, pkt);
         conntrack::keep_for_syn(key, svc, now, counters).ok_or(choice)
     } else {
-        conntrack::lookup(key, svc, proto, now, counters).ok_or_else(|| choose(svc, pkt))
+        conntrack::lookup(key, svc, proto, now, pkt.quoted, counters).ok_or_else(|| choose(svc, pkt))
     };
     // (backend id, class, backend, new flows, spills, flow hash) of this packet.
     let (id, class, backend, new_flows, spills, hash) = match tracked {
@@ -283,15 +283,13 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
             // An ICMP error quoting a flow follows the flow's entry or, without one, the
             // stateless choice: it never makes an entry (a forged one could otherwise pin a
             // flow the client never opened).
-            let written = if pkt.quoted {
-                true
-            } else if new_by_rule {
-                key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
-            } else {
-                key.insert(&entry, svc.idle_timeout_ns, counters)
-            };
-            if !written {
-                counters.inc(stat::CT_INSERT_BUSY);
+            // (What an insert cannot write it counts itself: `conntrack::FlowKey::write`.)
+            if !pkt.quoted {
+                let _written = if new_by_rule {
+                    key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
+                } else {
+                    key.insert(&entry, svc.idle_timeout_ns, counters)
+                };
             }
             counters.inc(stat::NEW_FLOW);
             let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;

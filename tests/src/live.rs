@@ -84,6 +84,9 @@ pub enum System {
     /// No balancer program: nftables DNAT as kube-proxy's nftables mode writes it, forwarding,
     /// conntrack.
     Nft,
+    /// A trivial XDP forwarder (parse the Ethernet header, rewrite the MACs, redirect to the
+    /// sink: `rawbpf::forwarder`): what any XDP program that forwards costs, `lb`'s floor.
+    Fwd,
 }
 
 impl System {
@@ -91,6 +94,7 @@ impl System {
         match self {
             System::Lb => "lb",
             System::Nft => "nft",
+            System::Fwd => "fwd",
         }
     }
 }
@@ -101,6 +105,9 @@ pub struct LiveTopology {
     backends: usize,
     gen_mac: [u8; 6],
     lb_mac: [u8; 6],
+    /// MACs of the balancer's `eth1` and of the sink's `eth0` (the forwarder's rewrite).
+    lb_out_mac: [u8; 6],
+    sink_mac: [u8; 6],
     // Closing the link detaches the sink (deleting the namespace would too).
     _sink_link: OwnedFd,
     pub gen: Netns,
@@ -195,6 +202,8 @@ impl LiveTopology {
             backends,
             gen_mac: mac_of(&gen, "eth0")?,
             lb_mac: mac_of(&lb, "eth0")?,
+            lb_out_mac: mac_of(&lb, "eth1")?,
+            sink_mac,
             _sink_link: sink_link,
             gen,
             lb,
@@ -277,6 +286,14 @@ impl LiveTopology {
                 loaded.context("loading the nftables ruleset")?;
                 Ok(Running::Nft { ns: self.lb.name().to_owned(), _link: link })
             }
+            System::Fwd => {
+                let (dst, src) = (self.sink_mac, self.lb_out_mac);
+                let link = self.lb.run(move || -> Result<OwnedFd> {
+                    let prog = rawbpf::load_xdp(&rawbpf::forwarder(dst, src, ifindex("eth1")?))?;
+                    rawbpf::attach_xdp(&prog, ifindex("eth0")?)
+                })??;
+                Ok(Running::Fwd { _link: link })
+            }
         }
     }
 
@@ -336,6 +353,7 @@ pub struct Sent {
 pub enum Running {
     Lb(Daemon),
     Nft { ns: String, _link: OwnedFd },
+    Fwd { _link: OwnedFd },
 }
 
 impl Running {
@@ -346,7 +364,7 @@ impl Running {
                 let v: serde_json::Value = serde_json::from_str(&d.cli(&["stats", "--json"])?)?;
                 Ok(Some(v["global"].clone()))
             }
-            Running::Nft { .. } => Ok(None),
+            Running::Nft { .. } | Running::Fwd { .. } => Ok(None),
         }
     }
 }

@@ -209,3 +209,14 @@ pub fn expected_ipip(dmac: [u8; 6], smac: [u8; 6], src: Ipv4Addr, dst: Ipv4Addr,
     outer.frag = u16::from_be_bytes([inner[6], inner[7]]) & 0x4000;
     ethernet(dmac, smac, ETH_P_IP, &outer.build(inner))
 }
+
+/// An ICMP "fragmentation needed" (MTU 1500) from `client` to `vip`, quoting the TCP ACK that
+/// `vip`:80 sent to `client`:`sport` (header and 8 bytes): the error follows that flow.
+pub fn icmp4_frag_needed_quoting(client: Ipv4Addr, vip: Ipv4Addr, sport: u16) -> Vec<u8> {
+    let quoted = V4::new(vip, client, 6).build(&tcp4(vip, client, 80, sport, TCP_ACK, b""));
+    let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
+    icmp.extend_from_slice(&quoted[..28]);
+    let c = checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    V4::new(client, vip, 1).build(&icmp)
+}

@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: i64 = 0;
 const BPF_OBJ_PIN: i64 = 6;
+const BPF_OBJ_GET: i64 = 7;
+const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_PROG_LOAD: i64 = 5;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_LINK_CREATE: i64 = 28;
@@ -56,12 +59,15 @@ pub mod op {
     /// Byte swap to big endian (imm: width in bits).
     pub const TO_BE: u8 = 0xdc;
     pub const LDX_W: u8 = 0x61;
+    pub const LDX_H: u8 = 0x69;
     pub const LDX_DW: u8 = 0x79;
     pub const STX_H: u8 = 0x6b;
     pub const STX_DW: u8 = 0x7b;
     pub const ST_W: u8 = 0x62;
+    pub const ST_H: u8 = 0x6a;
     pub const LD_IMM64: u8 = 0x18;
     pub const JEQ_K: u8 = 0x15;
+    pub const JNE_K: u8 = 0x55;
     pub const JGT_X: u8 = 0x2d;
     pub const CALL: u8 = 0x85;
     pub const EXIT: u8 = 0x95;
@@ -70,6 +76,33 @@ pub mod op {
 /// `r0 = verdict; exit`.
 pub fn constant(verdict: i32) -> Vec<Insn> {
     vec![insn(op::MOV_K, 0, 0, 0, verdict), insn(op::EXIT, 0, 0, 0, 0)]
+}
+
+/// The trivial XDP forwarder (the live bench's floor): an Ethernet frame carrying IPv4 gets
+/// destination MAC `dst` and source MAC `src` and is redirected to `ifindex`; anything else
+/// passes.
+pub fn forwarder(dst: [u8; 6], src: [u8; 6], ifindex: u32) -> Vec<Insn> {
+    let w = |b: &[u8]| i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let h = |b: &[u8]| i32::from(u16::from_le_bytes([b[0], b[1]]));
+    vec![
+        insn(op::LDX_W, 2, 1, 0, 0), // data
+        insn(op::LDX_W, 3, 1, 4, 0), // data_end
+        insn(op::MOV_X, 4, 2, 0, 0),
+        insn(op::ADD_K, 4, 0, 0, 14),
+        insn(op::JGT_X, 4, 3, 10, 0),           // -> pass
+        insn(op::LDX_H, 5, 2, 12, 0),           // ethertype, network order
+        insn(op::JNE_K, 5, 0, 8, 0x0008),       // not IPv4 -> pass
+        insn(op::ST_W, 2, 0, 0, w(&dst[0..4])), // destination MAC
+        insn(op::ST_H, 2, 0, 4, h(&dst[4..6])),
+        insn(op::ST_H, 2, 0, 6, h(&src[0..2])), // source MAC
+        insn(op::ST_W, 2, 0, 8, w(&src[2..6])),
+        insn(op::MOV_K, 1, 0, 0, ifindex as i32),
+        insn(op::MOV_K, 2, 0, 0, 0),
+        insn(op::CALL, 0, 0, 0, 23), // bpf_redirect
+        insn(op::EXIT, 0, 0, 0, 0),
+        insn(op::MOV_K, 0, 0, 0, XDP_PASS), // pass
+        insn(op::EXIT, 0, 0, 0, 0),
+    ]
 }
 
 fn bpf(cmd: i64, attr: &mut [u64]) -> std::io::Result<i64> {
@@ -159,6 +192,39 @@ pub fn run_live(prog: &OwnedFd, frame: &[u8], ifindex: u32, repeat: u32) -> Resu
     attr[8] = BPF_F_TEST_XDP_LIVE_FRAMES as u64;
     bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| anyhow::anyhow!("BPF_PROG_TEST_RUN (live frames): {e}"))?;
     Ok(())
+}
+
+/// The program attached through the bpf_link pinned at `link_pin` (a running daemon's: the
+/// program with the daemon's own maps).
+pub fn prog_of_pinned_link(link_pin: &std::path::Path) -> Result<OwnedFd> {
+    let path = std::ffi::CString::new(link_pin.as_os_str().as_encoded_bytes())?;
+    let mut attr = [0u64; 3];
+    attr[0] = path.as_ptr() as u64;
+    let link = fd(bpf(BPF_OBJ_GET, &mut attr).map_err(|e| anyhow::anyhow!("opening {}: {e}", link_pin.display()))?);
+    // struct bpf_link_info: type, id, prog_id, ...
+    let mut info = [0u32; 4];
+    let mut attr = [0u64; 2];
+    attr[0] = link.as_raw_fd() as u64 | (std::mem::size_of_val(&info) as u64) << 32;
+    attr[1] = info.as_mut_ptr() as u64;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map_err(|e| anyhow::anyhow!("reading the link's info: {e}"))?;
+    let mut attr = [0u64; 2];
+    attr[0] = info[2] as u64;
+    Ok(fd(bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map_err(|e| anyhow::anyhow!("opening program {}: {e}", info[2]))?))
+}
+
+/// Runs `prog` once on `frame` as if received on `ifindex` (of the calling thread's
+/// namespace), without sending anything; returns the XDP action.
+pub fn run_once(prog: &OwnedFd, frame: &[u8], ifindex: u32) -> Result<i32> {
+    let ctx: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let mut attr = [0u64; 10];
+    attr[0] = prog.as_raw_fd() as u64;
+    attr[1] = frame.len() as u64;
+    attr[2] = frame.as_ptr() as u64;
+    attr[4] = 1;
+    attr[5] = std::mem::size_of_val(&ctx) as u64;
+    attr[6] = ctx.as_ptr() as u64;
+    bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| anyhow::anyhow!("BPF_PROG_TEST_RUN: {e}"))?;
+    Ok((attr[0] >> 32) as i32)
 }
 
 /// The instruction pair that loads the address of map `map` into `dst`.

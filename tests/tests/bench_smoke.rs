@@ -48,3 +48,21 @@ fn dp_bench_refuses_a_missing_or_foreign_katran_object() {
         assert!(stderr.contains(expected), "dp_bench --katran {object}: {expected:?} missing in:\n{stderr}");
     }
 }
+
+/// dp_bench's arguments go through clap (issue 28): a bad value is refused before anything is
+/// loaded, naming the option and what it allows.
+#[test]
+fn dp_bench_refuses_bad_arguments_naming_them() {
+    for (args, expected) in [
+        (&["--profile", "v5-hit"][..], "possible values: v4-hit"),
+        (&["--ct-entries", "5"][..], "5 is not in 1024..=16777216"),
+        (&["--rounds", "3"][..], "--compare <OBJECT>|--compare-cold <OBJECT>"),
+        (&["--trace", "--stages"][..], "'--trace' cannot be used with '--stages'"),
+    ] {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_dp_bench")).args(args).output().expect("running dp_bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "dp_bench {args:?}: {stderr}");
+        assert!(stderr.contains(expected), "dp_bench {args:?}: {expected:?} missing in:\n{stderr}");
+    }
+}

@@ -517,9 +517,10 @@ fn one_bucket_table(info: ServiceInfo) -> Dataplane {
 
 /// The connection table is set-associative (`lb_common::ct_table`): with room for 4 flows it is
 /// one bucket of 8 slots, which both of every key's candidate buckets are. A ninth flow takes
-/// the slot of the least recently seen flow; the other eight keep their entries.
+/// the slot of the least recently seen unconfirmed flow (each has sent its SYN only); the other
+/// eight keep their entries.
 #[test]
-fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
+fn a_full_table_evicts_the_least_recently_seen_unconfirmed_flow() {
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = one_bucket_table(info);
     let ports: Vec<u16> = (41000..41008).collect();
@@ -539,12 +540,116 @@ fn a_full_table_evicts_the_least_recently_seen_flow_of_its_buckets() {
     assert_eq!(backend_of(&dp, &tcp(41100, TCP_SYN)), B2, "a ninth flow");
     assert_eq!(dp.conntrack_entries().len(), 8);
     assert!(dp.conntrack_get(FAMILY_V4, &key(41003)).is_none(), "the least recently seen flow was evicted");
-    assert_eq!(dp.stats().unwrap().get(stat::CT_EVICT_LIVE), 1, "seen 5 s ago: a live flow");
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::CT_EVICT_UNCONFIRMED), s.get(stat::CT_EVICT_LIVE)), (1, 0), "seen 5 s ago: live");
     for &p in ports.iter().filter(|&&p| p != 41003) {
         assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "port {p} keeps its backend");
     }
     // The evicted flow's next packet is a new flow: it follows the table.
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2);
+}
+
+/// An ICMP "fragmentation needed" quoting the VIP's packet to the client's port `sport`.
+fn frag_needed_quoting(sport: u16) -> Vec<u8> {
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &icmp4_frag_needed_quoting(CLIENT, VIP, sport))
+}
+
+/// A frame from client `src` (spoofed: any address) of kind `kind` (0 SYN, 1 ACK, 2 UDP, 3 an
+/// ICMP echo request).
+fn flood_frame(kind: u32, src: Ipv4Addr, sport: u16) -> Vec<u8> {
+    let ip = match kind {
+        0 => V4::new(src, VIP, PROTO_TCP).build(&tcp4(src, VIP, sport, 80, TCP_SYN, b"")),
+        1 => V4::new(src, VIP, PROTO_TCP).build(&tcp4(src, VIP, sport, 80, TCP_ACK, b"x")),
+        2 => V4::new(src, VIP, PROTO_UDP).build(&udp4(src, VIP, sport, 53, b"x")),
+        _ => {
+            let mut echo = vec![8, 0, 0, 0, (sport >> 8) as u8, sport as u8, 0, 1];
+            let c = checksum(&echo);
+            echo[2..4].copy_from_slice(&c.to_be_bytes());
+            V4::new(src, VIP, 1).build(&echo)
+        }
+    };
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &ip)
+}
+
+/// Issue 35 item 1: a flood of single packets (SYN, ACK, UDP, ICMP echo; the service also takes
+/// every other protocol on the VIP) with spoofed tuples cannot evict a flow that has sent two
+/// packets. One bucket of 8 slots, held by 4 TCP connections (SYN, ACK) and 4 UDP flows (two
+/// datagrams), all confirmed; the table then moves to b2. Every
+/// flood packet finds 8 confirmed live flows, is forwarded by the stateless choice (b2)
+/// without an entry and counted `ct_full_stateless`; every flow stays on b1.
+#[test]
+fn a_single_packet_flood_never_evicts_a_confirmed_flow() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = one_bucket_table(info);
+    dp.set_service(&[service_key(VIP.into(), 0, lb_common::maps::PROTO_ANY)], info).unwrap();
+    for p in 41000..41004 {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1);
+        assert_eq!(backend_of(&dp, &udp(p)), B1);
+        assert_eq!(backend_of(&dp, &udp(p)), B1);
+    }
+    assert_eq!(dp.conntrack_entries().len(), 8);
+    move_table_to_b2(&mut dp);
+    let before = dp.stats().unwrap();
+    let flood = 4 * 150;
+    for i in 0..flood {
+        let src = Ipv4Addr::new(198, 19, (i >> 8) as u8, i as u8);
+        assert_eq!(backend_of(&dp, &flood_frame(i % 4, src, 1024 + i as u16)), B2, "flood packet {i}");
+    }
+    for p in 41000..41004 {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "TCP flow {p} stays");
+        assert_eq!(backend_of(&dp, &udp(p)), B1, "UDP flow {p} stays");
+    }
+    let s = dp.stats().unwrap();
+    let delta = |i: u32| s.get(i) - before.get(i);
+    assert_eq!(delta(stat::NEW_FLOW), u64::from(flood), "every flood packet is a new flow");
+    assert_eq!(delta(stat::CT_FULL_STATELESS), u64::from(flood), "... forwarded without an entry");
+    assert_eq!(delta(stat::CT_HIT), 8);
+    let none = [stat::CT_EVICT_LIVE, stat::CT_EVICT_UNCONFIRMED, stat::CT_INSERT_BUSY];
+    assert_eq!(none.map(delta), [0; 3]);
+    assert_eq!(dp.conntrack_entries().len(), 8);
+}
+
+/// What confirms an entry: a packet of the flow after the one that made it. Not a SYN that
+/// keeps the entry (a retransmission, or a spoofer repeating a SYN), nor an ICMP error quoting
+/// the flow. One bucket of 8 slots: 6 confirmed connections seen longest ago, a flow that sent
+/// two SYNs and one whose SYN was followed by an ICMP error; two new flows take the two
+/// unconfirmed flows' slots, the least recently seen first, and the confirmed ones stay.
+#[test]
+fn only_a_later_packet_of_the_flow_confirms_its_entry() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = one_bucket_table(info);
+    let key = |p: u16| ct_key(&info, PROTO_TCP, p, 80);
+    for p in 41000..41006 {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_SYN)), B1);
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1);
+    }
+    assert_eq!(backend_of(&dp, &tcp(41006, TCP_SYN)), B1);
+    assert_eq!(backend_of(&dp, &tcp(41006, TCP_SYN)), B1, "a retransmitted SYN keeps the entry");
+    assert_eq!(backend_of(&dp, &tcp(41007, TCP_SYN)), B1);
+    assert_eq!(backend_of(&dp, &frag_needed_quoting(41007)), B1, "the ICMP error follows the flow");
+    // The confirmed flows seen 5 s ago, the flow from 41007 2 s ago, from 41006 1 s ago.
+    let now = dp.conntrack_get(FAMILY_V4, &key(41000)).unwrap().last_seen_ns;
+    for (p, age) in (41000..41006).map(|p| (p, 5_000_000_000)).chain([(41006, 1_000_000_000), (41007, 2_000_000_000)]) {
+        let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
+        dp.conntrack_set(FAMILY_V4, &key(p), lb_common::maps::CtEntry { last_seen_ns: now - age, ..e }).unwrap();
+    }
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &tcp(42000, TCP_SYN)), B2);
+    assert!(dp.conntrack_get(FAMILY_V4, &key(41007)).is_none(), "the unconfirmed flow seen longest ago gave way");
+    assert_eq!(backend_of(&dp, &tcp(42001, TCP_SYN)), B2);
+    assert!(dp.conntrack_get(FAMILY_V4, &key(41006)).is_none(), "then the other");
+    for p in 41000..41006 {
+        assert_eq!(backend_of(&dp, &tcp(p, TCP_ACK)), B1, "confirmed flow {p} stays");
+    }
+    // The bucket now holds 8 confirmed or new flows; the two new ones are unconfirmed.
+    assert_eq!(backend_of(&dp, &tcp(42002, TCP_SYN)), B2);
+    let s = dp.stats().unwrap();
+    assert_eq!(
+        (s.get(stat::CT_EVICT_UNCONFIRMED), s.get(stat::CT_FULL_STATELESS), s.get(stat::CT_EVICT_LIVE)),
+        (3, 0, 0)
+    );
+    assert_eq!(backend_of(&dp, &tcp(42002, TCP_ACK)), B2, "a new flow keeps its entry");
 }
 
 /// Issue 17: a SYN that re-selects writes the slot its one search of the buckets found, its

@@ -64,12 +64,7 @@ fn new_flows_from_a_vip_or_from_their_backend_are_martians() {
 
 /// An ICMP "fragmentation needed" to the VIP quoting a packet the VIP sent to the client.
 fn frag_needed_quoting(sport_client: u16) -> Vec<u8> {
-    let quoted = V4::new(VIP, CLIENT, PROTO_TCP).build(&tcp4(VIP, CLIENT, 80, sport_client, TCP_ACK, b""));
-    let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0xdc];
-    icmp.extend_from_slice(&quoted[..28]);
-    let c = checksum(&icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &V4::new(CLIENT, VIP, 1).build(&icmp))
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &icmp4_frag_needed_quoting(CLIENT, VIP, sport_client))
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! Change under load, the DNS front under garbage, the daemon under churn (`load`): the same
 //! tests CI runs, at their soak sizes (`LB_SOAK=1`: 500 reloads and 10 health flaps under 1,000
 //! connections; 200,000 garbage messages; 1,000 reloads, 100,000 control requests and 20
-//! interface cycles), one at a time, printing their tables and measurements.
+//! interface cycles; the connection-table flood for a minute), one at a time, printing their
+//! tables and measurements.
 
 use anyhow::Result;
 
@@ -47,7 +48,7 @@ pub fn soak(args: &Args) -> Result<()> {
 fn load() -> Result<()> {
     let mut cmd = cargo();
     cmd.env("LB_SOAK", "1").args(["test", "-p", "lb-tests"]);
-    for t in ["e2e_change_under_load", "e2e_dns_garbage", "e2e_churn"] {
+    for t in ["e2e_change_under_load", "e2e_dns_garbage", "e2e_churn", "e2e_ct_flood"] {
         cmd.args(["--test", t]);
     }
     run(cmd.args(["--", "--nocapture", "--test-threads=1"]))

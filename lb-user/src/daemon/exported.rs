@@ -59,7 +59,16 @@ pub fn export(name: &'static str) -> Option<Export> {
         ),
         "ct_evict_live" => own(
             "conntrack_live_evictions",
-            "Connection-table entries of flows seen within their idle timeout that a new flow replaced",
+            "Confirmed live connection-table entries a new flow replaced (none since issue 35: kept at 0)",
+        ),
+        "ct_full_stateless" => own(
+            "conntrack_full_stateless_packets",
+            "Packets of flows without an entry forwarded by the stateless choice: all their candidate slots held \
+             confirmed live flows",
+        ),
+        "ct_evict_unconfirmed" => own(
+            "conntrack_unconfirmed_evictions",
+            "Connection-table entries of flows that had shown one packet only, replaced by a new flow",
         ),
         "icmp_too_big_sent" => own(
             "icmp_too_big_sent_packets",

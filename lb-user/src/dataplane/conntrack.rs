@@ -107,7 +107,10 @@ where
     ct_table::Bucket<S>: aya::Pod,
 {
     let (index, mut b) = table_buckets(map, key, seed)?;
-    let k = ct_table::victim([&b[0], &b[1]], key, 0, &mut ct_table::Search::default()).index as usize;
+    let v = ct_table::victim([&b[0], &b[1]], key, 0, &mut ct_table::Search::default());
+    // (Only confirmed flows in both buckets: a tool may still displace the least recent.)
+    let k = if v.full { ct_table::least_recent([&b[0], &b[1]]) } else { v.index } as usize;
+    let own = b[k / ct_table::WAYS].slots[k % ct_table::WAYS].key_is(key);
     let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
     // A slot caught mid-write would be written back in that state, and nothing would ever
     // clear it: refuse (the caller may retry).
@@ -116,11 +119,15 @@ where
     }
     let slot = &mut b[which].slots[way];
     let state = ct_table::slot_state(slot);
+    // A rewrite of the key's own live entry (as tests age entries) keeps its confirmation.
+    let confirmed = if own && state & ct_table::state::LIVE != 0 { state & ct_table::state::CONFIRMED } else { 0 };
     slot.set(key, entry);
     // Written whole, with the state word: not WRITING, next version, live.
     let next = ct_table::next_state(state & !ct_table::state::WRITING, true);
     // SAFETY: `state_mut` points into `slot`, which this function holds mutably.
     unsafe { core::ptr::write(slot.state_mut(), next) };
+    // SAFETY: as above; our own copy of the bucket, written back whole below.
+    unsafe { *slot.state_mut() |= confirmed };
     map.set(index[which], b[which], 0)?;
     Ok(())
 }
@@ -252,18 +259,21 @@ where
         let pair = [*buckets.entry(index[0]).or_default(), *buckets.entry(index[1]).or_default()];
         // Every flow counts as live (`fresh_after` 0): the copy keeps idle ones too.
         let victim = ct_table::victim([&pair[0], &pair[1]], slot.key(), 0, &mut ct_table::Search::default());
-        let k = victim.index as usize;
+        // Both buckets full of confirmed flows: the least recently seen of them gives way.
+        let k = if victim.full { ct_table::least_recent([&pair[0], &pair[1]]) } else { victim.index } as usize;
         let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
         let target = &mut buckets.get_mut(&index[which]).expect("inserted above").slots[way];
-        if victim.evicts {
+        if victim.evicts || victim.full {
             // Both buckets full: the least recently seen of them gives way, as in the kernel.
             lost += 1;
         } else {
             copied += 1;
         }
         target.set(slot.key(), slot.entry());
+        // A confirmed flow stays so.
+        let confirmed = ct_table::slot_state(&slot) & ct_table::state::CONFIRMED;
         // SAFETY: a plain store into our own copy of the bucket.
-        unsafe { core::ptr::write(target.state_mut(), ct_table::next_state(0, true)) };
+        unsafe { core::ptr::write(target.state_mut(), ct_table::next_state(0, true) | confirmed) };
     }
     for (index, bucket) in buckets {
         to.set(index, bucket, 0)?;

@@ -1,13 +1,14 @@
-//! Live traffic through `lb` against nftables DNAT, side by side (run by `cargo xtask bench
-//! --live`, needs root and `nft`). Topology, generator and sinks: `lb_tests::live`; method and
-//! recorded figures: BENCHMARKS.md, "Live traffic".
+//! Live traffic through `lb` against nftables DNAT and a trivial XDP forwarder, side by side
+//! (run by `cargo xtask bench --live`, needs root and `nft`). Topology, generator and sinks:
+//! `lb_tests::live`; method and recorded figures: BENCHMARKS.md, "Live traffic".
 //!
 //! Per case (UDP and TCP; 10k and 1M established flows, a new flow per frame), ROUNDS rounds of
-//! each system, alternating lb, nft, lb, nft, ...: each round puts the system in place, sends
+//! each system, the three in turn, the order rotated each round: each round puts the system in place, sends
 //! every established flow once, then sends for SECS seconds and counts what the sinks got.
 //! Printed: median forwarded packets per second and median softirq CPU time per forwarded
 //! packet (machine-wide, from /proc/stat), the ratios lb/nft and whether the issue's targets
-//! are met (>= 3x packets per CPU-second on established flows, >= 5x on new flows).
+//! are met (>= 3x packets per CPU-second on established flows, >= 5x on new flows); then `lb`'s
+//! CPU per packet against the forwarder's (what `lb` adds to any XDP forwarding).
 //!
 //! Usage: live_bench [--quick] [--rounds N] [--secs S]
 
@@ -52,12 +53,16 @@ fn main() -> Result<()> {
             cases.push(Case { proto, flows });
         }
     }
-    let mut summary = Vec::new();
+    let (mut summary, mut fwd) = (Vec::new(), Vec::new());
     for case in cases {
         let g = topo.generator(case)?;
-        let mut by_system: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+        let mut by_system: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let systems = [System::Lb, System::Nft, System::Fwd];
         for r in 0..rounds {
-            for (i, system) in [System::Lb, System::Nft].into_iter().enumerate() {
+            // Each round in another order, so that no system always follows the same one.
+            for k in 0..systems.len() {
+                let i = (r + k) % systems.len();
+                let system = systems[i];
                 let res = round(&topo, &g, case, system, secs)?;
                 println!(
                     "  {:<18} round {} {:<3}: sent {:>9} fwd {:>9} in {:.2} s = {:>9.0} pps, CPU {:>6.0} ns/pkt, \
@@ -86,6 +91,7 @@ fn main() -> Result<()> {
         let pps = |rs: &[Round]| median(rs.iter().map(Round::pps).collect());
         let cpu = |rs: &[Round]| median(rs.iter().map(Round::cpu_ns).collect());
         summary.push((case, pps(&by_system[0]), pps(&by_system[1]), cpu(&by_system[0]), cpu(&by_system[1])));
+        fwd.push((case, pps(&by_system[2]), cpu(&by_system[0]), cpu(&by_system[2])));
     }
 
     println!();
@@ -107,6 +113,22 @@ fn main() -> Result<()> {
             per_cpu,
             target,
             if per_cpu >= target { "yes" } else { "no" }
+        );
+    }
+    println!();
+    println!(
+        "{:<18} {:>11} {:>10} {:>10} {:>10} {:>8}",
+        "case", "fwd pps", "lb ns/pkt", "fwd ns/pkt", "lb - fwd", "lb/fwd"
+    );
+    for (case, fwd_pps, lb_cpu, fwd_cpu) in fwd {
+        println!(
+            "{:<18} {:>11.0} {:>10.0} {:>10.0} {:>10.0} {:>8.2}",
+            case.name(),
+            fwd_pps,
+            lb_cpu,
+            fwd_cpu,
+            lb_cpu - fwd_cpu,
+            lb_cpu / fwd_cpu
         );
     }
     Ok(())

@@ -32,30 +32,11 @@
 //! the production program `lb` alone; and two `bpf_xdp_adjust_head` calls alone
 //! (`bench_helper_calls`), the price of the IPIP hit path's two helper calls.
 //!
-//! Usage: dp_bench [--quick] [--headline] [--no-single] [--stages | --stages-single] [--profile CASE SECONDS]
-//!        dp_bench [--quick] --trace
-//!        dp_bench --compare OTHER_OBJECT [ROUNDS]
-//!        dp_bench --compare-cold OTHER_OBJECT [ROUNDS]
-//! (--quick: fewer iterations and a small table, for a smoke run; --headline: the headline
-//! cases only; --no-single: skip the single-call cross-check; --trace: what packet tracing costs
-//! (module `trace`);
-//! --stages: the cost split by stage of the balancer; --stages-single: the same split with one
-//! call per frame, as the side-by-side's hot hit is measured; --profile: run one case, `v4-hit`,
-//! `v4-syn`, `v6-hit`, `v6-syn` (in the wrapper) or `l2-hit`, `l2-syn` (`lb` alone), for
-//! SECONDS without reporting, so that `perf record -a` sees only that path; the headline cases
-//! are `cold4-hit`, `cold4-new`, `cold6-hit`, `cold6-new` (`lb` on many flows, the table
-//! filled as for the headline first; `perf record -e cpu-clock` works without a PMU), and
-//! `hot4-hit`, `hot6-hit` are like the side-by-side's hot hit (`lb` alone, one flow's ACK, one
-//! call per frame, the table filled to capacity); --compare: A/B of
-//! this build's object (or `LB_EBPF_OBJ`) against another build's, loaded side by side in one
-//! process, runs interleaved round by round, so that the machine's slow drift hits both alike;
-//! the other object must have this build's map layout; --compare-cold: the same for the headline
-//! cases, each object with its own table filled alike, rounds of 20,000 frames).
-//! `LB_BENCH_CT_ENTRIES=N` sets the headline's table capacity (default 2^20 flows, also for
-//! `--katran`): the cold figures against the table's size show what its memory costs.
+//! Usage: `dp_bench --help` (the options are those of [`Cli`]).
 
 mod cold;
 mod katran;
+mod memory;
 mod trace;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -630,7 +611,7 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     // The wrapper's own share of an IPIP figure: the wrapper alone (a head growth like the
     // encapsulation's, then the restore) minus the one head adjustment the encapsulation
     // makes anyway (half of the two-call figure). Derived from three medians, an estimate
-    // the machine's noise cannot confirm (BENCHMARKS.md, round 8), so the targets are judged
+    // the machine's noise cannot confirm (round 8 in the history of BENCHMARKS.md), so the targets are judged
     // on measured figures only: the IPIP case with the wrapper, and `lb` alone on L2 DSR.
     let overhead = (v4.restore_only - v4.floor) - (ops.helper_calls - v4.floor) / 2.0;
     println!("  the wrapper's own overhead on an IPIP case, estimated from three medians: wrapper alone - one head adjustment = {overhead:.0} ns");
@@ -650,40 +631,95 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
     println!("  (L2 DSR does no encapsulation: its figures are a lower bound for the IPIP path's own cost)");
 }
 
+/// The bench's command line.
+#[derive(clap::Parser)]
+#[command(name = "dp_bench", about = "Per-packet cost of the XDP data plane (BPF_PROG_TEST_RUN; BENCHMARKS.md)")]
+struct Cli {
+    /// Fewer iterations and a small table, for a smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// The headline cases only.
+    #[arg(long)]
+    headline: bool,
+    /// Skip the single-call cross-check.
+    #[arg(long)]
+    no_single: bool,
+    /// What packet tracing costs (module `trace`).
+    #[arg(long, group = "mode")]
+    trace: bool,
+    /// The cost split by stage of the balancer.
+    #[arg(long, group = "mode")]
+    stages: bool,
+    /// The split by stage with one call per frame, as the side-by-side's hot hit is measured.
+    #[arg(long, group = "mode")]
+    stages_single: bool,
+    /// Run one case for `--seconds` without reporting, so that `perf record -a` sees only
+    /// that path.
+    #[arg(long, value_enum, value_name = "CASE", group = "mode")]
+    profile: Option<ProfileCase>,
+    /// How long `--profile` runs.
+    #[arg(long, default_value_t = 20, requires = "profile")]
+    seconds: u64,
+    /// A/B of this build's object (or `LB_EBPF_OBJ`) against another build's with this build's
+    /// map layout, loaded side by side, runs interleaved round by round.
+    #[arg(long, value_name = "OBJECT", groups = ["mode", "ab"])]
+    compare: Option<String>,
+    /// The same for the headline cases, each object with its own table filled alike, rounds
+    /// of 20,000 frames.
+    #[arg(long, value_name = "OBJECT", groups = ["mode", "ab"])]
+    compare_cold: Option<String>,
+    /// Rounds of `--compare` (default 11) or `--compare-cold` (default 21).
+    #[arg(long, requires = "ab", value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: Option<u32>,
+    /// The headline cases and the hot hit side by side with Katran's `balancer.bpf.o`.
+    #[arg(long, value_name = "OBJECT", group = "mode")]
+    katran: Option<String>,
+    /// The headline's table capacity in flows (also for `--katran`): the cold figures against
+    /// the table's size show what its memory costs.
+    #[arg(long, env = "LB_BENCH_CT_ENTRIES", value_parser = clap::value_parser!(u32).range(1024..=1 << 24))]
+    ct_entries: Option<u32>,
+}
+
+/// The cases `--profile` runs: `v4-*`, `v6-*` in the wrapper, `l2-*` the production program
+/// alone; `cold*` the production program on many flows, the table filled as for the headline
+/// first (`perf record -e cpu-clock` works without a PMU); `hot*` like the side-by-side's hot
+/// hit (one flow's ACK, one call per frame, the table filled to capacity).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProfileCase {
+    V4Hit,
+    V4Syn,
+    V6Hit,
+    V6Syn,
+    L2Hit,
+    L2Syn,
+    Cold4Hit,
+    Cold4New,
+    Cold6Hit,
+    Cold6New,
+    Hot4Hit,
+    Hot6Hit,
+}
+
 fn main() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let mut p = if quick { QUICK } else { FULL };
-    if std::env::args().any(|a| a == "--no-single") {
+    let cli = <Cli as clap::Parser>::parse();
+    let mut p = if cli.quick { QUICK } else { FULL };
+    if cli.no_single {
         p.single_calls = 0;
     }
-    if let Ok(v) = std::env::var("LB_BENCH_CT_ENTRIES") {
-        p.cold.ct_entries = v
-            .parse()
-            .ok()
-            .filter(|n| (1024..=1 << 24).contains(n))
-            .ok_or_else(|| anyhow!("LB_BENCH_CT_ENTRIES: {v:?} is not a number of flows from 1024 to 2^24"))?;
+    if let Some(n) = cli.ct_entries {
+        p.cold.ct_entries = n;
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--trace") {
+    if cli.trace {
         return trace::run(p);
     }
-    if args.iter().any(|a| a == "--stages" || a == "--stages-single") {
-        return stages(args.iter().any(|a| a == "--stages-single"));
+    if cli.stages || cli.stages_single {
+        return stages(cli.stages_single);
     }
-    if let Some(i) = args.iter().position(|a| a == "--compare") {
-        let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare needs the other object's path"))?;
-        let rounds: usize = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(11);
-        if rounds == 0 {
-            bail!("--compare OBJECT ROUNDS: ROUNDS must be at least 1");
-        }
-        return compare(&other, rounds);
+    if let Some(other) = cli.compare {
+        return compare(&other, cli.rounds.unwrap_or(11) as usize);
     }
-    if let Some(i) = args.iter().position(|a| a == "--compare-cold") {
-        let other = args.get(i + 1).cloned().ok_or_else(|| anyhow!("--compare-cold needs the other object's path"))?;
-        let rounds: usize = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(21);
-        if rounds == 0 {
-            bail!("--compare-cold OBJECT ROUNDS: ROUNDS must be at least 1");
-        }
+    if let Some(other) = cli.compare_cold {
+        let rounds = cli.rounds.unwrap_or(21) as usize;
         let other_bytes = std::fs::read(&other).with_context(|| format!("reading {other}"))?;
         let cold = cold::Params { frames: 20_000, ..p.cold };
         return in_netns(move |topo| -> Result<()> {
@@ -700,20 +736,18 @@ fn main() -> Result<()> {
             Ok(())
         });
     }
-    if let Some(i) = args.iter().position(|a| a == "--katran") {
-        let object = args.get(i + 1).ok_or_else(|| anyhow!("--katran needs the path of Katran's balancer.bpf.o"))?;
-        return katran::run(object, p.cold);
+    if let Some(object) = cli.katran {
+        return katran::run(&object, p.cold);
     }
-    if let Some(i) = args.iter().position(|a| a == "--profile") {
-        let case = args.get(i + 1).cloned().unwrap_or_default();
-        let secs: u64 = args.get(i + 2).and_then(|s| s.parse().ok()).unwrap_or(20);
-        let cold_case = match case.as_str() {
-            "cold4-hit" => Some((cold::Family::V4, cold::ProfileCase::Hit)),
-            "cold4-new" => Some((cold::Family::V4, cold::ProfileCase::New)),
-            "cold6-hit" => Some((cold::Family::V6, cold::ProfileCase::Hit)),
-            "cold6-new" => Some((cold::Family::V6, cold::ProfileCase::New)),
-            "hot4-hit" => Some((cold::Family::V4, cold::ProfileCase::Hot)),
-            "hot6-hit" => Some((cold::Family::V6, cold::ProfileCase::Hot)),
+    if let Some(case) = cli.profile {
+        let secs = cli.seconds;
+        let cold_case = match case {
+            ProfileCase::Cold4Hit => Some((cold::Family::V4, cold::ProfileCase::Hit)),
+            ProfileCase::Cold4New => Some((cold::Family::V4, cold::ProfileCase::New)),
+            ProfileCase::Cold6Hit => Some((cold::Family::V6, cold::ProfileCase::Hit)),
+            ProfileCase::Cold6New => Some((cold::Family::V6, cold::ProfileCase::New)),
+            ProfileCase::Hot4Hit => Some((cold::Family::V4, cold::ProfileCase::Hot)),
+            ProfileCase::Hot6Hit => Some((cold::Family::V6, cold::ProfileCase::Hot)),
             _ => None,
         };
         if let Some((family, pcase)) = cold_case {
@@ -722,13 +756,13 @@ fn main() -> Result<()> {
                 cold::profile(&b, &p.cold, family, pcase, ct_slots(p.cold.ct_entries), secs)
             });
         }
-        return profile(&case, secs);
+        return profile(case, secs);
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("dp_bench needs root (BPF_PROG_TEST_RUN with maps, and a network namespace for bpf_fib_lookup)");
     }
-    let headline_only = args.iter().any(|a| a == "--headline");
+    let headline_only = cli.headline;
     let (cold4, cold6, hot) = in_netns(move |topo| -> Result<_> {
         // The headline cases first, each family on a fresh object (the hot cases below fill
         // the IPv4 table with keys of their own).
@@ -755,15 +789,15 @@ fn main() -> Result<()> {
 }
 
 /// Runs one case for `secs` seconds (each run still checked), for `perf record`.
-fn profile(case: &str, secs: u64) -> Result<()> {
+fn profile(case: ProfileCase, secs: u64) -> Result<()> {
     let (family, syn, l2) = match case {
-        "v4-hit" => (4, false, false),
-        "v4-syn" => (4, true, false),
-        "v6-hit" => (6, false, false),
-        "v6-syn" => (6, true, false),
-        "l2-hit" => (4, false, true),
-        "l2-syn" => (4, true, true),
-        _ => bail!("--profile CASE: CASE must be one of v4-hit, v4-syn, v6-hit, v6-syn, l2-hit, l2-syn, cold4-hit, cold4-new, cold6-hit, cold6-new, hot4-hit, hot6-hit, not {case:?}"),
+        ProfileCase::V4Hit => (4, false, false),
+        ProfileCase::V4Syn => (4, true, false),
+        ProfileCase::V6Hit => (6, false, false),
+        ProfileCase::V6Syn => (6, true, false),
+        ProfileCase::L2Hit => (4, false, true),
+        ProfileCase::L2Syn => (4, true, true),
+        _ => unreachable!("the headline cases are profiled by `cold::profile`"),
     };
     in_netns(move |topo| -> Result<()> {
         let b = Bench::load(topo.lbv0)?;

@@ -17,7 +17,13 @@ const VERSION: &str = concat!(
 );
 
 #[derive(Parser)]
-#[command(name = "lb", version = VERSION, about = "eBPF/XDP L4 pass-through load balancer")]
+#[command(
+    name = "lb",
+    version = VERSION,
+    about = "eBPF/XDP L4 pass-through load balancer",
+    after_long_help = "The configuration file: lb.toml(5). Exit codes: 0 success, 1 failure, 2 usage error, \
+                       3 invalid configuration, 4 needs a restart, 5 no daemon on the socket, 6 not permitted."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -27,6 +27,7 @@ const FILES: &[&str] = &[
     "./usr/share/fish/vendor_completions.d/lb.fish",
     "./usr/share/man/man8/lb.8.gz",
     "./usr/share/man/man8/lb-run.8.gz",
+    "./usr/share/man/man5/lb.toml.5.gz",
     "./usr/share/lb/grafana/lb-zonal-spill.json",
     "./usr/share/doc/lb/copyright",
     "./usr/share/doc/lb/LICENSE-MIT",

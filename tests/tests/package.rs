@@ -5,7 +5,8 @@
 //! second installed with `dpkg -i` and the service restarted as its maintainer scripts ask
 //! systemd to (`try-restart`: SIGTERM, as systemd stops it, then a start), a reload, and not one
 //! connection broken; then `dpkg --purge` (after the stop its prerm asks systemd for) leaves no
-//! pin, no attached program and no file behind.
+//! pin, no attached program and no file behind. And the packaged `lb` is the same, byte for
+//! byte, when the commit is built in another directory (issue #32-5: reproducible builds).
 //!
 //! No systemd runs here: the unit's lines are executed as systemd would (the package's
 //! maintainer scripts run for real through dpkg, and skip their systemctl calls). Installs and
@@ -28,6 +29,12 @@ const RUN_DIR: &str = "/run/lb-test-pkg";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The two packages, built once for the tests of this file (the second waits for the first).
+fn packages() -> &'static [PathBuf] {
+    static PACKAGES: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    PACKAGES.get_or_init(build_packages)
 }
 
 /// The two packages: `cargo xtask package` (a release build, then cargo-deb) per version.
@@ -178,7 +185,7 @@ fn an_upgrade_and_its_restart_keep_200_connections_and_purge_leaves_nothing() {
         panic!("the package lb {v} is installed on this machine; this test installs and purges it: remove it first");
     }
     lb_user::daemon::limits::raise_nofile().expect("raising RLIMIT_NOFILE");
-    let debs = build_packages();
+    let debs = packages();
     let topo = Topology::build(&TopologySpec { prefix: PREFIX.into(), zones: vec![(1, 4)], outside_clients: 0 })
         .expect("topology (needs root)");
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
@@ -247,4 +254,57 @@ fn an_upgrade_and_its_restart_keep_200_connections_and_purge_leaves_nothing() {
         assert!(!Path::new(path).exists(), "{path} left behind by dpkg --purge");
     }
     assert!(!Path::new(RUN_DIR).join("state.json").exists(), "the daemon's state file left behind");
+}
+
+/// Removes the git worktrees and their directory when dropped (also on failure).
+struct Worktrees(PathBuf, Vec<PathBuf>);
+
+impl Drop for Worktrees {
+    fn drop(&mut self) {
+        for dir in &self.1 {
+            let _ = Command::new("git").current_dir(root()).args(["worktree", "remove", "--force"]).arg(dir).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A release `lb` of HEAD built in a worktree at `dir` with a target directory of its own.
+fn build_elsewhere(trees: &mut Worktrees, dir: &Path) -> Vec<u8> {
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    sh(Command::new("git").current_dir(root()).args(["worktree", "add", "--detach"]).arg(dir).arg("HEAD")).unwrap();
+    trees.1.push(dir.to_owned());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(dir)
+        .args(["build", "--release", "-q", "-p", "lb-user", "--bin", "lb"])
+        .env_remove("CARGO_TARGET_DIR")
+        .status()
+        .expect("running cargo build");
+    assert!(status.success(), "cargo build --release in {} failed", dir.display());
+    std::fs::read(dir.join("target/release/lb")).unwrap()
+}
+
+#[test]
+fn the_packaged_lb_is_identical_when_built_in_another_directory() {
+    packages();
+    let ours = root().join("target/package-test/release/lb");
+    let version = sh(Command::new(&ours).arg("--version")).unwrap();
+    let base = std::env::temp_dir().join(format!("lb-repro-{}", std::process::id()));
+    let mut trees = Worktrees(base.clone(), Vec::new());
+    let other = build_elsewhere(&mut trees, &base.join("a-much-longer-directory-name/b"));
+    // A build of a working tree with changes (`-dirty`) is not a commit's: then a second
+    // checkout of HEAD, in a directory of another length, is the reference.
+    let (reference, what) = if version.contains("-dirty") {
+        (build_elsewhere(&mut trees, &base.join("a")), "a build of HEAD in another directory")
+    } else {
+        (std::fs::read(&ours).unwrap(), "the packaged lb")
+    };
+    let differing = reference.iter().zip(&other).filter(|(a, b)| a != b).count();
+    assert!(
+        reference == other,
+        "lb built in {} differs from {what}: {} and {} bytes, {differing} bytes differ",
+        base.join("a-much-longer-directory-name/b").display(),
+        other.len(),
+        reference.len()
+    );
 }

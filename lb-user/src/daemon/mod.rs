@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod neighbours;
 mod netlink;
 pub mod notify;
+pub mod probe;
 pub mod reload;
 pub mod reply;
 mod requests;

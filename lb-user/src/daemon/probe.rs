@@ -1,0 +1,294 @@
+//! The probe engine: one runner loop for every probe the daemon runs, the zonal health checks
+//! and the Traffic Manager monitors alike. A [`Prober`] per protocol observes a target (TCP
+//! connect; HTTP and HTTPS `GET` through hyper's client); a [`Judge`] per product turns the
+//! observations into a verdict (health-check thresholds, or Traffic Manager's tolerated
+//! failures and expected status ranges: `health`); [`run`] probes on the interval, sets a local
+//! failure (this host out of descriptors) apart, and reports only verdict changes.
+
+use super::health::HealthEvent;
+use http_body_util::Empty;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// What one probe saw of its target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// The TCP handshake completed (a TCP probe's success).
+    Connected,
+    /// An HTTP response with this status code.
+    HttpStatus(u16),
+    /// The target failed the probe: why.
+    Failed(String),
+}
+
+/// A probe that could not run for a reason of this host, not the target's (EMFILE, ENOMEM...):
+/// it says nothing about the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalError(pub String);
+
+/// How one protocol probes a target.
+pub trait Prober: Send + Sync + std::fmt::Debug {
+    fn observe<'a>(
+        &'a self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>>;
+}
+
+/// A local shortage rather than anything the target did.
+pub fn is_local_error(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+/// Connects for a probe: Ok(Err(observation)) when the target refused or was unreachable.
+async fn connect(addr: SocketAddr) -> Result<Result<TcpStream, Observation>, LocalError> {
+    match TcpStream::connect(addr).await {
+        Ok(s) => Ok(Ok(s)),
+        Err(e) if is_local_error(&e) => Err(LocalError(format!("local error, not the backend's: connect: {e}"))),
+        Err(e) => Ok(Err(Observation::Failed(format!("connect: {e}")))),
+    }
+}
+
+/// TCP: the handshake completes.
+#[derive(Debug)]
+pub struct TcpProber;
+
+impl Prober for TcpProber {
+    fn observe<'a>(
+        &'a self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
+        Box::pin(async move { Ok(connect(addr).await?.map(|_| Observation::Connected).unwrap_or_else(|f| f)) })
+    }
+}
+
+/// HTTP or HTTPS: `GET path` with `headers` (a `Host` of the target's address unless given),
+/// through hyper's HTTP/1 client; the response's status. HTTPS does not verify the target's
+/// certificate (as Google Cloud's and Traffic Manager's probes do not); its SNI is the `Host`
+/// header's name when one is given.
+#[derive(Debug)]
+pub struct HttpProber {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub tls: bool,
+}
+
+impl Prober for HttpProber {
+    fn observe<'a>(
+        &'a self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
+        Box::pin(async move {
+            let stream = match connect(addr).await? {
+                Ok(s) => s,
+                Err(failed) => return Ok(failed),
+            };
+            let status = if self.tls {
+                match tls::connector().connect(self.server_name(addr), stream).await {
+                    Ok(tls) => self.get(tls, addr).await,
+                    Err(e) => Err(format!("TLS handshake: {e}")),
+                }
+            } else {
+                self.get(stream, addr).await
+            };
+            Ok(status.map_or_else(Observation::Failed, Observation::HttpStatus))
+        })
+    }
+}
+
+impl HttpProber {
+    /// The `Host` header's name (without a port), else the target's address.
+    fn server_name(&self, addr: SocketAddr) -> tokio_rustls::rustls::pki_types::ServerName<'static> {
+        use tokio_rustls::rustls::pki_types::ServerName;
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.rsplit_once(':').map_or(v.as_str(), |(h, _)| h))
+            .and_then(|h| ServerName::try_from(h.to_owned()).ok())
+            .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()))
+    }
+
+    async fn get<S>(&self, stream: S, addr: SocketAddr) -> Result<u16, String>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // Title-case header names, as the custom headers are written: some servers and
+        // middleboxes on health-check paths match them case-sensitively.
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        // The connection is driven while the request runs and dropped with the probe.
+        let driver = tokio::spawn(conn);
+        let mut req = hyper::Request::get(self.path.as_str());
+        for (name, value) in &self.headers {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+            let host = match addr {
+                SocketAddr::V4(a) => a.ip().to_string(),
+                SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            };
+            req = req.header("Host", host);
+        }
+        let req = req
+            .header("User-Agent", "lb-health/1")
+            .header("Connection", "close")
+            .body(Empty::new())
+            .map_err(|e| format!("request: {e}"))?;
+        let result = sender.send_request(req).await.map(|r| r.status().as_u16()).map_err(|e| format!("receive: {e}"));
+        driver.abort();
+        result
+    }
+}
+
+/// Turns observations into a verdict: the product's rules.
+pub trait Judge: Send {
+    /// Records one observation; the new verdict (healthy or not) and why, when it changed.
+    fn judge(&mut self, seen: &Observation) -> Option<(bool, String)>;
+}
+
+/// What one probe task probes, how often, and where its first probe falls.
+pub struct Schedule {
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// The first probe waits this long (spreads a service's probes over the interval).
+    pub offset: Duration,
+}
+
+/// One probe of `addr` within `timeout`: a timeout is the target's failure.
+pub async fn observe(prober: &dyn Prober, addr: SocketAddr, timeout: Duration) -> Result<Observation, LocalError> {
+    tokio::time::timeout(timeout, prober.observe(addr))
+        .await
+        .unwrap_or_else(|_| Ok(Observation::Failed(format!("timeout after {timeout:?}"))))
+}
+
+/// The runner: probes `addr` for `service` on the schedule forever, reporting each verdict
+/// change of `judge` as task number `id`.
+pub fn run(
+    service: String,
+    addr: SocketAddr,
+    prober: Arc<dyn Prober>,
+    mut judge: Box<dyn Judge>,
+    schedule: Schedule,
+    events: mpsc::Sender<HealthEvent>,
+    id: u64,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep(schedule.offset).await;
+        let mut local = LocalErrors::default();
+        let mut ticker = tokio::time::interval(schedule.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let seen = match observe(prober.as_ref(), addr, schedule.timeout).await {
+                Ok(seen) => seen,
+                Err(LocalError(e)) => {
+                    local.seen(&service, addr, &e);
+                    continue;
+                }
+            };
+            local.cleared(&service, addr);
+            if let Some((healthy, reason)) = judge.judge(&seen) {
+                let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason, probe: id };
+                if events.send(event).await.is_err() {
+                    return; // the daemon is shutting down
+                }
+            }
+        }
+    })
+}
+
+/// Logs a probe's local errors once per run of them, not at every probe.
+#[derive(Default)]
+struct LocalErrors(bool);
+
+impl LocalErrors {
+    fn seen(&mut self, service: &str, addr: SocketAddr, error: &str) {
+        if !std::mem::replace(&mut self.0, true) {
+            tracing::warn!("service {service} backend {addr}: probe skipped, {error}; its health verdict is kept");
+        }
+    }
+
+    fn cleared(&mut self, service: &str, addr: SocketAddr) {
+        if std::mem::take(&mut self.0) {
+            tracing::info!("service {service} backend {addr}: probes run again");
+        }
+    }
+}
+
+/// The TLS client of HTTPS probes.
+mod tls {
+    use std::sync::{Arc, OnceLock};
+    use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use tokio_rustls::rustls::crypto::{ring, verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use tokio_rustls::rustls::{ClientConfig, DigitallySignedStruct, Error, SignatureScheme};
+    use tokio_rustls::TlsConnector;
+
+    /// Built once: ring's algorithms, any certificate.
+    pub fn connector() -> TlsConnector {
+        static CONNECTOR: OnceLock<TlsConnector> = OnceLock::new();
+        CONNECTOR
+            .get_or_init(|| {
+                let provider = Arc::new(ring::default_provider());
+                let config = ClientConfig::builder_with_provider(provider.clone())
+                    .with_safe_default_protocol_versions()
+                    .expect("ring supports the default TLS versions")
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                    .with_no_client_auth();
+                TlsConnector::from(Arc::new(config))
+            })
+            .clone()
+    }
+
+    /// Accepts any server certificate (Traffic Manager's probes do not validate them either);
+    /// the handshake's signatures are still checked, so the peer holds the certificate's key.
+    #[derive(Debug)]
+    struct AnyCertificate(Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp_response: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}

@@ -63,6 +63,15 @@ fn eligible(set: &[IpAddr]) -> String {
     }
 }
 
+/// `ok 1.2 ms, 3 s ago` or `failed 4 s ago: connect: ...`; `-` when not probed.
+fn last_probe(p: Option<&crate::daemon::reply::ProbeResult>) -> String {
+    match p {
+        None => "-".into(),
+        Some(p) if p.passed => format!("ok {:.1} ms, {} s ago", p.latency_ms, p.seconds_ago),
+        Some(p) => format!("failed {} s ago: {}", p.seconds_ago, p.error.as_deref().unwrap_or("-")),
+    }
+}
+
 fn or_dash(v: &Option<String>) -> &str {
     v.as_deref().unwrap_or("-")
 }
@@ -103,8 +112,8 @@ pub fn status(v: &Status) -> String {
             or_dash(&svc.active_pool)
         );
         let mut backends = table(
-            &["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING"],
-            &[40, 10, 9, 10, 13, 6],
+            &["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING", "LAST PROBE"],
+            &[40, 10, 9, 10, 13, 6, 8],
             &[5],
         );
         for b in &svc.backends {
@@ -116,6 +125,7 @@ pub fn status(v: &Status) -> String {
                 b.health_source.to_string(),
                 b.weight.to_string(),
                 b.draining.to_string(),
+                last_probe(b.last_probe.as_ref()),
             ];
             backends.add_row(cells.to_vec());
         }

@@ -6,7 +6,7 @@
 //! over the interval so a large service does not probe all its backends at once. A task reports
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
-use super::probe::{self, HttpProber, Judge, LocalError, Observation, Prober, TcpProber};
+use super::probe::{self, HttpProber, Judge, Judged, LocalError, Observation, Prober, TcpProber};
 use crate::config::{Config, HealthCheck};
 use crate::model::{HealthProtocol, MonitorProtocol, MonitorStatus};
 use crate::policy::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
@@ -157,12 +157,13 @@ struct CheckJudge {
 }
 
 impl Judge for CheckJudge {
-    fn judge(&mut self, seen: &Observation) -> Option<(bool, String)> {
+    fn judge(&mut self, seen: &Observation) -> Judged {
         let (ok, reason) = match checked(seen.clone(), &self.spec) {
             Checked::Passed => (true, "probe passed".to_string()),
             Checked::Failed(e) | Checked::Local(e) => (false, e),
         };
-        self.verdict.record(ok, &self.spec).map(|healthy| (healthy, reason))
+        let change = self.verdict.record(ok, &self.spec).map(|healthy| (healthy, reason.clone()));
+        Judged { passed: ok, error: (!ok).then_some(reason), change }
     }
 }
 
@@ -243,18 +244,21 @@ struct MonitorJudge {
 }
 
 impl Judge for MonitorJudge {
-    fn judge(&mut self, seen: &Observation) -> Option<(bool, String)> {
+    fn judge(&mut self, seen: &Observation) -> Judged {
         let outcome = outcome(seen);
-        let status = self.monitor.record(self.settings.probe_succeeded(outcome));
-        if status == self.reported {
-            return None;
-        }
-        self.reported = status;
-        let why = match seen {
-            Observation::Failed(e) => format!(" ({e})"),
-            _ => String::new(),
-        };
-        Some((status == MonitorStatus::Online, format!("monitor: {status} after probe result {outcome:?}{why}")))
+        let passed = self.settings.probe_succeeded(outcome);
+        let error = (!passed).then(|| match seen {
+            Observation::Failed(e) => e.clone(),
+            Observation::HttpStatus(s) => format!("HTTP status {s}, outside the expected status ranges"),
+            Observation::Connected => "failed".into(),
+        });
+        let status = self.monitor.record(passed);
+        let change = (status != self.reported).then(|| {
+            self.reported = status;
+            let why = error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default();
+            (status == MonitorStatus::Online, format!("monitor: {status} after probe result {outcome:?}{why}"))
+        });
+        Judged { passed, error, change }
     }
 }
 

@@ -151,10 +151,48 @@ impl HttpProber {
     }
 }
 
+/// What a judge made of one observation.
+pub struct Judged {
+    /// The probe passed by the product's rules.
+    pub passed: bool,
+    /// Why it failed (None when it passed).
+    pub error: Option<String>,
+    /// The new verdict and why, when it changed.
+    pub change: Option<(bool, String)>,
+}
+
 /// Turns observations into a verdict: the product's rules.
 pub trait Judge: Send {
-    /// Records one observation; the new verdict (healthy or not) and why, when it changed.
-    fn judge(&mut self, seen: &Observation) -> Option<(bool, String)>;
+    fn judge(&mut self, seen: &Observation) -> Judged;
+}
+
+/// The last probe of one target, for `lb status`.
+#[derive(Clone, Debug)]
+pub struct LastProbe {
+    pub at: std::time::Instant,
+    pub passed: bool,
+    pub error: Option<String>,
+    pub latency: Duration,
+}
+
+type Targets = std::collections::HashMap<(String, std::net::IpAddr), LastProbe>;
+
+/// Every running probe's last result, by (service, target address).
+fn last_probes() -> &'static std::sync::Mutex<Targets> {
+    static LAST: std::sync::OnceLock<std::sync::Mutex<Targets>> = std::sync::OnceLock::new();
+    LAST.get_or_init(Default::default)
+}
+
+/// The last probe of `service`'s target `addr`, if it was probed.
+pub fn last_probe(service: &str, addr: std::net::IpAddr) -> Option<LastProbe> {
+    last_probes().lock().ok()?.get(&(service.to_owned(), addr)).cloned()
+}
+
+/// Forgets the targets no probe runs for any more (a reload removed them).
+pub fn keep_last_probes(wanted: &dyn Fn(&str, std::net::IpAddr) -> bool) {
+    if let Ok(mut last) = last_probes().lock() {
+        last.retain(|(s, a), _| wanted(s, *a));
+    }
 }
 
 /// What one probe task probes, how often, and where its first probe falls.
@@ -190,6 +228,7 @@ pub fn run(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
+            let started = std::time::Instant::now();
             let seen = match observe(prober.as_ref(), addr, schedule.timeout).await {
                 Ok(seen) => seen,
                 Err(LocalError(e)) => {
@@ -198,7 +237,13 @@ pub fn run(
                 }
             };
             local.cleared(&service, addr);
-            if let Some((healthy, reason)) = judge.judge(&seen) {
+            let judged = judge.judge(&seen);
+            let last =
+                LastProbe { at: started, passed: judged.passed, error: judged.error, latency: started.elapsed() };
+            if let Ok(mut all) = last_probes().lock() {
+                all.insert((service.clone(), addr.ip()), last);
+            }
+            if let Some((healthy, reason)) = judged.change {
                 let event = HealthEvent { service: service.clone(), backend: addr.ip(), healthy, reason, probe: id };
                 if events.send(event).await.is_err() {
                     return; // the daemon is shutting down

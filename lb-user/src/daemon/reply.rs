@@ -89,6 +89,22 @@ pub struct BackendStatus {
     pub health_source: HealthSource,
     pub weight: u32,
     pub draining: bool,
+    /// The last health-check or monitor probe (absent: not probed, or not yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<ProbeResult>,
+}
+
+/// One probe's result (`lb status`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    pub passed: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// How long the probe took, in milliseconds.
+    pub latency_ms: f64,
+    /// How long ago it ran, in seconds.
+    pub seconds_ago: u64,
 }
 
 /// A backend's role in its service's failover policy.
@@ -323,6 +339,7 @@ mod tests {
             health_source: HealthSource::HealthCheck,
             weight: 1,
             draining: false,
+            last_probe: None,
         };
         let v = serde_json::to_value(&b).unwrap();
         assert_eq!(

@@ -126,6 +126,7 @@ impl Daemon {
                 running.push((probe, task, id));
             }
         }
+        super::probe::keep_last_probes(&|s, a| running.iter().any(|(p, _, _)| p.target() == (s, a)));
         self.checkers = running;
     }
 

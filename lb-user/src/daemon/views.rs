@@ -112,6 +112,12 @@ impl Daemon {
                             health_source: source,
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, address),
+                            last_probe: super::probe::last_probe(&svc.name, address).map(|p| reply::ProbeResult {
+                                passed: p.passed,
+                                error: p.error,
+                                latency_ms: p.latency.as_secs_f64() * 1000.0,
+                                seconds_ago: p.at.elapsed().as_secs(),
+                            }),
                         }
                     })
                     .collect();

@@ -98,7 +98,7 @@ api_enum!(
 api_enum!(
     /// Health check protocol.
     #[derive(Default)]
-    HealthProtocol { #[default] Tcp = "TCP", Http = "HTTP" }
+    HealthProtocol { #[default] Tcp = "TCP", Ssl = "SSL", Http = "HTTP", Https = "HTTPS" }
 );
 
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
@@ -156,6 +156,13 @@ api_enum!(
     #[derive(Default)]
     AdminStatus { #[default] Enabled = "Enabled", Disabled = "Disabled" }
 );
+
+impl HealthProtocol {
+    /// HTTP over plain TCP or TLS: a `GET request_path` judged by its status (and body).
+    pub fn is_http(self) -> bool {
+        matches!(self, Self::Http | Self::Https)
+    }
+}
 
 api_enum!(
     /// `monitorConfig.protocol` (spec §2.3).

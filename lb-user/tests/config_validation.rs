@@ -1086,6 +1086,9 @@ fn health_check_request_path_with_control_characters_rejected() {
             port: None,
             request_path: Some(path.into()),
             expected_status: None,
+            request: None,
+            response: None,
+            host: None,
             check_interval_sec: 5,
             timeout_sec: 5,
             healthy_threshold: 2,
@@ -1127,4 +1130,19 @@ fn conntrack_entries_above_the_maximum_rejected() {
     );
     let ok = format!("[dataplane]\nconntrack_entries = 16777216\n{}", toml_with("", ""));
     Config::parse(&ok).expect("the maximum is allowed");
+}
+
+#[test]
+fn health_check_fields_of_another_protocol_rejected() {
+    reject_text(
+        &with_health_check("protocol = \"HTTP\"\nrequest = \"PING\"\n"),
+        WEB,
+        "health_check.request",
+        &["TCP or SSL", "HTTP"],
+    );
+    reject_text(&with_health_check("host = \"app.example\"\n"), WEB, "health_check.host", &["HTTP or HTTPS", "TCP"]);
+    let ok = Config::parse(&with_health_check("protocol = \"SSL\"\nrequest = \"PING\"\nresponse = \"PONG\"\n"));
+    ok.expect("SSL with a request and a response is valid");
+    Config::parse(&with_health_check("protocol = \"HTTPS\"\nhost = \"app.example\"\nresponse = \"ok\"\n"))
+        .expect("HTTPS with a host and a body prefix is valid");
 }

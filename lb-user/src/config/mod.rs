@@ -175,9 +175,19 @@ pub struct HealthCheck {
     /// HTTP only; default "/".
     #[serde(default)]
     pub request_path: Option<String>,
-    /// HTTP only; default 200.
+    /// HTTP and HTTPS only; default 200.
     #[serde(default)]
     pub expected_status: Option<u16>,
+    /// TCP and SSL: sent once connected (and the TLS handshake done).
+    #[serde(default)]
+    pub request: Option<String>,
+    /// TCP and SSL: what the answer must start with; HTTP and HTTPS: what the body must start
+    /// with. Absent: any answer (or none) passes.
+    #[serde(default)]
+    pub response: Option<String>,
+    /// HTTP and HTTPS: the Host header (and the TLS name); default the backend's address.
+    #[serde(default)]
+    pub host: Option<String>,
     #[serde(default = "default_5")]
     pub check_interval_sec: u32,
     #[serde(default = "default_5")]

@@ -428,10 +428,10 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         }
     }
     if let Some(path) = &hc.request_path {
-        if hc.protocol != HealthProtocol::Http {
+        if !hc.protocol.is_http() {
             r.push(
                 "health_check.request_path",
-                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
+                format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
             );
         } else if !path.starts_with('/') {
             r.push("health_check.request_path", format!("{path:?} must start with '/'"));
@@ -446,13 +446,41 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         }
     }
     if let Some(status) = hc.expected_status {
-        if hc.protocol != HealthProtocol::Http {
+        if !hc.protocol.is_http() {
             r.push(
                 "health_check.expected_status",
-                format!("only allowed with health_check.protocol = {} (here {})", HealthProtocol::Http, hc.protocol),
+                format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
             );
         } else if !(100..=599).contains(&status) {
             r.push("health_check.expected_status", format!("{status} is out of range: allowed 100..=599"));
+        }
+    }
+    if hc.request.is_some() && hc.protocol.is_http() {
+        r.push(
+            "health_check.request",
+            format!(
+                "only allowed with health_check.protocol = TCP or SSL (here {}; HTTP sends request_path)",
+                hc.protocol
+            ),
+        );
+    }
+    if hc.host.is_some() && !hc.protocol.is_http() {
+        r.push(
+            "health_check.host",
+            format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
+        );
+    }
+    for (field, value) in [("health_check.request", &hc.request), ("health_check.response", &hc.response)] {
+        if value.as_ref().is_some_and(|v| v.len() > 1024) {
+            r.push(field, "longer than 1024 bytes: allowed at most 1024");
+        }
+    }
+    if let Some(host) = &hc.host {
+        if host.is_empty() || !host.bytes().all(|c| c.is_ascii_graphic()) {
+            r.push(
+                "health_check.host",
+                format!("{host:?}: allowed a host name or address, printable ASCII without spaces"),
+            );
         }
     }
     match hc.port {

@@ -6,7 +6,7 @@
 //! over the interval so a large service does not probe all its backends at once. A task reports
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
-use super::probe::{self, HttpProber, Judge, Judged, LocalError, Observation, Prober, TcpProber};
+use super::probe::{self, HttpProber, Judge, Judged, LocalError, Observation, Prober, StreamProber, TcpProber};
 use crate::config::{Config, HealthCheck};
 use crate::model::{HealthProtocol, MonitorProtocol, MonitorStatus};
 use crate::policy::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
@@ -23,6 +23,12 @@ pub struct ProbeSpec {
     pub port: u16,
     pub request_path: String,
     pub expected_status: u16,
+    /// TCP and SSL: sent once connected.
+    pub request: Option<String>,
+    /// What the answer (TCP, SSL) or the body (HTTP, HTTPS) must start with.
+    pub response: Option<String>,
+    /// HTTP and HTTPS: the Host header and TLS name.
+    pub host: Option<String>,
     pub interval: Duration,
     pub timeout: Duration,
     pub healthy_threshold: u32,
@@ -38,6 +44,9 @@ impl ProbeSpec {
             port: hc.port.unwrap_or(default_port),
             request_path: hc.request_path.clone().unwrap_or_else(|| "/".into()),
             expected_status: hc.expected_status.unwrap_or(200),
+            request: hc.request.clone(),
+            response: hc.response.clone(),
+            host: hc.host.clone(),
             interval: Duration::from_secs(hc.check_interval_sec.max(1) as u64),
             timeout: Duration::from_secs(hc.timeout_sec.max(1) as u64),
             healthy_threshold: hc.healthy_threshold.max(1),
@@ -57,13 +66,25 @@ pub enum Checked {
     Local(String),
 }
 
-/// The prober of a health check's protocol.
+/// The prober of a health check's protocol (Google Cloud's: TCP and SSL with an optional
+/// request and expected response; HTTP and HTTPS with a path, Host and expected body prefix).
+/// TLS probes do not verify the backend's certificate, as Google Cloud's do not.
 pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
-    match spec.protocol {
-        HealthProtocol::Tcp => Arc::new(TcpProber),
-        HealthProtocol::Http => {
-            Arc::new(HttpProber { path: spec.request_path.clone(), headers: Vec::new(), tls: false })
+    let stream = |tls: bool| -> Arc<dyn Prober> {
+        if spec.request.is_none() && spec.response.is_none() && !tls {
+            return Arc::new(TcpProber);
         }
+        Arc::new(StreamProber { tls, request: spec.request.clone(), response: spec.response.clone() })
+    };
+    let http = |tls: bool| -> Arc<dyn Prober> {
+        let headers = spec.host.iter().map(|h| ("Host".to_owned(), h.clone())).collect();
+        Arc::new(HttpProber { path: spec.request_path.clone(), headers, tls, body_prefix: spec.response.clone() })
+    };
+    match spec.protocol {
+        HealthProtocol::Tcp => stream(false),
+        HealthProtocol::Ssl => stream(true),
+        HealthProtocol::Http => http(false),
+        HealthProtocol::Https => http(true),
     }
 }
 
@@ -199,6 +220,7 @@ pub fn monitor_prober(m: &MonitorSettings) -> Arc<dyn Prober> {
             path: m.path.clone().unwrap_or_else(|| "/".into()),
             headers: m.custom_headers.clone(),
             tls,
+            body_prefix: None,
         }) as Arc<dyn Prober>
     };
     match m.protocol {
@@ -400,6 +422,9 @@ mod tests {
             port,
             request_path: "/healthz".into(),
             expected_status: 200,
+            request: None,
+            response: None,
+            host: None,
             interval: Duration::from_millis(50),
             timeout: Duration::from_secs(5),
             healthy_threshold: 2,
@@ -709,5 +734,96 @@ mod tests {
         assert!(!ev.healthy, "Degraded on failure tolerated+1: {ev:?}");
         assert!(ev.reason.contains("Degraded"), "{}", ev.reason);
         task.abort();
+    }
+
+    /// A TCP server that answers every connection with `answer` once it has read a request.
+    async fn talker(answer: &'static str) -> SocketAddr {
+        spawn_server(move |mut s| async move {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(answer.as_bytes()).await;
+        })
+        .await
+    }
+
+    /// The same behind TLS, with a self-signed certificate.
+    async fn tls_talker(answer: &'static str) -> SocketAddr {
+        use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer};
+        let cert = rcgen::generate_simple_self_signed(vec!["backend.test".into()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        spawn_server(move |s| {
+            let acceptor = acceptor.clone();
+            async move {
+                if let Ok(mut s) = acceptor.accept(s).await {
+                    let mut buf = [0u8; 512];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let reply = if req.starts_with("GET ") {
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}", answer.len())
+                    } else {
+                        answer.to_string()
+                    };
+                    let _ = s.write_all(reply.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                }
+            }
+        })
+        .await
+    }
+
+    fn with(protocol: HealthProtocol, port: u16, request: Option<&str>, response: Option<&str>) -> ProbeSpec {
+        ProbeSpec {
+            request: request.map(str::to_owned),
+            response: response.map(str::to_owned),
+            request_path: "/".into(),
+            ..spec(protocol, port)
+        }
+    }
+
+    #[tokio::test]
+    async fn tcp_request_and_response_prefix() {
+        let pong = talker("PONG ready").await;
+        let nope = talker("NOPE").await;
+        let ping = |a: SocketAddr| with(HealthProtocol::Tcp, a.port(), Some("PING\n"), Some("PONG"));
+        assert_eq!(probe_once(pong, &ping(pong)).await, Ok(()));
+        let err = probe_once(nope, &ping(nope)).await.unwrap_err();
+        assert!(err.contains("does not start with \"PONG\""), "{err}");
+    }
+
+    #[tokio::test]
+    async fn ssl_probe_needs_a_tls_handshake_and_the_response() {
+        let tls = tls_talker("+OK").await;
+        assert_eq!(
+            probe_once(tls, &with(HealthProtocol::Ssl, tls.port(), Some("HELLO\r\n"), Some("+OK"))).await,
+            Ok(())
+        );
+        assert_eq!(probe_once(tls, &with(HealthProtocol::Ssl, tls.port(), None, None)).await, Ok(()), "handshake only");
+        let wrong = probe_once(tls, &with(HealthProtocol::Ssl, tls.port(), Some("HELLO\r\n"), Some("-ERR"))).await;
+        assert!(wrong.unwrap_err().contains("does not start with"));
+        // A plain server on the SSL port: the handshake fails.
+        let plain = talker("+OK").await;
+        let err = probe_once(plain, &with(HealthProtocol::Ssl, plain.port(), None, None)).await.unwrap_err();
+        assert!(err.starts_with("TLS handshake"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn https_probe_reads_status_and_body_prefix() {
+        let up = tls_talker("SERVING").await;
+        assert_eq!(probe_once(up, &with(HealthProtocol::Https, up.port(), None, Some("SERVING"))).await, Ok(()));
+        let down = tls_talker("NOT_SERVING").await;
+        let err = probe_once(down, &with(HealthProtocol::Https, down.port(), None, Some("SERVING"))).await.unwrap_err();
+        assert!(err.contains("does not start with \"SERVING\""), "{err}");
+        // Plain HTTP on the port: the TLS handshake fails.
+        let plain = http_server(200).await;
+        let err = probe_once(plain, &with(HealthProtocol::Https, plain.port(), None, None)).await.unwrap_err();
+        assert!(err.starts_with("TLS handshake"), "{err}");
     }
 }

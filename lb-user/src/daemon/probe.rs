@@ -79,6 +79,72 @@ pub struct HttpProber {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub tls: bool,
+    /// What the body must start with (read up to its length, no further).
+    pub body_prefix: Option<String>,
+}
+
+/// TCP or SSL with a conversation: connect (and the TLS handshake, without verifying the
+/// certificate), send `request`, and read until the answer shows `response` as its prefix (or
+/// the peer closes); without `response`, connecting (and sending) is the pass.
+#[derive(Debug)]
+pub struct StreamProber {
+    pub tls: bool,
+    pub request: Option<String>,
+    pub response: Option<String>,
+}
+
+impl Prober for StreamProber {
+    fn observe<'a>(
+        &'a self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
+        Box::pin(async move {
+            let stream = match connect(addr).await? {
+                Ok(s) => s,
+                Err(failed) => return Ok(failed),
+            };
+            Ok(if self.tls {
+                match tls::connector()
+                    .connect(tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()), stream)
+                    .await
+                {
+                    Ok(tls) => self.converse(tls).await,
+                    Err(e) => Observation::Failed(format!("TLS handshake: {e}")),
+                }
+            } else {
+                self.converse(stream).await
+            })
+        })
+    }
+}
+
+impl StreamProber {
+    async fn converse<S: AsyncRead + AsyncWrite + Unpin>(&self, mut s: S) -> Observation {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if let Some(request) = &self.request {
+            if let Err(e) = s.write_all(request.as_bytes()).await {
+                return Observation::Failed(format!("send: {e}"));
+            }
+        }
+        let Some(want) = &self.response else { return Observation::Connected };
+        let mut got = Vec::with_capacity(want.len());
+        let mut buf = [0u8; 512];
+        while got.len() < want.len() {
+            match s.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Observation::Failed(format!("receive: {e}")),
+            }
+        }
+        if got.starts_with(want.as_bytes()) {
+            Observation::Connected
+        } else {
+            Observation::Failed(format!(
+                "the response {:?} does not start with {want:?}",
+                String::from_utf8_lossy(&got[..got.len().min(64)])
+            ))
+        }
+    }
 }
 
 impl Prober for HttpProber {
@@ -145,7 +211,21 @@ impl HttpProber {
             .header("Connection", "close")
             .body(Empty::new())
             .map_err(|e| format!("request: {e}"))?;
-        let result = sender.send_request(req).await.map(|r| r.status().as_u16()).map_err(|e| format!("receive: {e}"));
+        let result = async {
+            let resp = sender.send_request(req).await.map_err(|e| format!("receive: {e}"))?;
+            let status = resp.status().as_u16();
+            if let Some(want) = &self.body_prefix {
+                let body = read_prefix(resp.into_body(), want.len()).await?;
+                if !body.starts_with(want.as_bytes()) {
+                    return Err(format!(
+                        "HTTP status {status}, body {:?} does not start with {want:?}",
+                        String::from_utf8_lossy(&body[..body.len().min(64)])
+                    ));
+                }
+            }
+            Ok(status)
+        }
+        .await;
         driver.abort();
         result
     }
@@ -159,6 +239,24 @@ pub struct Judged {
     pub error: Option<String>,
     /// The new verdict and why, when it changed.
     pub change: Option<(bool, String)>,
+}
+
+/// Up to `n` bytes of the start of `body` (a body that sends more is not read further).
+async fn read_prefix(mut body: hyper::body::Incoming, n: usize) -> Result<Vec<u8>, String> {
+    use http_body_util::BodyExt;
+    let mut got = Vec::with_capacity(n);
+    while got.len() < n {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    got.extend_from_slice(&data[..data.len().min(n - got.len())]);
+                }
+            }
+            Some(Err(e)) => return Err(format!("receive: {e}")),
+            None => break,
+        }
+    }
+    Ok(got)
 }
 
 /// Turns observations into a verdict: the product's rules.

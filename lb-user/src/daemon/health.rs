@@ -675,11 +675,11 @@ mod tests {
         let _ = s.shutdown().await;
     }
 
-    /// `header_server` behind TLS, with a self-signed certificate (which the probe accepts,
-    /// as Traffic Manager does).
-    async fn tls_header_server(status: u16) -> SocketAddr {
+    /// A TLS server side with a self-signed certificate (which probes accept, as Google Cloud's
+    /// and Traffic Manager's do).
+    fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
         use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer};
-        let cert = rcgen::generate_simple_self_signed(vec!["endpoint.test".into()]).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["backend.test".into()]).unwrap();
         let key = PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -688,7 +688,13 @@ mod tests {
             .with_no_client_auth()
             .with_single_cert(vec![cert.cert.der().clone()], key)
             .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+    }
+
+    /// `header_server` behind TLS, with a self-signed certificate (which the probe accepts,
+    /// as Traffic Manager does).
+    async fn tls_header_server(status: u16) -> SocketAddr {
+        let acceptor = tls_acceptor();
         spawn_server(move |s| {
             let acceptor = acceptor.clone();
             async move {
@@ -748,17 +754,7 @@ mod tests {
 
     /// The same behind TLS, with a self-signed certificate.
     async fn tls_talker(answer: &'static str) -> SocketAddr {
-        use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer};
-        let cert = rcgen::generate_simple_self_signed(vec!["backend.test".into()]).unwrap();
-        let key = PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.cert.der().clone()], key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let acceptor = tls_acceptor();
         spawn_server(move |s| {
             let acceptor = acceptor.clone();
             async move {

@@ -57,6 +57,29 @@ async fn connect(addr: SocketAddr) -> Result<Result<TcpStream, Observation>, Loc
     }
 }
 
+/// A probe's byte stream: plain TCP, or TLS over it.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Connects, then with `tls` (the name to send) does the TLS handshake, without verifying the
+/// certificate: Ok(Err(observation)) when the target failed either.
+async fn open(
+    addr: SocketAddr,
+    tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
+) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
+    let stream = match connect(addr).await? {
+        Ok(s) => s,
+        Err(failed) => return Ok(Err(failed)),
+    };
+    Ok(match tls {
+        None => Ok(Box::new(stream)),
+        Some(name) => match tls::connector().connect(name, stream).await {
+            Ok(s) => Ok(Box::new(s)),
+            Err(e) => Err(Observation::Failed(format!("TLS handshake: {e}"))),
+        },
+    })
+}
+
 /// TCP: the handshake completes.
 #[derive(Debug)]
 pub struct TcpProber;
@@ -99,20 +122,10 @@ impl Prober for StreamProber {
         addr: SocketAddr,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let stream = match connect(addr).await? {
-                Ok(s) => s,
-                Err(failed) => return Ok(failed),
-            };
-            Ok(if self.tls {
-                match tls::connector()
-                    .connect(tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()), stream)
-                    .await
-                {
-                    Ok(tls) => self.converse(tls).await,
-                    Err(e) => Observation::Failed(format!("TLS handshake: {e}")),
-                }
-            } else {
-                self.converse(stream).await
+            let name = self.tls.then(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));
+            Ok(match open(addr, name).await? {
+                Ok(stream) => self.converse(stream).await,
+                Err(failed) => failed,
             })
         })
     }
@@ -153,19 +166,11 @@ impl Prober for HttpProber {
         addr: SocketAddr,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let stream = match connect(addr).await? {
-                Ok(s) => s,
+            let stream = match open(addr, self.tls.then(|| self.server_name(addr))).await? {
+                Ok(stream) => stream,
                 Err(failed) => return Ok(failed),
             };
-            let status = if self.tls {
-                match tls::connector().connect(self.server_name(addr), stream).await {
-                    Ok(tls) => self.get(tls, addr).await,
-                    Err(e) => Err(format!("TLS handshake: {e}")),
-                }
-            } else {
-                self.get(stream, addr).await
-            };
-            Ok(status.map_or_else(Observation::Failed, Observation::HttpStatus))
+            Ok(self.get(stream, addr).await.map_or_else(Observation::Failed, Observation::HttpStatus))
         })
     }
 }
@@ -182,10 +187,7 @@ impl HttpProber {
             .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()))
     }
 
-    async fn get<S>(&self, stream: S, addr: SocketAddr) -> Result<u16, String>
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+    async fn get(&self, stream: Box<dyn Io>, addr: SocketAddr) -> Result<u16, String> {
         // Title-case header names, as the custom headers are written: some servers and
         // middleboxes on health-check paths match them case-sensitively.
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()

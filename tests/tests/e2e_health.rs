@@ -46,12 +46,15 @@ fn run(prefix: &str, v6: bool) {
     assert_eq!(got, BTreeSet::from(["b1-1".to_string(), "b1-3".to_string()]));
     assert!(!d.is_healthy("web", &topo.backends[1].addr(v6).to_string()).unwrap());
     // `lb status` shows each backend's last probe: the stopped one's error, the others' latency.
-    let down = d.backend_status("web", &topo.backends[1].addr(v6).to_string()).unwrap_or_else(|e| fail(e));
-    let last = down.last_probe.expect("a probed backend shows its last probe");
-    assert!(!last.passed && last.error.as_deref().unwrap_or_default().contains("connect"), "{last:?}");
-    let up = d.backend_status("web", &topo.backends[0].addr(v6).to_string()).unwrap_or_else(|e| fail(e));
-    let last = up.last_probe.expect("a probed backend shows its last probe");
-    assert!(last.passed && last.error.is_none() && last.latency_ms >= 0.0, "{last:?}");
+    let probes = d.status().unwrap_or_else(|e| fail(e)).probes;
+    let last = |b: usize| {
+        let addr = topo.backends[b].addr(v6);
+        probes.iter().find(|p| p.service == "web" && p.address == addr).map(|p| p.last.clone())
+    };
+    let down = last(1).expect("a probed backend shows its last probe");
+    assert!(!down.passed && down.error.as_deref().unwrap_or_default().contains("connect"), "{down:?}");
+    let up = last(0).expect("a probed backend shows its last probe");
+    assert!(up.passed && up.error.is_none() && up.latency_ms >= 0.0, "{up:?}");
     assert_eq!(reach_udp(), Some(all.clone()), "the UDP service still uses b1-2 (its own check passes)");
 
     // b1-3's UDP server stops (its probe port is 5353): UDP flows avoid it.

@@ -378,6 +378,8 @@ fn refused_reloads_leave_status_and_tables_byte_for_byte() {
     let status = || {
         let mut s = raw_status();
         s.as_object_mut().unwrap().remove("reloads");
+        // The last probes' timings move on by themselves.
+        s.as_object_mut().unwrap().remove("probes");
         s.to_string()
     };
     wait_for("every backend healthy", Duration::from_secs(60), || {

@@ -125,7 +125,7 @@ pub fn status(v: &Status) -> String {
                 b.health_source.to_string(),
                 b.weight.to_string(),
                 b.draining.to_string(),
-                last_probe(b.last_probe.as_ref()),
+                last_probe(v.probes.iter().find(|p| p.service == svc.name && p.address == b.address).map(|p| &p.last)),
             ];
             backends.add_row(cells.to_vec());
         }
@@ -373,6 +373,7 @@ mod tests {
             announce: None,
             reloads: Default::default(),
             faults: Default::default(),
+            probes: Vec::new(),
         }
     }
 

@@ -330,6 +330,7 @@ mod tests {
             announce: None,
             reloads: Default::default(),
             faults: Default::default(),
+            probes: Vec::new(),
         }
     }
 

@@ -29,6 +29,9 @@ pub struct Status {
     /// The daemon's survived failures by name (`daemon::faults`); absent from older daemons.
     #[serde(default)]
     pub faults: Counters,
+    /// Each probed backend's last health-check or monitor probe.
+    #[serde(default)]
+    pub probes: Vec<ProbeStatus>,
 }
 
 /// Reloads applied and refused, and why the last one was refused if no reload was applied
@@ -89,9 +92,15 @@ pub struct BackendStatus {
     pub health_source: HealthSource,
     pub weight: u32,
     pub draining: bool,
-    /// The last health-check or monitor probe (absent: not probed, or not yet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_probe: Option<ProbeResult>,
+}
+
+/// The last probe of one backend (`lb status`), apart from the services' state so that
+/// comparing two statuses' services compares configuration and verdicts, not probe timings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStatus {
+    pub service: String,
+    pub address: IpAddr,
+    pub last: ProbeResult,
 }
 
 /// One probe's result (`lb status`).
@@ -339,7 +348,6 @@ mod tests {
             health_source: HealthSource::HealthCheck,
             weight: 1,
             draining: false,
-            last_probe: None,
         };
         let v = serde_json::to_value(&b).unwrap();
         assert_eq!(

@@ -112,12 +112,6 @@ impl Daemon {
                             health_source: source,
                             weight: b.weight,
                             draining: self.ctl.is_drained(&svc.name, address),
-                            last_probe: super::probe::last_probe(&svc.name, address).map(|p| reply::ProbeResult {
-                                passed: p.passed,
-                                error: p.error,
-                                latency_ms: p.latency.as_secs_f64() * 1000.0,
-                                seconds_ago: p.at.elapsed().as_secs(),
-                            }),
                         }
                     })
                     .collect();
@@ -158,6 +152,7 @@ impl Daemon {
             announce,
             reloads: self.reloads.counts().clone(),
             faults: faults::snapshot(),
+            probes: self.probe_statuses(),
         }
     }
 
@@ -223,5 +218,24 @@ impl Daemon {
             self.args.interfaces.join(", "),
             self.args.socket.display()
         )
+    }
+
+    /// The last probe of every configured backend that was probed.
+    fn probe_statuses(&self) -> Vec<reply::ProbeStatus> {
+        let cfg = self.ctl.config();
+        cfg.services
+            .iter()
+            .flat_map(|svc| svc.backends.iter().filter_map(|b| Some((svc.name.as_str(), b.address()?))))
+            .filter_map(|(service, address)| {
+                let p = super::probe::last_probe(service, address)?;
+                let last = reply::ProbeResult {
+                    passed: p.passed,
+                    error: p.error,
+                    latency_ms: p.latency.as_secs_f64() * 1000.0,
+                    seconds_ago: p.at.elapsed().as_secs(),
+                };
+                Some(reply::ProbeStatus { service: service.to_owned(), address, last })
+            })
+            .collect()
     }
 }

@@ -220,30 +220,7 @@ pub fn slot_state<S: Slot>(slot: &S) -> u32 {
     unsafe { core::ptr::read_volatile(slot.state_ptr()) }
 }
 
-/// The running result of a search over a key's 16 candidate slots. The data plane keeps it in
-/// map memory (a per-CPU scratch record) and every access is volatile: the verifier then sees
-/// one unknown value instead of following one program state per candidate slot through the
-/// rest of the program, which would exceed its instruction budget.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Search {
-    /// The slot found or chosen, `candidate * WAYS + way`.
-    pub index: u32,
-    /// That slot's state when the search saw it: a writer takes the slot only from this state,
-    /// so a slot another CPU wrote since the search is left alone.
-    pub state: u32,
-    /// Per candidate bucket: its first slot without a writer and without a live flow (empty,
-    /// or its flow idle: see [`victim`]), or [`NO_SLOT`].
-    pub free: [u8; 2],
-    /// Per candidate bucket: its slots without a writer and without a live flow.
-    pub free_count: [u8; 2],
-    /// How [`victim`] chose `index`: [`chosen::OWN`], [`chosen::EVICTS`], [`chosen::FULL`] or
-    /// 0 (a slot without a live flow). Kept so that an insert can write the choice of a search made before it
-    /// (a re-selecting SYN's) without searching again.
-    pub chosen: u32,
-    /// `last_seen_ns` of the least recently seen unconfirmed live flow so far.
-    pub oldest: u64,
-}
+pub use crate::maps::Search;
 
 /// Values of [`Search::chosen`].
 pub mod chosen {
@@ -426,6 +403,15 @@ pub fn fresh_after(now_ns: u64, idle_timeout_ns: u64) -> u64 {
         now_ns.saturating_sub(idle_timeout_ns)
     }
 }
+
+#[cfg(feature = "user")]
+crate::pod!(Slot4, Slot6, Bucket4, Bucket6);
+
+// Layout guards, see `maps`.
+const _: () = assert!(core::mem::size_of::<Slot4>() == 48);
+const _: () = assert!(core::mem::size_of::<Slot6>() == 72);
+const _: () = assert!(core::mem::size_of::<Bucket4>() == 48 * WAYS);
+const _: () = assert!(core::mem::size_of::<Bucket6>() == 72 * WAYS);
 
 #[cfg(test)]
 mod tests {

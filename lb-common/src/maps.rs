@@ -114,7 +114,7 @@ pub struct ServiceKey {
 
 impl ServiceKey {
     /// The key as five native-endian words, exactly as it sits in memory: what
-    /// [`crate::hash::service_slot_hash`] hashes and the probe compares. The data plane builds the same
+    /// `hash::service_slot_hash` hashes and the probe compares. The data plane builds the same
     /// words from a packet as `addr[0..4], port | proto << 16 | family << 24` (little endian).
     #[inline(always)]
     pub fn words(&self) -> [u32; 5] {
@@ -166,7 +166,7 @@ pub const SERVICE_PROBES: u32 = 8;
 pub struct ServiceTableRef {
     /// Index of the first slot of the active half (0 or S).
     pub base: u32,
-    /// Seed of [`crate::hash::service_slot_hash`] the active half was built with.
+    /// Seed of `hash::service_slot_hash` the active half was built with.
     pub seed: u32,
 }
 
@@ -448,13 +448,38 @@ pub mod stat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GlobalStats {
     pub counters: [u64; stat::GLOBAL_COUNT as usize],
-    pub ct_search: crate::ct_table::Search,
+    pub ct_search: Search,
 }
 
 impl Default for GlobalStats {
     fn default() -> Self {
-        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: crate::ct_table::Search::default() }
+        Self { counters: [0; stat::GLOBAL_COUNT as usize], ct_search: Search::default() }
     }
+}
+
+/// The running result of a connection-table search (`ct_table`) over a key's 16 candidate
+/// slots. The data plane keeps it in map memory (a per-CPU scratch record) and every access is
+/// volatile: the verifier then sees one unknown value instead of following one program state per candidate slot through the
+/// rest of the program, which would exceed its instruction budget.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Search {
+    /// The slot found or chosen, `candidate * WAYS + way`.
+    pub index: u32,
+    /// That slot's state when the search saw it: a writer takes the slot only from this state,
+    /// so a slot another CPU wrote since the search is left alone.
+    pub state: u32,
+    /// Per candidate bucket: its first slot without a writer and without a live flow (empty,
+    /// or its flow idle: see `ct_table::victim`), or `ct_table::NO_SLOT`.
+    pub free: [u8; 2],
+    /// Per candidate bucket: its slots without a writer and without a live flow.
+    pub free_count: [u8; 2],
+    /// How `ct_table::victim` chose `index`: `ct_table::chosen::{OWN, EVICTS, FULL}` or 0 (a
+    /// slot without a live flow). Kept so that an insert can write the choice of a search made
+    /// before it (a re-selecting SYN's) without searching again.
+    pub chosen: u32,
+    /// `last_seen_ns` of the least recently seen unconfirmed live flow so far.
+    pub oldest: u64,
 }
 
 /// Slots of `LOCAL_MACS`, a direct-mapped array indexed by [`local_mac_slot`].
@@ -510,18 +535,8 @@ pub struct BackendCounters {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    use crate::ct_table::{Bucket4, Bucket6, Search, Slot4, Slot6};
-    macro_rules! pod {
-        ($($t:ty),*) => {$(
-            unsafe impl aya::Pod for $t {}
-            unsafe impl bytemuck::Zeroable for $t {}
-            unsafe impl bytemuck::Pod for $t {}
-        )*};
-    }
-    pod!(
+    crate::pod!(
         SourceKey,
-        crate::trace::TraceFilter,
-        crate::trace::TraceEvent,
         ServiceKey,
         ServiceInfo,
         ServiceSlot,
@@ -530,10 +545,6 @@ mod pod {
         CtKey,
         CtKey4,
         CtEntry,
-        Slot4,
-        Slot6,
-        Bucket4,
-        Bucket6,
         Search,
         Backend,
         ClassKey,
@@ -557,11 +568,7 @@ const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot4>() == 48);
-const _: () = assert!(core::mem::size_of::<crate::ct_table::Search>() == 24);
-const _: () = assert!(core::mem::size_of::<crate::ct_table::Slot6>() == 72);
-const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket4>() == 48 * crate::ct_table::WAYS);
-const _: () = assert!(core::mem::size_of::<crate::ct_table::Bucket6>() == 72 * crate::ct_table::WAYS);
+const _: () = assert!(core::mem::size_of::<Search>() == 24);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);

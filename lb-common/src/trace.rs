@@ -156,6 +156,9 @@ pub const fn family_len(family: u8) -> u32 {
     }
 }
 
+#[cfg(feature = "user")]
+crate::pod!(TraceFilter, TraceEvent);
+
 #[cfg(test)]
 mod tests {
     use super::*;

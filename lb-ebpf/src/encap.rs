@@ -15,15 +15,33 @@ use lb_common::decide::encap_source_word;
 use lb_common::maps::{stat, Backend, ServiceInfo, FAMILY_V4, FAMILY_V6};
 
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_IPIP, IPPROTO_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN};
-use lb_ebpf::packet::put_word;
+use lb_ebpf::packet::{ipv4_checksum, put_word};
 
 use crate::icmp;
-use crate::nexthop::{self, Outer, Route};
+use crate::nexthop::{self, Family, Forward, MacFrom, Outer, Route};
 use crate::parse::Packet;
 use crate::stats::{drop, Counters};
 
 /// TTL / hop limit of the outer header; the inner packet is not touched.
 const OUTER_TTL: u32 = 64;
+
+/// The backend a packet goes to: its id (the next-hop cache's index), its record, and the
+/// packet's flow hash (the hashed bits of an outer source, IPv6's flow label).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub id: u32,
+    pub backend: &'a Backend,
+    pub hash: u32,
+}
+
+/// What every way out needs from the packet's context: the data-plane clock, the ingress device
+/// (read once by the caller) and the counters.
+#[derive(Clone, Copy)]
+pub struct Context {
+    pub now: u64,
+    pub ingress: u32,
+    pub counters: Counters,
+}
 
 /// Transmit on the ingress device or redirect to the route's device.
 #[inline(always)]
@@ -37,37 +55,17 @@ fn transmit(route: &Route, counters: Counters) -> u32 {
     }
 }
 
-/// IPv4 header checksum of the five header words (checksum field zero). The one's-complement
-/// sum does not depend on byte order (RFC 1071), so the little-endian words are summed as they
-/// are and the result is stored the same way.
-#[inline(always)]
-pub fn ipv4_checksum(w: &[u32; 5]) -> u32 {
-    let sum = w[0] as u64 + w[1] as u64 + w[2] as u64 + w[3] as u64 + w[4] as u64;
-    // Below 2^35; 2^16 = 1 modulo 0xffff, so its three 16-bit parts add to the same sum
-    // (below 3 * 2^16), and two folds bring that to 16 bits (a shorter chain than folding
-    // 64 -> 32 -> 16 bits).
-    let mut s = (sum & 0xffff) + ((sum >> 16) & 0xffff) + (sum >> 32);
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    !(s as u32) & 0xffff
-}
-
 /// Grows the head so that the frame becomes eth + `outer_len` bytes + the inner IP datagram,
 /// and writes the Ethernet header. Returns the frame start, with eth + `outer_len` bytes
-/// bounds-checked for writing.
+/// bounds-checked for writing. (`outer_len` is a constant of each encapsulation.)
 #[inline(always)]
-fn push_outer<const OUTER: usize>(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    route: &Route,
-    ethertype: u16,
-) -> Result<*mut u8, u32> {
-    let delta = (ETH_LEN + OUTER) as i32 - pkt.l3_off as i32;
+fn push_outer(ctx: &XdpContext, pkt: &Packet, route: &Route, outer_len: usize, ethertype: u16) -> Result<*mut u8, u32> {
+    let delta = (ETH_LEN + outer_len) as i32 - pkt.l3_off as i32;
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -delta) } != 0 {
         return Err(stat::DROP_ENCAP);
     }
     let p = ctx.data() as *mut u8;
-    if ctx.data() + ETH_LEN + OUTER > ctx.data_end() {
+    if ctx.data() + ETH_LEN + outer_len > ctx.data_end() {
         return Err(stat::DROP_ENCAP);
     }
     put_word(p, 0, route.macs[0]);
@@ -77,115 +75,127 @@ fn push_outer<const OUTER: usize>(
     Ok(p)
 }
 
-/// IPv4-in-IPv4 to the backend.
-#[inline(always)]
-pub fn ipip_v4(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    backend_id: u32,
-    backend: &Backend,
-    svc: &ServiceInfo,
-    hash: u32,
-    now: u64,
-    ingress: u32,
-    counters: Counters,
-) -> u32 {
-    if backend.family != FAMILY_V4 {
-        return drop(stat::DROP_ENCAP, counters);
-    }
-    let tot_len = pkt.l3_len + IPV4_HDR_LEN;
-    if tot_len > 0xffff {
-        return drop(stat::DROP_ENCAP, counters);
-    }
-    let src = encap_source_word(svc.encap_src[0], svc.encap_src_hash_mask, hash);
-    let outer = Outer {
-        ipv6: false,
-        l2: false,
-        neigh: false,
-        len: tot_len as u32,
-        src: [src, 0, 0, 0],
-        src_mask: svc.encap_src_hash_mask,
-        dst: backend.addr,
-    };
-    let route = match nexthop::route(ctx, backend_id, outer, now, ingress) {
-        Ok(r) => r,
-        Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV4_HDR_LEN as u32, now, counters),
-    };
-    let p = match push_outer::<IPV4_HDR_LEN>(ctx, pkt, &route, ETH_P_IP) {
-        Ok(p) => p,
-        Err(reason) => return drop(reason, counters),
-    };
-    // Version/IHL, the inner TOS, total length | identification and DF copied from the inner
-    // header | TTL, protocol, checksum | source | destination.
-    let mut h = [
-        0x45 | (pkt.tclass as u32) << 8 | ((tot_len as u16).to_be() as u32) << 16,
-        pkt.id_df,
-        OUTER_TTL | (IPPROTO_IPIP as u32) << 8,
-        src,
-        backend.addr[0],
-    ];
-    h[2] |= ipv4_checksum(&h) << 16;
-    for (i, w) in h.iter().enumerate() {
-        put_word(p, ETH_LEN + 4 * i, *w);
-    }
-    transmit(&route, counters)
+/// What differs between the IP-in-IP encapsulations; [`encapsulate`] is the sequence they
+/// share (route, push the outer header, write it, transmit).
+pub trait IpInIp {
+    /// The backend's family this encapsulation carries to (the inner packet's).
+    const FAMILY: u8;
+    /// The outer header's family, length, ethertype and protocol.
+    const OUTER_FAMILY: Family;
+    const OUTER_LEN: usize;
+    const ETHERTYPE: u16;
+    const PROTO: u8;
+    /// The outer datagram's length; None if it does not fit the length field.
+    fn outer_len(pkt: &Packet) -> Option<u32>;
+    /// The outer source: the service's, with the hashed bits from the flow hash.
+    fn source(svc: &ServiceInfo, hash: u32) -> [u32; 4];
+    /// Writes the outer IP header at `at` (bounds-checked for `OUTER_LEN` bytes).
+    fn write_header(at: *mut u8, pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], hash: u32, len: u32);
 }
 
-/// IPv6-in-IPv6 to the backend.
+/// IPv4-in-IPv4 (RFC 2003).
+pub struct Ipip;
+
+impl IpInIp for Ipip {
+    const FAMILY: u8 = FAMILY_V4;
+    const OUTER_FAMILY: Family = Family::V4;
+    const OUTER_LEN: usize = IPV4_HDR_LEN;
+    const ETHERTYPE: u16 = ETH_P_IP;
+    const PROTO: u8 = IPPROTO_IPIP;
+
+    #[inline(always)]
+    fn outer_len(pkt: &Packet) -> Option<u32> {
+        let tot_len = pkt.l3_len + IPV4_HDR_LEN;
+        (tot_len <= 0xffff).then_some(tot_len as u32)
+    }
+
+    #[inline(always)]
+    fn source(svc: &ServiceInfo, hash: u32) -> [u32; 4] {
+        [encap_source_word(svc.encap_src[0], svc.encap_src_hash_mask, hash), 0, 0, 0]
+    }
+
+    #[inline(always)]
+    fn write_header(at: *mut u8, pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], _hash: u32, len: u32) {
+        // Version/IHL, the inner TOS, total length | identification and DF copied from the
+        // inner header | TTL, protocol, checksum | source | destination.
+        let mut h = [
+            0x45 | (pkt.tclass as u32) << 8 | ((len as u16).to_be() as u32) << 16,
+            pkt.id_df,
+            OUTER_TTL | (IPPROTO_IPIP as u32) << 8,
+            src[0],
+            dst[0],
+        ];
+        h[2] |= ipv4_checksum(&h) << 16;
+        for (i, w) in h.iter().enumerate() {
+            put_word(at, ETH_LEN + 4 * i, *w);
+        }
+    }
+}
+
+/// IPv6-in-IPv6 (RFC 2473).
+pub struct Ip6ip6;
+
+impl IpInIp for Ip6ip6 {
+    const FAMILY: u8 = FAMILY_V6;
+    const OUTER_FAMILY: Family = Family::V6;
+    const OUTER_LEN: usize = IPV6_HDR_LEN;
+    const ETHERTYPE: u16 = ETH_P_IPV6;
+    const PROTO: u8 = IPPROTO_IPV6;
+
+    #[inline(always)]
+    fn outer_len(pkt: &Packet) -> Option<u32> {
+        (pkt.l3_len <= 0xffff).then_some((pkt.l3_len + IPV6_HDR_LEN) as u32)
+    }
+
+    #[inline(always)]
+    fn source(svc: &ServiceInfo, hash: u32) -> [u32; 4] {
+        let s = svc.encap_src;
+        [s[0], s[1], s[2], encap_source_word(s[3], svc.encap_src_hash_mask, hash)]
+    }
+
+    #[inline(always)]
+    fn write_header(at: *mut u8, pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], hash: u32, _len: u32) {
+        // Version 6, the inner traffic class, flow label from the flow hash (spreads ECMP/RSS).
+        let h = [
+            ((6u32 << 28) | ((pkt.tclass as u32) << 20) | (hash & 0x000f_ffff)).to_be(),
+            (((pkt.l3_len as u32) << 16) | ((IPPROTO_IPV6 as u32) << 8) | OUTER_TTL).to_be(),
+            src[0],
+            src[1],
+            src[2],
+            src[3],
+            dst[0],
+            dst[1],
+            dst[2],
+            dst[3],
+        ];
+        for (i, w) in h.iter().enumerate() {
+            put_word(at, ETH_LEN + 4 * i, *w);
+        }
+    }
+}
+
+/// Encapsulates the packet for `to` with `E` and sends it on the route to the backend.
 #[inline(always)]
-pub fn ip6ip6(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    backend_id: u32,
-    backend: &Backend,
-    svc: &ServiceInfo,
-    hash: u32,
-    now: u64,
-    ingress: u32,
-    counters: Counters,
-) -> u32 {
-    if backend.family != FAMILY_V6 {
-        return drop(stat::DROP_ENCAP, counters);
+pub fn encapsulate<E: IpInIp>(ctx: &XdpContext, pkt: &Packet, to: Target, svc: &ServiceInfo, at: Context) -> u32 {
+    if to.backend.family != E::FAMILY {
+        return drop(stat::DROP_ENCAP, at.counters);
     }
-    if pkt.l3_len > 0xffff {
-        return drop(stat::DROP_ENCAP, counters);
-    }
-    let s = svc.encap_src;
-    let src = [s[0], s[1], s[2], encap_source_word(s[3], svc.encap_src_hash_mask, hash)];
-    let outer = Outer {
-        ipv6: true,
-        l2: false,
-        neigh: false,
-        len: (pkt.l3_len + IPV6_HDR_LEN) as u32,
-        src,
-        src_mask: svc.encap_src_hash_mask,
-        dst: backend.addr,
+    let Some(len) = E::outer_len(pkt) else {
+        return drop(stat::DROP_ENCAP, at.counters);
     };
-    let route = match nexthop::route(ctx, backend_id, outer, now, ingress) {
+    let src = E::source(svc, to.hash);
+    let forward = Forward::Encap { proto: E::PROTO };
+    let outer = Outer::new(E::OUTER_FAMILY, forward, len, src, svc.encap_src_hash_mask, to.backend.addr);
+    let route = match nexthop::route(ctx, to.id, outer, at.now, at.ingress) {
         Ok(r) => r,
-        Err(reason) => return icmp::route_failed(ctx, pkt, reason, IPV6_HDR_LEN as u32, now, counters),
+        Err(reason) => return icmp::route_failed(ctx, pkt, reason, E::OUTER_LEN as u32, at.now, at.counters),
     };
-    let p = match push_outer::<IPV6_HDR_LEN>(ctx, pkt, &route, ETH_P_IPV6) {
+    let p = match push_outer(ctx, pkt, &route, E::OUTER_LEN, E::ETHERTYPE) {
         Ok(p) => p,
-        Err(reason) => return drop(reason, counters),
+        Err(reason) => return drop(reason, at.counters),
     };
-    // Version 6, the inner traffic class, flow label from the flow hash (spreads ECMP/RSS).
-    let h = [
-        ((6u32 << 28) | ((pkt.tclass as u32) << 20) | (hash & 0x000f_ffff)).to_be(),
-        (((pkt.l3_len as u32) << 16) | ((IPPROTO_IPV6 as u32) << 8) | OUTER_TTL).to_be(),
-        src[0],
-        src[1],
-        src[2],
-        src[3],
-        backend.addr[0],
-        backend.addr[1],
-        backend.addr[2],
-        backend.addr[3],
-    ];
-    for (i, w) in h.iter().enumerate() {
-        put_word(p, ETH_LEN + 4 * i, *w);
-    }
-    transmit(&route, counters)
+    E::write_header(p, pkt, &src, &to.backend.addr, to.hash, len);
+    transmit(&route, at.counters)
 }
 
 /// L2 DSR: the backend shares a segment with the balancer and owns the VIP on a loopback; the
@@ -198,15 +208,9 @@ pub fn ip6ip6(
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
 /// device, on which native XDP cannot transmit.
 #[inline(always)]
-pub fn l2_dsr(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    backend_id: u32,
-    backend: &Backend,
-    now: u64,
-    ingress: u32,
-    counters: Counters,
-) -> u32 {
+pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context) -> u32 {
+    let Context { now, ingress, counters } = at;
+    let backend = to.backend;
     let m = backend.mac;
     let mut dmac_lo = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]);
     let mut dmac_hi = u16::from_ne_bytes([m[4], m[5]]) as u32;
@@ -219,16 +223,10 @@ pub fn l2_dsr(
     let untagged = pkt.l3_off == ETH_LEN;
     // A tagged frame needs the route only for the neighbour's MAC (it leaves by the ingress).
     let egress = if untagged || from_neigh {
-        let outer = Outer {
-            ipv6: backend.family == FAMILY_V6,
-            l2: true,
-            neigh: from_neigh,
-            len: pkt.l3_len as u32,
-            src: [0; 4],
-            src_mask: 0,
-            dst: backend.addr,
-        };
-        match nexthop::route(ctx, backend_id, outer, now, ingress) {
+        let family = if backend.family == FAMILY_V6 { Family::V6 } else { Family::V4 };
+        let forward = Forward::Rewrite { mac: if from_neigh { MacFrom::Neighbour } else { MacFrom::Config } };
+        let outer = Outer::new(family, forward, pkt.l3_len as u32, [0; 4], 0, backend.addr);
+        match nexthop::route(ctx, to.id, outer, now, ingress) {
             Ok(r) => {
                 if from_neigh {
                     // The next hop's MAC: word 0 and the low half of word 1 (see `Route::macs`).

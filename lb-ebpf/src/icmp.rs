@@ -18,9 +18,8 @@ use aya_ebpf::{
 };
 use lb_common::maps::{stat, FAMILY_V4};
 use lb_ebpf::consts::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN};
-use lb_ebpf::packet::{put_word, word};
+use lb_ebpf::packet::{ipv4_checksum, put_word, word};
 
-use crate::encap::ipv4_checksum;
 use crate::maps::ICMP_RATE;
 use crate::nexthop::TOO_BIG;
 use crate::parse::Packet;

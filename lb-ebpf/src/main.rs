@@ -211,7 +211,7 @@ fn choose(svc: &ServiceInfo, pkt: &Packet) -> Choice {
 fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, counters: Counters) -> u32 {
     stop_before!(STOP, 1);
     note!(TRACE, trace::packet(pkt.family, &pkt.tuple));
-    let svc = match select::lookup_service(&pkt) {
+    let svc = match select::lookup_service(pkt) {
         Some(s) => s,
         None => {
             // Not a VIP, or a VIP without a service on this port/protocol: the host's business.
@@ -321,9 +321,11 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
     }
 
     stop_before!(STOP, 4);
+    let to = encap::Target { id, backend, hash };
+    let at = encap::Context { now, ingress, counters };
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, &pkt, id, backend, now, ingress, counters),
-        _ if pkt.family == FAMILY_V4 => encap::ipip_v4(ctx, &pkt, id, backend, svc, hash, now, ingress, counters),
-        _ => encap::ip6ip6(ctx, &pkt, id, backend, svc, hash, now, ingress, counters),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, pkt, to, at),
+        _ if pkt.family == FAMILY_V4 => encap::encapsulate::<encap::Ipip>(ctx, pkt, to, svc, at),
+        _ => encap::encapsulate::<encap::Ip6ip6>(ctx, pkt, to, svc, at),
     }
 }

@@ -12,8 +12,6 @@ use lb_common::maps::{
     SourceKey, TableRef, LOCAL_MAC_SLOTS,
 };
 
-use crate::nexthop::{FibParams, NextHop};
-
 /// (VIP, port, proto) -> service, as an open-addressing hash table in two halves of
 /// SERVICE_SLOTS slots each (see `select::service`). Port 0 = all ports, proto 0 = L3_DEFAULT.
 /// An array rather than a hash map: the verifier inlines array lookups, a hash-map lookup is a
@@ -65,12 +63,7 @@ pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entri
 /// Backend id -> that backend's packets, bytes and new flows (this CPU's copy).
 #[map]
 pub static BACKEND_STATS: PerCpuArray<BackendCounters> = PerCpuArray::with_max_entries(1, 0);
-/// Backend id -> cached `bpf_fib_lookup` result (this CPU's copy), see `nexthop`.
-#[map]
-pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0);
-/// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
-#[map]
-pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
+// NEXT_HOPS and FIB_PARAMS are declared in `nexthop`, their one user.
 /// `lb_common::maps::local_mac_slot(ifindex)` -> an interface the balancer is attached to and
 /// its MAC (written by the daemon before it attaches; not pinned: each loaded program has its
 /// own, filled before it is attached or swapped in). A fixed size: not set from the configuration.

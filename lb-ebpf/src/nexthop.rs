@@ -18,11 +18,18 @@
 //! rules, multipath routes hashing the source) are followed per backend, CPU and second rather
 //! than per packet. Per CPU, so there is no shared writer and no torn entry.
 
-use aya_ebpf::{bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, programs::XdpContext};
+use aya_ebpf::{
+    bindings::bpf_fib_lookup as bpf_fib_lookup_t, helpers::bpf_fib_lookup, macros::map, maps::PerCpuArray,
+    programs::XdpContext,
+};
 use lb_common::maps::stat;
-use lb_ebpf::consts::{IPPROTO_IPIP, IPPROTO_IPV6};
 
-use crate::maps::{FIB_PARAMS, NEXT_HOPS};
+/// Backend id -> cached `bpf_fib_lookup` result (this CPU's copy), sized like `BACKENDS` by the loader.
+#[map]
+pub static NEXT_HOPS: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(1, 0);
+/// This CPU's `bpf_fib_lookup` parameter block (`nexthop::resolve`; off the BPF stack).
+#[map]
+pub static FIB_PARAMS: PerCpuArray<FibParams> = PerCpuArray::with_max_entries(1, 0);
 
 /// How long a resolved next hop is reused.
 pub const NEXT_HOP_TTL_NS: u64 = 1_000_000_000;
@@ -39,10 +46,11 @@ const FIB_FRAG_NEEDED: i64 = 8;
 /// Marks the error of `route` for a datagram longer than the route's MTU: `TOO_BIG | mtu`
 /// (the MTU in the low 16 bits). Every other error is a drop reason (`stat::*`, small).
 pub const TOO_BIG: u32 = 1 << 31;
-/// Marks an entry filled by an L2 DSR lookup in `NextHop::family`: its MACs may be zero (no
-/// neighbour entry), so an encapsulation must not use it.
+/// Marks an entry filled by a rewrite's lookup in `NextHop::family`: its MACs may be zero (no
+/// neighbour entry), so an encapsulation must not use it. (An encapsulation's entry carries
+/// its outer protocol in bits 24..32.)
 const L2_LOOKUP: u32 = 1 << 16;
-/// With `L2_LOOKUP`: the lookup wanted the neighbour's MAC (`Outer::neigh`), so the entry's
+/// With `L2_LOOKUP`: the lookup wanted the neighbour's MAC (`MacFrom::Neighbour`), so the entry's
 /// MACs are real; kept apart from the entries of lookups that did not need them.
 const L2_NEIGH: u32 = 1 << 17;
 
@@ -55,8 +63,8 @@ pub struct NextHop {
     /// What it was resolved for: backend address, outer source with the hashed bits cleared.
     pub dst: [u32; 4],
     pub src: [u32; 4],
-    /// The service's hashed-bit mask of the outer source, the address family (AF_INET or
-    /// AF_INET6, plus `L2_LOOKUP`, and `L2_NEIGH`, for an L2 DSR lookup) and the ingress device.
+    /// The service's hashed-bit mask of the outer source, the address family and method
+    /// (`Outer::new`) and the ingress device.
     pub src_mask: u32,
     pub family: u32,
     pub ingress_ifindex: u32,
@@ -78,45 +86,107 @@ pub struct Route {
     pub ingress_ifindex: u32,
 }
 
-/// The packet to route: an encapsulation's outer packet, or (`l2`) an L2 DSR frame. Passed by
-/// value: the cache check reads its fields as values, and only a lookup (the cold path) puts a
-/// copy in memory, so the common packet does not build it on the stack.
+/// The packet's address family, for the lookup and the cache.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    #[inline(always)]
+    fn af(self) -> u32 {
+        match self {
+            Family::V4 => AF_INET,
+            Family::V6 => AF_INET6,
+        }
+    }
+}
+
+/// Where the destination's MAC of a rewritten frame comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum MacFrom {
+    /// The configuration (the backend record's MAC): only the egress device and its MAC are
+    /// wanted. Back out of the ingress device such a lookup succeeds without a neighbour entry
+    /// for the destination, with both MACs zero (the kernel fills the device's MAC only with
+    /// the neighbour's); these entries are cached apart from the others.
+    Config,
+    /// The host's neighbour table: the lookup needs the neighbour entry as an encapsulation
+    /// does (NO_NEIGH is `drop_no_neigh`, and forwarding must be on).
+    Neighbour,
+}
+
+/// How the packet leaves, as far as the route lookup and its cache are concerned: the
+/// forwarding method's descriptor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Forward {
+    /// A new outer packet of this IP protocol (IPIP, IPV6) carrying the packet.
+    Encap { proto: u8 },
+    /// The packet itself, its Ethernet header rewritten (L2 DSR).
+    Rewrite { mac: MacFrom },
+}
+
+/// The packet to route: an encapsulation's outer packet, or a rewritten frame. Passed by value:
+/// the cache check reads its fields as values, and only a lookup (the cold path) puts a copy in
+/// memory, so the common packet does not build it on the stack.
 #[derive(Clone, Copy)]
 pub struct Outer {
-    /// AF_INET or AF_INET6.
-    pub ipv6: bool,
-    /// L2 DSR: only the egress device and its MAC are wanted (the backend's MAC is configured;
-    /// without one, `neigh`).
-    /// Back out of the ingress device such a lookup succeeds without a neighbour entry for the
-    /// backend, with both MACs zero (the kernel fills the device's MAC only with the
-    /// neighbour's); these entries are cached apart from encapsulation ones.
-    pub l2: bool,
-    /// L2 DSR to a backend without a configured MAC: its MAC is the neighbour's, so the lookup
-    /// needs the neighbour entry as an encapsulation does (NO_NEIGH is `drop_no_neigh`, and
-    /// forwarding must be on). Only with `l2`.
-    pub neigh: bool,
+    /// The family and the forwarding descriptor as one word, the way `NextHop::family` holds
+    /// them (see [`Outer::new`]): one value to compare and store instead of three (and the
+    /// lookup's frame, which adds to the balancer's 512 bytes of stack, stays small).
+    tag: u32,
     /// Outer datagram length.
     pub len: u32,
     /// Outer source (the hashed bits filled in) and the mask of those bits in the word that
-    /// carries them (word 0 for IPv4, word 3 for IPv6), host order.
+    /// carries them (word 0 for IPv4, word 3 for IPv6), host order. Zero for a rewrite.
     pub src: [u32; 4],
     pub src_mask: u32,
     pub dst: [u32; 4],
 }
 
-/// `NextHop::family` of an entry for `o`: its address family, marked for an L2 lookup.
-#[inline(always)]
-fn cache_family(o: &Outer) -> u32 {
-    (if o.ipv6 { AF_INET6 } else { AF_INET })
-        | if o.l2 { L2_LOOKUP } else { 0 }
-        | if o.l2 && o.neigh { L2_NEIGH } else { 0 }
+impl Outer {
+    /// The packet `forward` sends, of `family`. Its tag: the address family (AF_INET or
+    /// AF_INET6), and for an encapsulation the outer protocol in bits 24..32, for a rewrite
+    /// `L2_LOOKUP` (and `L2_NEIGH` when the neighbour's MAC is wanted), so that cache entries of
+    /// different methods are never mixed up.
+    #[inline(always)]
+    pub fn new(family: Family, forward: Forward, len: u32, src: [u32; 4], src_mask: u32, dst: [u32; 4]) -> Self {
+        let method = match forward {
+            Forward::Encap { proto } => (proto as u32) << 24,
+            Forward::Rewrite { mac: MacFrom::Config } => L2_LOOKUP,
+            Forward::Rewrite { mac: MacFrom::Neighbour } => L2_LOOKUP | L2_NEIGH,
+        };
+        Outer { tag: family.af() | method, len, src, src_mask, dst }
+    }
+
+    #[inline(always)]
+    fn af(&self) -> u32 {
+        self.tag & 0xffff
+    }
+
+    #[inline(always)]
+    fn ipv6(&self) -> bool {
+        self.af() == AF_INET6
+    }
+
+    /// The IP protocol the lookup is for: the encapsulation's, 0 for a rewrite.
+    #[inline(always)]
+    fn l4_proto(&self) -> u32 {
+        self.tag >> 24
+    }
+
+    /// A rewrite to a configured MAC: the lookup needs no neighbour entry.
+    #[inline(always)]
+    fn mac_configured(&self) -> bool {
+        self.tag & (L2_LOOKUP | L2_NEIGH) == L2_LOOKUP
+    }
 }
 
 /// The source with the hashed bits cleared: what the cache entry is keyed on.
 #[inline(always)]
 fn src_fixed(o: &Outer) -> [u32; 4] {
     let m = !o.src_mask.to_be();
-    if o.ipv6 {
+    if o.ipv6() {
         [o.src[0], o.src[1], o.src[2], o.src[3] & m]
     } else {
         [o.src[0] & m, 0, 0, 0]
@@ -130,11 +200,11 @@ pub fn route(ctx: &XdpContext, backend_id: u32, o: Outer, now: u64, ingress: u32
     // Sized like BACKENDS, so a backend that was read has a slot.
     let hop = NEXT_HOPS.get_ptr_mut(backend_id).ok_or(stat::DROP_FIB)?;
     let h = unsafe { &*hop };
-    let family = cache_family(&o);
+    let family = o.tag;
     let src = src_fixed(&o);
     // An IPv4 entry holds zeros in the other address words (`resolve` stores `src_fixed` and
     // the backend's address, IPv4 in word 0), and the family is compared: word 0 decides.
-    let same_addrs = if o.ipv6 { h.dst == o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
+    let same_addrs = if o.ipv6() { h.dst == o.dst && h.src == src } else { h.dst[0] == o.dst[0] && h.src[0] == src[0] };
     if now < h.expires_ns
         && o.len <= h.max_len
         && same_addrs
@@ -173,12 +243,8 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         Some(p) => unsafe { &mut *p },
         None => return stat::DROP_FIB,
     };
-    let family = if o.ipv6 { AF_INET6 } else { AF_INET };
-    let l4 = match (o.l2, o.ipv6) {
-        (true, _) => 0,
-        (false, true) => IPPROTO_IPV6 as u32,
-        (false, false) => IPPROTO_IPIP as u32,
-    };
+    let family = o.af();
+    let l4 = o.l4_proto();
     let ingress = ctx.ingress_ifindex() as u32;
     let s = o.src;
     let d = o.dst;
@@ -207,11 +273,11 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         // set the egress device, word 2, before looking for the neighbour.) Towards another
         // device it needs that device's MAC, which comes only with a neighbour entry: a drop,
         // not cached, so that it works as soon as the entry exists.
-        FIB_NO_NEIGH if o.l2 && !o.neigh && p[2] == ingress => {}
+        FIB_NO_NEIGH if o.mac_configured() && p[2] == ingress => {}
         // L2 DSR is not routing: with forwarding off on the ingress device the kernel looks
         // nothing up, and the frame goes back out of the ingress (the segment the operator
         // configured the backend's MAC for), as IPIP cannot.
-        FIB_FWD_DISABLED if o.l2 && !o.neigh => p[2] = ingress,
+        FIB_FWD_DISABLED if o.mac_configured() => p[2] = ingress,
         // Blackhole, unreachable, prohibit, not forwarded: there is no route.
         1..=4 => return stat::DROP_UNROUTABLE,
         // Longer than the egress MTU: the caller answers with ICMP (never cached, so the next
@@ -234,7 +300,7 @@ fn resolve(ctx: &XdpContext, hop: *mut NextHop, o: &Outer, src_fixed: &[u32; 4],
         (*hop).dst = d;
         (*hop).src = *src_fixed;
         (*hop).src_mask = o.src_mask;
-        (*hop).family = cache_family(o);
+        (*hop).family = o.tag;
         (*hop).ingress_ifindex = ingress;
         (*hop).max_len = o.len;
         (*hop).egress_ifindex = egress_ifindex;

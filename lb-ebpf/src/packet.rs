@@ -37,12 +37,18 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
 /// behind an Ethernet header. BPF allows misaligned packet access (the verifier only enforces
 /// alignment with BPF_F_STRICT_ALIGNMENT or on architectures without efficient unaligned
 /// access, which the kernel then handles), so this is how C XDP programs read headers too.
+///
+/// Safe to call although it dereferences `p`: packet memory is checked by the verifier, which
+/// refuses to load a program with any access not proven inside `data..data_end`, so an
+/// unchecked caller cannot corrupt memory, it fails to load.
+#[expect(clippy::not_unsafe_ptr_arg_deref, reason = "the verifier checks every packet access")]
 #[inline(always)]
 pub fn word(p: *const u32, index: usize) -> u32 {
     unsafe { core::ptr::read(p.add(index)) }
 }
 
 /// Stores a 32-bit word at byte `offset` from `p`, see [`word`] for the alignment.
+#[expect(clippy::not_unsafe_ptr_arg_deref, reason = "the verifier checks every packet access")]
 #[inline(always)]
 pub fn put_word(p: *mut u8, offset: usize, value: u32) {
     unsafe { core::ptr::write(p.add(offset) as *mut u32, value) }
@@ -75,4 +81,19 @@ pub fn parse_eth(ctx: &XdpContext) -> Result<(usize, u16), Verdict> {
     }
     let inner = be16(ctx, 16).ok_or(Verdict::Drop(stat::DROP_TRUNCATED_ETH))?;
     Ok((ETH_LEN + 4, inner))
+}
+
+/// IPv4 header checksum of the five header words (checksum field zero). The one's-complement
+/// sum does not depend on byte order (RFC 1071), so the little-endian words are summed as they
+/// are and the result is stored the same way.
+#[inline(always)]
+pub fn ipv4_checksum(w: &[u32; 5]) -> u32 {
+    let sum = w[0] as u64 + w[1] as u64 + w[2] as u64 + w[3] as u64 + w[4] as u64;
+    // Below 2^35; 2^16 = 1 modulo 0xffff, so its three 16-bit parts add to the same sum
+    // (below 3 * 2^16), and two folds bring that to 16 bits (a shorter chain than folding
+    // 64 -> 32 -> 16 bits).
+    let mut s = (sum & 0xffff) + ((sum >> 16) & 0xffff) + (sum >> 32);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    !(s as u32) & 0xffff
 }

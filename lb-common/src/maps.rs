@@ -140,13 +140,32 @@ pub struct ServiceInfo {
     pub encap_src_hash_mask: u32,
     /// Outer source address of encapsulated packets (IPv4 in the first word).
     pub encap_src: [u32; 4],
+    /// The forwarding method's parameters beyond the outer source. After the fields above,
+    /// which with the key fill the slot's first cache line: the methods that exist read only
+    /// that line.
+    pub forward_params: ForwardParams,
+}
+
+/// Room in the service record for a forwarding method's parameters (a UDP encapsulation's
+/// port, a next-hop service's flags), so that a method added later uses fields that exist
+/// instead of changing the record's layout (and with it the pinned `SERVICE_TABLE`'s, which a
+/// daemon can then no longer adopt: see lb-user `pinning::prepare_reuse`). All zero today.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardParams {
+    /// Destination port of a UDP encapsulation, network order; 0 for the others.
+    pub udp_port: u16,
+    /// Flags of the method; none defined yet.
+    pub flags: u16,
+    /// Zero; for parameters to come.
+    pub reserved: [u32; 15],
 }
 
 /// One slot of the `SERVICE_TABLE` array: an open-addressing hash table of the service keys,
 /// probed inline by the data plane (an array lookup is inlined by the verifier; a hash-map
 /// lookup is a helper call). A slot whose `key.family` is 0 is empty; the writer zeroes empty
 /// slots entirely, so the last key word of an empty slot is 0 and of a used one is not.
-/// 64 bytes, so the verifier's inlined lookup indexes with a shift.
+/// 128 bytes (a power of two), so the verifier's inlined lookup indexes with a shift.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSlot {
@@ -539,6 +558,7 @@ mod pod {
         SourceKey,
         ServiceKey,
         ServiceInfo,
+        ForwardParams,
         ServiceSlot,
         ServiceTableRef,
         FlowTuple,
@@ -560,8 +580,9 @@ mod pod {
 // Layout guards: padding must be explicit, or kernel and user could disagree on bytes.
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 20);
 const _: () = assert!(core::mem::align_of::<ServiceKey>() == 4);
-const _: () = assert!(core::mem::size_of::<ServiceInfo>() == 40);
-const _: () = assert!(core::mem::size_of::<ServiceSlot>() == 64);
+const _: () = assert!(core::mem::size_of::<ServiceInfo>() == 104);
+const _: () = assert!(core::mem::offset_of!(ServiceInfo, forward_params) == 40);
+const _: () = assert!(core::mem::size_of::<ServiceSlot>() == 128);
 const _: () = assert!(core::mem::offset_of!(ServiceSlot, info) == 24);
 const _: () = assert!(core::mem::size_of::<ServiceTableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);

@@ -93,6 +93,7 @@ pub fn service_info(id: u32, affinity: u8, tracking: u8, forwarding: u8) -> lb_c
         pool_gen: 0,
         encap_src_hash_mask: 0,
         encap_src: [0; 4],
+        forward_params: Default::default(),
     }
 }
 

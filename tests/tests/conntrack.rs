@@ -773,3 +773,41 @@ fn adopted_pinned_tables_keep_their_flows() {
     drop(dp);
     lb_user::dataplane::pinning::remove_map_pins(pins.path()).unwrap();
 }
+
+/// Issue 28: the service slot grew from 64 to 128 bytes (room for forwarding parameters). A
+/// data plane pinned by the version before, with 64-byte slots, is not adopted (this version's
+/// program would read its slots wrongly): `prepare_reuse` says why and carries the connection
+/// tables over, as the daemon does on an upgrade, and in the new data plane the established
+/// flow keeps its backend while new flows follow the new table.
+#[test]
+fn a_service_table_of_the_previous_layout_is_replaced_and_its_flows_carried() {
+    use lb_user::dataplane::pinning::{prepare_reuse, PinState, BPF_F_MMAPABLE};
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let dir = fixture::PinDir::new("service-slot-64");
+    let sizes = fixture::sizes();
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    {
+        let dp = install(Dataplane::load_with(sizes, Some(dir.path())).unwrap(), info);
+        assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+    }
+    // The previous version's SERVICE_TABLE: as many slots, of 64 bytes.
+    let pin = dir.path().join("SERVICE_TABLE");
+    let slots = aya::maps::MapInfo::from_pin(&pin).unwrap().max_entries();
+    std::fs::remove_file(&pin).unwrap();
+    let old = lb_tests::rawbpf::array_map(64, slots, BPF_F_MMAPABLE).expect("an array map (needs root)");
+    lb_tests::rawbpf::pin(&old, &pin).unwrap();
+
+    let PinState::Discarded { why, carried: Some(carried) } = prepare_reuse(dir.path(), &sizes).unwrap() else {
+        panic!("a service table of 64-byte slots is not adopted, and the connection tables are carried")
+    };
+    assert!(why.contains("SERVICE_TABLE has another layout (values of 64 bytes"), "{why}");
+    assert!(!pin.exists(), "the old table's pin is removed");
+    let mut dp = Dataplane::load_with(sizes, Some(dir.path())).unwrap();
+    dp.carry_backends(&carried).unwrap();
+    let mut dp = install(dp, info);
+    move_table_to_b2(&mut dp);
+    assert_eq!(dp.carry_conntrack(&carried).unwrap(), (1, 0), "the one tracked flow is carried");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the established flow keeps its backend");
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "a new flow follows the new table");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 1);
+}

@@ -22,8 +22,8 @@ pub use cache::TableCache;
 pub use ids::{Ids, IdsSnapshot};
 use ipnet::IpNet;
 use lb_common::maps::{
-    addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ServiceInfo, ServiceKey,
-    PROTO_ANY, PROTO_TCP, PROTO_UDP,
+    addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ForwardParams, ServiceInfo,
+    ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
 use maglev::MaglevBackend;
 use std::net::IpAddr;
@@ -306,6 +306,8 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
         pool_gen: 0,
         encap_src_hash_mask,
         encap_src,
+        // Neither IPIP nor L2 DSR has parameters beyond the outer source.
+        forward_params: ForwardParams::default(),
     }
 }
 

@@ -91,6 +91,19 @@ pub fn ensure_pin_dir(pin_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The pinned maps whose values are records that have changed size between versions, with
+/// this version's size: the connection tables (before the set-associative tables they were
+/// kernel LRU hash maps, one entry per value), the global counters (they grow when counters are
+/// added), the service table (its slot grew from 64 to 128 bytes for forwarding parameters)
+/// and the backend records.
+const RECORD_LAYOUTS: &[(&str, usize, &str)] = &[
+    ("CONNTRACK", std::mem::size_of::<lb_common::ct_table::Bucket6>(), "buckets"),
+    ("CONNTRACK4", std::mem::size_of::<lb_common::ct_table::Bucket4>(), "buckets"),
+    ("STATS", std::mem::size_of::<lb_common::maps::GlobalStats>(), "counter records"),
+    ("SERVICE_TABLE", std::mem::size_of::<lb_common::maps::ServiceSlot>(), "service slots"),
+    ("BACKENDS", std::mem::size_of::<lb_common::maps::Backend>(), "backend records"),
+];
+
 /// What `prepare_reuse` found.
 #[derive(Debug)]
 pub enum PinState {
@@ -117,36 +130,24 @@ pub fn prepare_reuse(pin_dir: &Path, sizes: &DataplaneSizes) -> Result<PinState>
         if info.max_entries() != want && mismatch.is_none() {
             mismatch = Some(format!("{name} holds {} entries, this configuration needs {want}", info.max_entries()));
         }
-        // Connection tables pinned by a version with another layout (before the
-        // set-associative tables they were kernel LRU hash maps, with one entry per value).
-        let layout = match name {
-            "CONNTRACK" => Some(std::mem::size_of::<lb_common::ct_table::Bucket6>()),
-            "CONNTRACK4" => Some(std::mem::size_of::<lb_common::ct_table::Bucket4>()),
-            _ => None,
-        };
-        // The global counters' record grows when counters are added: a program of this version
-        // reads past the end of an older, smaller record (the verifier refuses it).
-        let stats = std::mem::size_of::<lb_common::maps::GlobalStats>();
-        if name == "STATS" && info.value_size() as usize != stats && mismatch.is_none() {
-            mismatch = Some(format!(
-                "STATS holds records of {} bytes, this version counts in {stats} (more counters)",
-                info.value_size()
-            ));
-        }
-        if let Some(size) = layout {
-            if info.value_size() as usize != size && mismatch.is_none() {
+        // A record whose layout changed between versions (a program of this version would
+        // read an older, smaller record past its end, which the verifier refuses, or misread
+        // it): a pinned map of another value size is not adopted.
+        if let Some((_, size, what)) = RECORD_LAYOUTS.iter().find(|(n, ..)| *n == name) {
+            if info.value_size() as usize != *size && mismatch.is_none() {
                 mismatch = Some(format!(
-                    "{name} has another layout (values of {} bytes, this version needs {size})",
+                    "{name} has another layout (values of {} bytes, this version's {what} take {size})",
                     info.value_size()
                 ));
             }
-            // Made before the tables were BPF_F_MMAPABLE: their values start where the kernel's
-            // array header ends (on 6.18, 8 bytes before a cache line), so each bucket spans
-            // one line more than it needs and the data plane's loads of a bucket's lines
-            // (lb-ebpf `conntrack::prefetch`) miss its last one. Recreated, flows carried over.
-            if info.map_flags() & BPF_F_MMAPABLE == 0 && mismatch.is_none() {
-                mismatch = Some(format!("{name} was made without BPF_F_MMAPABLE (buckets not aligned to cache lines)"));
-            }
+        }
+        let conntrack = matches!(name, "CONNTRACK" | "CONNTRACK4");
+        // Made before the tables were BPF_F_MMAPABLE: their values start where the kernel's
+        // array header ends (on 6.18, 8 bytes before a cache line), so each bucket spans one
+        // line more than it needs and the data plane's loads of a bucket's lines (lb-ebpf
+        // `conntrack::prefetch`) miss its last one. Recreated, flows carried over.
+        if conntrack && info.map_flags() & BPF_F_MMAPABLE == 0 && mismatch.is_none() {
+            mismatch = Some(format!("{name} was made without BPF_F_MMAPABLE (buckets not aligned to cache lines)"));
         }
     }
     if !any {

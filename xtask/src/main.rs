@@ -34,6 +34,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Only the checks that gate the tests: rustfmt and clippy over every crate, lb-ebpf included.
+    Lint,
     /// The long versions of the reliability tests (needs root; run under the suite lock).
     Soak(soak::Args),
     /// Print the benchmark figures (Maglev build time, data-plane per-packet cost).
@@ -79,6 +81,7 @@ fn main() -> Result<()> {
         Cmd::Setup => Ok(()),
         Cmd::Build => build(),
         Cmd::Test { args } => test(&args),
+        Cmd::Lint => lint(),
         Cmd::Soak(args) => soak::soak(&args),
         Cmd::Bench { live: true, args, .. } => bench_live(&args),
         Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
@@ -160,12 +163,36 @@ fn test(extra: &[String]) -> Result<()> {
 
 /// Formatting and lints gate the tests: `cargo fmt --check` over the workspace and over the
 /// eBPF crate (its own workspace; rustfmt needs no target to check it), and clippy with every
-/// warning an error over the workspace's targets. The eBPF crate is not linted: clippy would
-/// need the nightly bpf target's build-std, and the verifier is its stricter lint.
+/// warning an error over the workspace's targets and over the eBPF crate, as aya lints its
+/// own: for the BPF target with the pinned nightly and `-Z build-std=core`, both objects (the
+/// production build and the bench build). Clippy's check builds go to their own target
+/// directory so they never touch the objects `lb-user/build.rs` builds.
 fn lint() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args(["fmt", "--manifest-path", "lb-ebpf/Cargo.toml", "--all", "--check"]))?;
-    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    let ebpf = workspace_root().join("lb-ebpf");
+    let target_dir = workspace_root().join("target/ebpf-clippy");
+    for features in [&[][..], &["--features", "bench"][..]] {
+        // In lb-ebpf, rustup picks the pinned nightly (its rust-toolchain.toml); this cargo's
+        // toolchain, flags and target settings must not leak into it (as in
+        // lb-user/ebpf_build.rs).
+        let mut cmd = Command::new("cargo");
+        for (k, _) in std::env::vars() {
+            let leaks = k.starts_with("CARGO") || k.starts_with("RUSTC") || k == "RUSTUP_TOOLCHAIN";
+            if leaks || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.current_dir(&ebpf)
+            .args(["clippy", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--bins", "--lib"])
+            .args(features)
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .args(["--", "-D", "warnings"]);
+        run(&mut cmd)?;
+    }
+    Ok(())
 }
 
 fn bench() -> Result<()> {

@@ -4,7 +4,7 @@
 //! second run finishes in seconds.
 //!
 //! - the nightly pinned in `lb-ebpf/rust-toolchain.toml` (`toolchain`) and its `rust-src` (for
-//!   `-Z build-std=core`);
+//!   `-Z build-std=core`) and clippy (`cargo xtask test` lints the eBPF crate with it);
 //! - `bpf-linker` built against the LLVM that ships inside that nightly (there is no
 //!   prebuilt download that matches it): a prefix folder whose `lib/` holds `libLLVM.so` and the
 //!   soname file, both linking to the toolchain's library, then
@@ -37,6 +37,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
 pub fn ensure() -> Result<()> {
     let channel = crate::toolchain::ensure(&crate::workspace_root())?;
     rust_src(&channel)?;
+    nightly_clippy(&channel)?;
     bpf_linker(&channel)?;
     debian_packages()?;
     Ok(())
@@ -59,6 +60,17 @@ fn rust_src(channel: &str) -> Result<()> {
     }
     eprintln!("setup: adding rust-src to {channel}");
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", channel]))
+}
+
+/// `cargo xtask test` lints the eBPF crate with the pinned nightly's clippy (the crate builds
+/// only for the BPF target, with that toolchain).
+fn nightly_clippy(channel: &str) -> Result<()> {
+    let present = Command::new("cargo").arg(format!("+{channel}")).args(["clippy", "--version"]).output();
+    if present.is_ok_and(|o| o.status.success()) {
+        return Ok(());
+    }
+    eprintln!("setup: adding clippy to {channel}");
+    run(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", channel]))
 }
 
 fn nightly_llvm_library(channel: &str) -> Result<PathBuf> {

@@ -78,10 +78,49 @@ impl fmt::Display for Violation {
 pub enum ConfigErrorKind {
     Read(std::io::Error),
     /// TOML syntax, unknown keys, unknown enum values, wrong types (toml shows the line): every
-    /// one found, in file order, each with its field path (`super::recover`).
-    Syntax(Vec<super::recover::SyntaxError>),
+    /// one found, in file order, each with its field path (found by `recover`).
+    Syntax(Vec<SyntaxError>),
     /// Parsed, but breaks the rules of the contract.
     Invalid(Vec<Violation>),
+}
+
+/// Errors listed, at most (the count says how many more were found).
+pub const MAX_LISTED: usize = 100;
+
+/// A syntax or type error, with the TOML path of the field it is in (e.g.
+/// `service[1].backend[0].weight`; empty when the error is not inside a table).
+#[derive(Debug)]
+pub struct SyntaxError {
+    pub field: String,
+    /// 1-based, in the file.
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+    /// The deserializer's own report (with the line quoted) for the file's first error.
+    pub(super) detail: Option<toml::de::Error>,
+}
+
+impl SyntaxError {
+    /// One line: field path, line, column, message (for a list of several).
+    pub fn short(&self) -> String {
+        let at = format!("line {}, column {}: {}", self.line, self.column, self.message.trim().replace('\n', "; "));
+        if self.field.is_empty() {
+            at
+        } else {
+            format!("{}: {at}", self.field)
+        }
+    }
+}
+
+/// The deserializer's report (quoting the line) where there is one, else [`SyntaxError::short`].
+impl std::fmt::Display for SyntaxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.detail {
+            Some(e) if self.field.is_empty() => write!(f, "{e}"),
+            Some(e) => write!(f, "{}: {e}", self.field),
+            None => f.write_str(&self.short()),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -111,11 +150,11 @@ impl fmt::Display for ConfigError {
             ConfigErrorKind::Syntax(e) if e.len() == 1 => write!(f, "invalid configuration: {}", e[0]),
             ConfigErrorKind::Syntax(e) => {
                 write!(f, "invalid configuration ({} syntax or type problems):", e.len())?;
-                for problem in e.iter().take(super::recover::MAX_LISTED) {
+                for problem in e.iter().take(MAX_LISTED) {
                     write!(f, "\n  - {}", problem.short())?;
                 }
-                if e.len() > super::recover::MAX_LISTED {
-                    write!(f, "\n  ... and {} more", e.len() - super::recover::MAX_LISTED)?;
+                if e.len() > MAX_LISTED {
+                    write!(f, "\n  ... and {} more", e.len() - MAX_LISTED)?;
                 }
                 Ok(())
             }

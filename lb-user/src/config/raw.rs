@@ -3,7 +3,7 @@
 //! here, as the TOML format has them; `validate` checks every rule on these structs, and only a
 //! valid file is converted, once, into the typed model of [`super`] that the rest of `lb` reads.
 
-use super::{Announce, ConfigError, ConfigErrorKind, Violation};
+use super::Announce;
 use super::{ConnectionDraining, ConnectionTracking, Dataplane, FailoverPolicy, HealthCheck, ZonalAffinity, Zone};
 use super::{DnsFront, GeoEntry, LatencyEntry, Metrics, DEFAULT_IDLE_TIMEOUT_SEC, DEFAULT_MAX_RETURN};
 use crate::model::*;
@@ -254,31 +254,5 @@ impl Config {
     /// Whether the service `key.service` has a backend at `key.address`.
     pub fn has_backend(&self, key: &BackendKey) -> bool {
         self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.address == key.address))
-    }
-
-    /// The file's text as written, its syntax checked (every syntax error listed), its rules
-    /// not: see [`Config::validate`]. `super::Config::parse` does both and converts.
-    pub fn read(text: &str) -> anyhow::Result<Config> {
-        Self::read_text(text).map_err(|kind| ConfigError { file: None, kind }.into())
-    }
-
-    pub(super) fn read_text(text: &str) -> Result<Config, ConfigErrorKind> {
-        toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(super::recover::all_errors(text, first)))
-    }
-
-    /// Every check of the configuration contract (docs/config.md) and the spec. All violations
-    /// are reported at once, so a user fixes a file in one pass.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let violations = self.violations();
-        if violations.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
-        }
-    }
-
-    /// The list of violations (empty = valid), in file order.
-    pub fn violations(&self) -> Vec<Violation> {
-        super::validate::check(self, None)
     }
 }

@@ -5,50 +5,12 @@
 //! its line, column and field path. Every part is parsed once and the parts are bounded in
 //! number, so the work stays linear in the file's size whatever the file holds.
 
+use super::error::{ConfigError, ConfigErrorKind, SyntaxError, MAX_LISTED};
 use super::raw::Config;
 
 /// Parts parsed again after a first error, at most: a hostile file with a million tables costs
 /// no more than this many small parses.
 const MAX_PARTS: usize = 4096;
-/// Errors listed, at most (the count says how many more were found).
-pub const MAX_LISTED: usize = 100;
-
-/// A syntax or type error, with the TOML path of the field it is in (e.g.
-/// `service[1].backend[0].weight`; empty when the error is not inside a table).
-#[derive(Debug)]
-pub struct SyntaxError {
-    pub field: String,
-    /// 1-based, in the file.
-    pub line: usize,
-    pub column: usize,
-    pub message: String,
-    /// The deserializer's own report (with the line quoted) for the file's first error.
-    detail: Option<toml::de::Error>,
-}
-
-impl SyntaxError {
-    /// One line: field path, line, column, message (for a list of several).
-    pub fn short(&self) -> String {
-        let at = format!("line {}, column {}: {}", self.line, self.column, self.message.trim().replace('\n', "; "));
-        if self.field.is_empty() {
-            at
-        } else {
-            format!("{}: {at}", self.field)
-        }
-    }
-}
-
-/// The deserializer's report (quoting the line) where there is one, else [`SyntaxError::short`].
-impl std::fmt::Display for SyntaxError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.detail {
-            Some(e) if self.field.is_empty() => write!(f, "{e}"),
-            Some(e) => write!(f, "{}: {e}", self.field),
-            None => f.write_str(&self.short()),
-        }
-    }
-}
-
 /// A table header line: its line number (0-based) and the path.
 struct Header {
     line: usize,
@@ -164,6 +126,20 @@ fn field_path(lines: &[&str], headers: &[Header], line: usize) -> String {
         parts.extend(key);
     }
     parts.join(".")
+}
+
+/// Reading a file's text into the serde structs (here, beside the recovery that lists every
+/// syntax error).
+impl Config {
+    /// The file's text as written, its syntax checked (every syntax error listed), its rules
+    /// not: see [`Config::validate`]. `super::Config::parse` does both and converts.
+    pub fn read(text: &str) -> anyhow::Result<Config> {
+        Self::read_text(text).map_err(|kind| ConfigError { file: None, kind }.into())
+    }
+
+    pub(super) fn read_text(text: &str) -> Result<Config, ConfigErrorKind> {
+        toml::from_str(text).map_err(|first| ConfigErrorKind::Syntax(all_errors(text, first)))
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! [`Violation`]s naming the object, the TOML field path and what is allowed; nothing stops at
 //! the first problem.
 
-use super::error::{Report, Scope, Sink, Violation};
+use super::error::{ConfigError, ConfigErrorKind, Report, Scope, Sink, Violation};
 use super::raw::{Backend, Config, Service};
 use super::{Dataplane, HealthCheck, Zone};
 use crate::model::*;
@@ -796,6 +796,25 @@ fn listener_clash(svc: &Service, other: &Service, j: usize) -> Option<(String, S
     }
     let i = svc.ports.iter().position(|p| other.ports.contains(p))?;
     clash(format!("ports[{i}]"))
+}
+
+/// The contract's checks as methods of the serde structs.
+impl Config {
+    /// Every check of the configuration contract (docs/config.md) and the spec. All violations
+    /// are reported at once, so a user fixes a file in one pass.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let violations = self.violations();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { file: None, kind: ConfigErrorKind::Invalid(violations) }.into())
+        }
+    }
+
+    /// The list of violations (empty = valid), in file order.
+    pub fn violations(&self) -> Vec<Violation> {
+        check(self, None)
+    }
 }
 
 #[cfg(test)]

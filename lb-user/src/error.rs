@@ -1,7 +1,7 @@
 //! The failures a caller branches on, typed: an invalid configuration, a change that needs a
 //! restart, an unreachable daemon, missing privileges. Each has an exit code of `lb` (scripts
 //! and tests branch on the code, not on the message) and travels in the daemon's error replies
-//! ([`crate::daemon::api::Response::kind`]).
+//! (`daemon::api::Response::kind`).
 
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +13,7 @@ pub enum ErrorKind {
     InvalidConfig,
     /// The change is refused while the daemon runs; a restart applies it ([`NeedsRestart`]).
     NeedsRestart,
-    /// No daemon answers on the control socket ([`crate::daemon::api::CallError::Unreachable`]).
+    /// No daemon answers on the control socket ([`CallError::Unreachable`]).
     DaemonUnreachable,
     /// The kernel refused for want of privileges ([`NotPermitted`]).
     NotPermitted,
@@ -47,9 +47,28 @@ impl ErrorKind {
             } else if cause.is::<NotPermitted>() {
                 Some(Self::NotPermitted)
             } else {
-                cause.downcast_ref::<crate::daemon::api::CallError>().and_then(|c| c.kind())
+                cause.downcast_ref::<CallError>().and_then(|c| c.kind())
             }
         })
+    }
+}
+
+/// Why a request to the daemon (`daemon::api::call`) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot reach the lb daemon at {}: {source} (is `lb run` running?)", socket.display())]
+    Unreachable { socket: std::path::PathBuf, source: std::io::Error },
+    /// The daemon answered with an error (`kind` when it is typed).
+    #[error("{message}")]
+    Refused { message: String, kind: Option<ErrorKind> },
+}
+
+impl CallError {
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Self::Unreachable { .. } => Some(ErrorKind::DaemonUnreachable),
+            Self::Refused { kind, .. } => *kind,
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use super::control_slots::{Limits, Slot, Slots};
 use super::reply::Reply;
 use crate::error::ErrorKind;
+use ipnet::IpNet;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -16,14 +17,7 @@ use tokio::task::JoinHandle;
 
 pub const DEFAULT_SOCKET: &str = "/run/lb/lb.sock";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum HealthOverride {
-    Healthy,
-    Unhealthy,
-    /// Back to the health checker's verdict.
-    Auto,
-}
+pub use super::reply::HealthOverride;
 
 /// The protocol of a flow `lb explain` explains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -33,6 +27,20 @@ pub enum Proto {
     Udp,
     /// ICMP (ICMPv6 for an IPv6 client): L3_DEFAULT services only.
     Icmp,
+}
+
+/// What to trace (`lb trace` flags; checked and written by `trace`). Absent fields match every packet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceSpec {
+    /// Client (source) prefix.
+    pub client: Option<IpNet>,
+    /// VIP (destination) address.
+    pub vip: Option<IpAddr>,
+    /// Destination port.
+    pub port: Option<u16>,
+    pub proto: Option<Proto>,
+    /// Events per second and CPU, 1..=MAX_RATE.
+    pub rate: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,7 +78,7 @@ pub enum Request {
     },
     /// Attach the traced program with this filter for `seconds` (`lb trace`).
     TraceStart {
-        spec: super::trace::TraceSpec,
+        spec: TraceSpec,
         seconds: u32,
     },
     /// Attach the balancer's own program again.
@@ -105,24 +113,7 @@ impl<T> Response<T> {
     }
 }
 
-/// Why a request to the daemon failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    #[error("cannot reach the lb daemon at {}: {source} (is `lb run` running?)", socket.display())]
-    Unreachable { socket: std::path::PathBuf, source: std::io::Error },
-    /// The daemon answered with an error (`kind` when it is typed).
-    #[error("{message}")]
-    Refused { message: String, kind: Option<ErrorKind> },
-}
-
-impl CallError {
-    pub fn kind(&self) -> Option<ErrorKind> {
-        match self {
-            Self::Unreachable { .. } => Some(ErrorKind::DaemonUnreachable),
-            Self::Refused { kind, .. } => *kind,
-        }
-    }
-}
+pub use crate::error::CallError;
 
 /// Send one request to the daemon and return its result as `T` (the reply type of the
 /// request, in [`super::reply`]), or its error as an `Err`.

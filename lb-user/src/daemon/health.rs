@@ -6,7 +6,9 @@
 //! over the interval so a large service does not probe all its backends at once. A task reports
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
-use super::probe::{self, HttpProber, Judge, Judged, LocalError, Observation, Prober, StreamProber, TcpProber};
+use super::probe::{
+    self, HealthEvent, HttpProber, Judge, Judged, LocalError, Observation, Prober, StreamProber, TcpProber,
+};
 use crate::config::{Config, HealthCheck};
 use crate::model::{HealthProtocol, MonitorProtocol, MonitorStatus};
 use crate::policy::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
@@ -149,18 +151,6 @@ impl Verdict {
             None
         }
     }
-}
-
-/// A verdict change reported to the reconcile loop.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HealthEvent {
-    pub service: String,
-    pub backend: std::net::IpAddr,
-    pub healthy: bool,
-    pub reason: String,
-    /// The probe task that reports it (its number when started): the daemon ignores a report
-    /// of a task it has stopped since, which may still sit in the channel.
-    pub probe: u64,
 }
 
 /// Where a probe's first check falls within its interval: slot `slot` of `of`, so that the

@@ -41,7 +41,7 @@ use crate::dataplane::{self, Dataplane, Program};
 use announce::Announcer;
 use anyhow::{bail, Context, Result};
 use api::{HealthOverride, Request, Response};
-use health::HealthEvent;
+use probe::HealthEvent;
 use reply::{BackendChange, LinkStatus, Reply};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,6 @@
 //! failures and expected status ranges: `health`); [`run`] probes on the interval, sets a local
 //! failure (this host out of descriptors) apart, and reports only verdict changes.
 
-use super::health::HealthEvent;
 use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -18,6 +17,18 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+/// A verdict change reported to the reconcile loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthEvent {
+    pub service: String,
+    pub backend: std::net::IpAddr,
+    pub healthy: bool,
+    pub reason: String,
+    /// The probe task that reports it (its number when started): the daemon ignores a report
+    /// of a task it has stopped since, which may still sit in the channel.
+    pub probe: u64,
+}
 
 /// What one probe saw of its target.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The daemon's replies on the control socket, typed: the daemon builds them, the CLI renders
 //! them (`cli::render`) or prints them as JSON (`--json`), and the tests read them. Each is the
-//! `result` of a [`super::api::Response`]; the JSON field names are the wire format.
+//! `result` of an `api::Response`; the JSON field names are the wire format.
 
 use crate::model::{Protocol, RoutingMethod};
 use crate::policy::{EligibleKind, Rule};
@@ -8,8 +8,17 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::IpAddr;
 
-pub use super::api::HealthOverride;
 pub use crate::compile::explain::{ClassFacts, Explanation};
+
+/// A backend's health as an operator sets it (`lb backend --health`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthOverride {
+    Healthy,
+    Unhealthy,
+    /// Back to the health checker's verdict.
+    Auto,
+}
 
 /// `lb status`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -307,7 +316,18 @@ pub enum Reply {
     Reloaded(Reloaded),
     ReloadPlan(ReloadPlan),
     HostDrain(HostDrain),
-    Trace(super::trace::TraceState),
+    Trace(TraceState),
+}
+
+/// The daemon's answer to a trace request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceState {
+    /// Whether the traced program is attached now.
+    pub tracing: bool,
+    /// Seconds until the daemon stops the trace by itself.
+    pub seconds_left: Option<u32>,
+    /// The interfaces it is attached to.
+    pub interfaces: Vec<String>,
 }
 
 #[cfg(test)]

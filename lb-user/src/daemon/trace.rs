@@ -7,31 +7,17 @@
 use std::net::IpAddr;
 
 use anyhow::{bail, Result};
-use ipnet::IpNet;
 use lb_common::maps::{addr_words, PROTO_TCP, PROTO_UDP};
 use lb_common::trace::TraceFilter;
-use serde::{Deserialize, Serialize};
 
 use super::api::Proto;
+pub use super::api::TraceSpec;
+pub use super::reply::TraceState;
 
 /// A trace runs this long at most; the client asks again to go on.
 pub const MAX_SECONDS: u32 = 600;
 /// Events per second and CPU at most.
 pub const MAX_RATE: u32 = 10_000;
-
-/// What to trace (`lb trace` flags). Absent fields match every packet.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TraceSpec {
-    /// Client (source) prefix.
-    pub client: Option<IpNet>,
-    /// VIP (destination) address.
-    pub vip: Option<IpAddr>,
-    /// Destination port.
-    pub port: Option<u16>,
-    pub proto: Option<Proto>,
-    /// Events per second and CPU, 1..=MAX_RATE.
-    pub rate: u32,
-}
 
 impl TraceSpec {
     /// The kernel's form, or what is wrong (naming the field and the allowed values).
@@ -67,17 +53,6 @@ impl TraceSpec {
         };
         Ok(f)
     }
-}
-
-/// The daemon's answer to a trace request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TraceState {
-    /// Whether the traced program is attached now.
-    pub tracing: bool,
-    /// Seconds until the daemon stops the trace by itself.
-    pub seconds_left: Option<u32>,
-    /// The interfaces it is attached to.
-    pub interfaces: Vec<String>,
 }
 
 #[cfg(test)]

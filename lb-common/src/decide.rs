@@ -55,6 +55,18 @@ pub fn hash_tuple(session_affinity: u8, full: &FlowTuple, l4_ports_valid: bool) 
     }
 }
 
+/// Makes a hash or tracking tuple direction-free (`service_flags::SYMMETRIC`): of its two ends
+/// (address, port), the smaller comes first, so a flow and its reverse give the same tuple.
+/// The order is any fixed total order (the address words as stored, then the port): both
+/// directions, and every balancer, only need to agree on it.
+#[inline(always)]
+pub fn directionless(t: &mut FlowTuple) {
+    if (t.src, t.sport) > (t.dst, t.dport) {
+        core::mem::swap(&mut t.src, &mut t.dst);
+        core::mem::swap(&mut t.sport, &mut t.dport);
+    }
+}
+
 /// Connection-tracking key fields (spec §1.3 table T).
 #[inline(always)]
 pub fn track_tuple(session_affinity: u8, tracking_mode: u8, full: &FlowTuple, l4_ports_valid: bool) -> FlowTuple {
@@ -212,6 +224,34 @@ mod tests {
 
     const CLIENT: [u32; 4] = [u32::from_ne_bytes([10, 0, 0, 5]), 0, 0, 0];
     const VIP: [u32; 4] = [u32::from_ne_bytes([10, 0, 0, 100]), 0, 0, 0];
+
+    /// Symmetric hashing: a flow and its reverse give one hash and one tracking key under every
+    /// affinity that keeps both ends (all but CLIENT_IP_NO_DESTINATION, which validation
+    /// refuses with `symmetric`), and the tuple is otherwise left as it was.
+    #[test]
+    fn directionless_tuples_of_a_flow_and_its_reverse_are_equal() {
+        let fwd = pkt(PROTO_TCP, 40000, 443);
+        let rev = FlowTuple { src: fwd.dst, dst: fwd.src, sport: fwd.dport, dport: fwd.sport, ..fwd };
+        for aff in [affinity::NONE, affinity::CLIENT_IP_PORT_PROTO, affinity::CLIENT_IP_PROTO, affinity::CLIENT_IP] {
+            for mode in [tracking::PER_CONNECTION, tracking::PER_SESSION] {
+                let (mut a, mut b) = (hash_tuple(aff, &fwd, true), hash_tuple(aff, &rev, true));
+                directionless(&mut a);
+                directionless(&mut b);
+                assert_eq!(crate::hash::flow_hash(&a), crate::hash::flow_hash(&b), "affinity {aff}");
+                let (mut a, mut b) = (track_tuple(aff, mode, &fwd, true), track_tuple(aff, mode, &rev, true));
+                directionless(&mut a);
+                directionless(&mut b);
+                assert_eq!(a, b, "affinity {aff}, tracking {mode}");
+            }
+        }
+        // The two directions differ without it; with it, one of them is kept as it is.
+        assert_ne!(crate::hash::flow_hash(&fwd), crate::hash::flow_hash(&rev));
+        let (mut a, mut b) = (fwd, rev);
+        directionless(&mut a);
+        directionless(&mut b);
+        assert!(a == fwd || a == rev);
+        assert_eq!(a, b);
+    }
 
     fn pkt(proto: u8, sport: u16, dport: u16) -> FlowTuple {
         FlowTuple { src: CLIENT, dst: VIP, sport: sport.to_be(), dport: dport.to_be(), proto, _pad: [0; 3] }

@@ -8,6 +8,9 @@
 /// Address families as stored in [`ServiceKey::family`] and [`Backend::family`].
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
+/// `ServiceKey::family` of a next-hop service's key: its address is `[route, 0, 0, 0]`, the
+/// route that `NEXT_HOP_ROUTES` gives the packet's destination prefix, not a VIP.
+pub const FAMILY_NEXT_HOP: u8 = 1;
 
 /// IP protocol numbers used by the data plane.
 pub const PROTO_TCP: u8 = 6;
@@ -59,6 +62,11 @@ pub mod service_flags {
     /// change is over, so entries made under another pool generation are void now (spec §1.2
     /// `disableConnectionDrainOnFailover` = false). Set by the controller when it is due.
     pub const POOL_DRAIN_OVER: u8 = 1 << 4;
+    /// The flow hash and the connection-tracking key are direction-free
+    /// (`decide::directionless`): a flow and its reverse (addresses and ports swapped) choose
+    /// the same backend and share one entry. For next-hop services in front of stateful
+    /// appliances, which must see both directions of a connection.
+    pub const SYMMETRIC: u8 = 1 << 5;
 }
 
 /// [`Backend::flags`] bits.
@@ -353,6 +361,27 @@ pub struct ClassKey {
     pub addr: [u32; 4],
 }
 
+/// Key of the `NEXT_HOP_ROUTES` LPM trie data: the family (big endian, so that the first 32
+/// prefix bits select it), then a destination address (IPv4 in the first word): a prefix of
+/// length L is 32 + L bits. The family keeps the two apart: as IPv4-mapped IPv6, every IPv4
+/// destination would be inside an IPv6 `::/0`. The value is a next-hop route: the address word
+/// of the next-hop service keys (`FAMILY_NEXT_HOP`) of the services that route the prefix, or
+/// [`NEXT_HOP_UNTOUCHED`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHopKey {
+    pub family_be: u32,
+    pub addr: [u32; 4],
+}
+
+/// Prefix bits of a [`NextHopKey`] before the address: the family.
+pub const NEXT_HOP_FAMILY_BITS: u32 = 32;
+
+/// A `NEXT_HOP_ROUTES` value for destinations the balancer must leave to the host even inside
+/// a routed prefix (its own addresses): the longest prefix wins, so a /32 or /128 of this
+/// value exempts one address.
+pub const NEXT_HOP_UNTOUCHED: u32 = 0;
+
 /// Number of prefix bits of a [`ClassKey`] that select the service.
 pub const CLASS_KEY_SERVICE_BITS: u32 = 32;
 
@@ -451,6 +480,13 @@ pub mod stat {
         /// A new flow's insert replaced an unconfirmed live entry (a flow that had shown one
         /// packet only): what a flood of spoofed single packets does to the table.
         CT_EVICT_UNCONFIRMED = "ct_evict_unconfirmed",
+        /// A frame whose next hop (the backend's MAC, L2 rewrite) is the MAC it came from: the
+        /// backend, typically an appliance behind a next-hop service, routed it back to the
+        /// balancer. Dropped, not sent back to be returned again until its TTL runs out.
+        DROP_LOOP = "drop_loop",
+        /// A packet to a routed prefix (`NEXT_HOP_ROUTES`) with no next-hop service for its
+        /// protocol, or to an address exempted inside one: passed to the host untouched.
+        PASS_NEXT_HOP_NO_SERVICE = "pass_next_hop_no_service",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
@@ -568,6 +604,7 @@ mod pod {
         Search,
         Backend,
         ClassKey,
+        NextHopKey,
         TableRef,
         AddrKey,
         GlobalStats,
@@ -594,6 +631,7 @@ const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
 const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
+const _: () = assert!(core::mem::size_of::<NextHopKey>() == 20);
 const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
 // 40 counters and the search record. A pinned `STATS` of another size (280 bytes before
 // `ct_full_stateless`) is replaced at adoption, as every map whose size changed.
@@ -614,7 +652,8 @@ mod tests {
         assert_eq!((stat::ICMP_TOO_BIG_SENT, stat::DROP_TOO_BIG, stat::DROP_NO_NEIGH), (26, 27, 28));
         assert_eq!((stat::DROP_TOO_BIG_NO_DF, stat::PASS_FRAGMENT, stat::DROP_MARTIAN), (29, 30, 31));
         assert_eq!((stat::CT_FULL_STATELESS, stat::CT_EVICT_UNCONFIRMED), (32, 33));
-        assert_eq!(stat::NAMES.len(), 34);
+        assert_eq!((stat::DROP_LOOP, stat::PASS_NEXT_HOP_NO_SERVICE), (34, 35));
+        assert_eq!(stat::NAMES.len(), 36);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

@@ -206,7 +206,9 @@ pub fn encapsulate<E: IpInIp>(ctx: &XdpContext, pkt: &Packet, to: Target, svc: &
 /// MAC the frame was sent to, which `parse::local_ingress` checked is that device's own) or
 /// another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
-/// device, on which native XDP cannot transmit.
+/// device, on which native XDP cannot transmit. A frame from the MAC it would be sent to is a
+/// loop, dropped (`drop_loop`). The same rewrite sends a next-hop service's packets, unchanged,
+/// to an appliance.
 #[inline(always)]
 pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context) -> u32 {
     let Context { now, ingress, counters } = at;
@@ -243,6 +245,13 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context) -> u32 {
     } else {
         None
     };
+    // A frame that came from the MAC it would go to: the backend sent it back (an appliance
+    // whose route points at the balancer). Sending it again would bounce it until its TTL runs
+    // out. Source MAC: bytes 6..12, the high half of word 1 and word 2.
+    let (w1, w2) = unsafe { (core::ptr::read(p.add(4) as *const u32), core::ptr::read(p.add(8) as *const u32)) };
+    if dmac_lo == (w1 >> 16 | w2 << 16) && dmac_hi == w2 >> 16 {
+        return drop(stat::DROP_LOOP, counters);
+    }
     let route = match egress {
         Some(r) => r,
         None => {

@@ -30,11 +30,11 @@ mod stats;
 mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use lb_common::decide::{hash_tuple, is_new_flow, track_tuple};
+use lb_common::decide::{directionless, hash_tuple, is_new_flow, track_tuple};
 use lb_common::hash::flow_hash;
 use lb_common::maps::{
-    forwarding, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef, BACKEND_DROP,
-    FAMILY_V4, PROTO_TCP, PROTO_UDP,
+    forwarding, service_flags, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef,
+    BACKEND_DROP, FAMILY_V4, PROTO_TCP, PROTO_UDP,
 };
 use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
 use lb_ebpf::packet::{as_key, parse_eth, Verdict};
@@ -97,12 +97,16 @@ macro_rules! stop_before {
 #[inline(always)]
 fn packet_hash(svc: &ServiceInfo, pkt: &Packet) -> u32 {
     let t = &pkt.tuple;
-    if pkt.family == FAMILY_V4 {
+    let mut h = if pkt.family == FAMILY_V4 {
         let v4 = FlowTuple { src: [t.src[0], 0, 0, 0], dst: [t.dst[0], 0, 0, 0], ..*t };
-        flow_hash(&hash_tuple(svc.affinity, &v4, pkt.ports_valid))
+        hash_tuple(svc.affinity, &v4, pkt.ports_valid)
     } else {
-        flow_hash(&hash_tuple(svc.affinity, t, pkt.ports_valid))
+        hash_tuple(svc.affinity, t, pkt.ports_valid)
+    };
+    if svc.flags & service_flags::SYMMETRIC != 0 {
+        directionless(&mut h);
     }
+    flow_hash(&h)
 }
 
 #[inline(always)]
@@ -213,18 +217,24 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
     note!(TRACE, trace::packet(pkt.family, &pkt.tuple));
     let svc = match select::lookup_service(pkt) {
         Some(s) => s,
-        None => {
-            // Not a VIP, or a VIP without a service on this port/protocol: the host's business.
-            // A later fragment of TCP/UDP (no ports to match) to a VIP is counted apart: only a
-            // service on every port balances fragments.
-            let fragment = !pkt.ports_valid && (pkt.tuple.proto == PROTO_TCP || pkt.tuple.proto == PROTO_UDP);
-            if fragment && parse::is_vip(pkt.tuple.dst, pkt.family) {
-                counters.inc(stat::PASS_FRAGMENT);
-            } else {
-                counters.inc(stat::PASS_NOT_VIP);
-            }
+        // A later fragment of TCP/UDP (no ports to match) to a VIP is counted apart: only a
+        // service on every port balances fragments.
+        None if !pkt.ports_valid
+            && (pkt.tuple.proto == PROTO_TCP || pkt.tuple.proto == PROTO_UDP)
+            && parse::is_vip(pkt.tuple.dst, pkt.family) =>
+        {
+            counters.inc(stat::PASS_FRAGMENT);
             return xdp_action::XDP_PASS;
         }
+        // Not a VIP, or a VIP without a service on this port/protocol: a next-hop service's if
+        // a routed prefix holds the destination, else the host's business.
+        None => match select::lookup_next_hop(pkt) {
+            Ok(s) => s,
+            Err(reason) => {
+                counters.inc(reason);
+                return xdp_action::XDP_PASS;
+            }
+        },
     };
     note!(TRACE, trace::service(svc.id));
     // Only frames sent to the ingress device's own MAC: not a broadcast or multicast, nor a
@@ -235,7 +245,10 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
     };
     stop_before!(STOP, 2);
     let proto = pkt.tuple.proto;
-    let t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
+    let mut t = track_tuple(svc.affinity, svc.tracking, &pkt.tuple, pkt.ports_valid);
+    if svc.flags & service_flags::SYMMETRIC != 0 {
+        directionless(&mut t);
+    }
     // Both keys are built only in the copy of their family (the other one folds away).
     let key4 = CtKey4::new(&t, svc.id);
     let w = t.words();

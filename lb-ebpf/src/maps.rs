@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use lb_common::ct_table;
 use lb_common::maps::{
-    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, ServiceSlot, ServiceTableRef,
-    SourceKey, TableRef, LOCAL_MAC_SLOTS,
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, NextHopKey, ServiceSlot,
+    ServiceTableRef, SourceKey, TableRef, LOCAL_MAC_SLOTS,
 };
 
 /// (VIP, port, proto) -> service, as an open-addressing hash table in two halves of
@@ -40,6 +40,10 @@ pub static CONNTRACK4: Array<ct_table::Bucket4> = Array::with_max_entries(1, aya
 /// (service, source prefix) -> client class.
 #[map]
 pub static CLIENT_CLASS: LpmTrie<ClassKey, u32> = LpmTrie::with_max_entries(1, 0);
+/// Destination prefix -> next-hop route (see `NextHopKey`): consulted only for a packet no VIP
+/// service took.
+#[map]
+pub static NEXT_HOP_ROUTES: LpmTrie<NextHopKey, u32> = LpmTrie::with_max_entries(1, 0);
 /// Service id -> 1 if the service has client-class prefixes in `CLIENT_CLASS`. Without, every
 /// client is class 0 and the trie (a helper call) is not consulted.
 #[map]

@@ -4,14 +4,14 @@
 use aya_ebpf::maps::lpm_trie::Key;
 use lb_common::hash::{find_service, maglev_slot};
 use lb_common::maps::{
-    table_flags, ClassKey, ServiceInfo, ServiceTableRef, TableRef, CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_V4,
-    PROTO_ANY,
+    stat, table_flags, ClassKey, NextHopKey, ServiceInfo, ServiceTableRef, TableRef, CLASS_KEY_SERVICE_BITS,
+    CLASS_NONE, FAMILY_NEXT_HOP, FAMILY_V4, NEXT_HOP_FAMILY_BITS, NEXT_HOP_UNTOUCHED, PROTO_ANY,
 };
 use lb_ebpf::packet::as_key;
 
 use crate::maps::{
-    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE, TABLES,
-    TABLE_INDEX, TABLE_M,
+    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, NEXT_HOP_ROUTES, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE,
+    TABLES, TABLE_INDEX, TABLE_M,
 };
 use crate::parse::{is_vip, Packet};
 
@@ -67,6 +67,31 @@ pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
         return Some(s);
     }
     service(table, t.dst, 0, PROTO_ANY, pkt.family)
+}
+
+/// The next-hop service of a packet that no VIP service took: the longest prefix of its
+/// destination in `NEXT_HOP_ROUTES` names a route, whose service (the protocol's, else the
+/// L3_DEFAULT one) has the key `[route, 0, 0, 0]` of family `FAMILY_NEXT_HOP`, every port.
+/// Err: not to be touched, with the counter to add (`pass_not_vip` outside every routed
+/// prefix; `pass_next_hop_no_service` for an exempted address or a protocol without service).
+#[inline(always)]
+pub fn lookup_next_hop(pkt: &Packet) -> Result<&'static ServiceInfo, u32> {
+    let d = if pkt.family == FAMILY_V4 { [pkt.tuple.dst[0], 0, 0, 0] } else { pkt.tuple.dst };
+    // lpm_trie::Key<NextHopKey>: prefix length, then the family and the address (an IPv4
+    // tuple's other words are zero).
+    let key = [NEXT_HOP_FAMILY_BITS + 128, (pkt.family as u32).to_be(), d[0], d[1], d[2], d[3]];
+    let route = match NEXT_HOP_ROUTES.get(as_key::<Key<NextHopKey>, 6>(&key)) {
+        Some(r) => *r,
+        None => return Err(stat::PASS_NOT_VIP),
+    };
+    if route == NEXT_HOP_UNTOUCHED {
+        return Err(stat::PASS_NEXT_HOP_NO_SERVICE);
+    }
+    let table = service_table().ok_or(stat::PASS_NEXT_HOP_NO_SERVICE)?;
+    let at = [route, 0, 0, 0];
+    service(table, at, 0, pkt.tuple.proto, FAMILY_NEXT_HOP)
+        .or_else(|| service(table, at, 0, PROTO_ANY, FAMILY_NEXT_HOP))
+        .ok_or(stat::PASS_NEXT_HOP_NO_SERVICE)
 }
 
 /// Client class of the source within the service; IPv4 sources as `::ffff:a.b.c.d`.

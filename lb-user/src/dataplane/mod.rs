@@ -17,6 +17,7 @@ mod admission;
 mod classes;
 mod conntrack;
 pub mod flows;
+mod next_hop;
 pub mod pinning;
 mod programs;
 pub mod service_table;
@@ -40,8 +41,8 @@ use aya::{Ebpf, EbpfLoader};
 use ipnet::IpNet;
 use lb_common::ct_table;
 use lb_common::maps::{
-    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, SourceKey,
-    TableRef, CLASS_KEY_SERVICE_BITS,
+    table_flags, AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, LocalMac, NextHopKey,
+    SourceKey, TableRef, CLASS_KEY_SERVICE_BITS,
 };
 use lb_common::trace::TraceFilter;
 
@@ -88,6 +89,8 @@ pub struct Dataplane {
     /// The connection tables' bucket hash seed (the data plane's `CT_SEED`).
     ct_seed: u64,
     client_class: LpmTrie<MapData, ClassKey, u32>,
+    /// Destination prefix -> next-hop route (`next_hop`).
+    next_hop_routes: LpmTrie<MapData, NextHopKey, u32>,
     /// Service id -> 1 if it has client-class prefixes (the kernel consults the trie only then).
     classed_services: Array<MapData, u32>,
     /// The (service, prefix) pairs in `CLIENT_CLASS`, to keep `classed_services` exact.
@@ -214,6 +217,7 @@ impl Dataplane {
             conntrack4: take(&mut ebpf, "CONNTRACK4")?,
             client_class: take(&mut ebpf, "CLIENT_CLASS")?,
             classed_services: take(&mut ebpf, "CLASSED_SERVICES")?,
+            next_hop_routes: take(&mut ebpf, "NEXT_HOP_ROUTES")?,
             class_prefixes: HashSet::new(),
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: take_raw(&mut ebpf, "TABLES")?,

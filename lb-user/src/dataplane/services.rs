@@ -1,10 +1,10 @@
 //! Services: their keys in `SERVICE_TABLE` (through [`ServiceTable`]) and their addresses in
-//! `VIPS`, kept in step.
+//! `VIPS`, kept in step (a next-hop service's keys hold a route, not an address, and have none).
 
 use std::collections::HashMap as StdHashMap;
 
 use anyhow::{bail, Result};
-use lb_common::maps::{AddrKey, ServiceInfo, ServiceKey};
+use lb_common::maps::{AddrKey, ServiceInfo, ServiceKey, FAMILY_NEXT_HOP};
 
 use super::service_table::ServiceTable;
 use super::{addr_key, Dataplane};
@@ -43,7 +43,8 @@ impl Dataplane {
         }
         let mut added = Vec::new();
         for (keys, info) in set {
-            for key in keys.iter() {
+            // A next-hop service's key holds a route, not an address: nothing goes to VIPS.
+            for key in keys.iter().filter(|k| k.family != FAMILY_NEXT_HOP) {
                 let vip = addr_key(key.addr, key.family);
                 if !self.vip_refs.contains_key(&vip) && !added.contains(&vip) {
                     if let Err(e) = self.vips.insert(vip, info.id, 0) {
@@ -88,7 +89,7 @@ impl Dataplane {
 /// Service keys per VIP address of the installed keys.
 pub(super) fn vip_refs(services: &ServiceTable) -> StdHashMap<AddrKey, usize> {
     let mut refs = StdHashMap::new();
-    for (key, _) in services.installed() {
+    for (key, _) in services.installed().filter(|(k, _)| k.family != FAMILY_NEXT_HOP) {
         *refs.entry(addr_key(key.addr, key.family)).or_default() += 1;
     }
     refs

@@ -3,8 +3,8 @@
 use anyhow::{bail, Result};
 use lb_common::ct_table;
 use lb_common::maps::{
-    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, SourceKey, TableRef, LOCAL_MAC_SLOTS,
-    MAX_SERVICE_ID,
+    AddrKey, Backend, BackendCounters, ClassCounters, ClassKey, GlobalStats, NextHopKey, SourceKey, TableRef,
+    LOCAL_MAC_SLOTS, MAX_SERVICE_ID,
 };
 use lb_common::trace::{TraceEvent, TraceFilter};
 use std::mem::size_of;
@@ -41,6 +41,10 @@ const FIXED: &str = "nothing (a fixed size)";
 pub const TRACE_RING_BYTES: u32 = 1 << 16;
 /// lb-ebpf `trace::Scratch`: the counters, an event, the token bucket and a count.
 const TRACE_SCRATCH_BYTES: usize = size_of::<GlobalStats>() + size_of::<TraceEvent>() + 24;
+
+/// Destination prefixes the next-hop routes hold at most (routed prefixes and the addresses
+/// exempted inside them).
+pub const MAX_NEXT_HOP_ROUTES: u32 = 4096;
 
 /// A hash or trie element's own overhead (list links, hash, lock; about).
 const HASHED: usize = 48;
@@ -116,6 +120,14 @@ const SIZED_MAPS: &[SizedMap] = &[
         entry_bytes: HASHED + size_of::<ClassKey>() + 4,
         max_entries: |s| s.class_pairs().saturating_mul(16).max(16),
         driven_by: BY_CLASSES,
+    },
+    SizedMap {
+        name: "NEXT_HOP_ROUTES",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: HASHED + size_of::<NextHopKey>() + 4,
+        max_entries: |_| MAX_NEXT_HOP_ROUTES,
+        driven_by: FIXED,
     },
     SizedMap {
         name: "CLASSED_SERVICES",

@@ -126,6 +126,9 @@ struct ExplainArgs {
     /// The client's (source) address.
     #[arg(long)]
     client: IpAddr,
+    /// The flow's destination: needed for a next-hop service (a VIP service's is its VIP).
+    #[arg(long)]
+    dst: Option<IpAddr>,
     /// The client's source port (default 40000).
     #[arg(long)]
     sport: Option<u16>,
@@ -213,20 +216,21 @@ fn main() -> std::process::ExitCode {
         Command::Validate(ValidateArgs { config }) => validate::check(&config).map(|summary| println!("{summary}")),
         Command::Status(c) => call(&c, Request::Status, render::status),
         Command::Stats(c) => call(&c, Request::Stats, render::stats),
-        Command::Explain(ExplainArgs { common, service, client, sport, dport, proto, config: None, .. }) => {
-            call(&common, Request::Explain { service, client, sport, dport, proto }, render::explain)
+        Command::Explain(ExplainArgs { common, service, client, dst, sport, dport, proto, config: None, .. }) => {
+            call(&common, Request::Explain { service, client, dst, sport, dport, proto }, render::explain)
         }
         Command::Explain(ExplainArgs {
             common,
             service,
             client,
+            dst,
             sport,
             dport,
             proto,
             config: Some(config),
             unhealthy,
         }) => {
-            let flow = cli::explain::FlowArgs { service, client, sport, dport, proto };
+            let flow = cli::explain::FlowArgs { service, client, dst, sport, dport, proto };
             cli::explain::offline(&config, &unhealthy, &flow).and_then(|e| cli::print(common.json, &e, render::explain))
         }
         Command::Flows(args) => flows::run(&args),

@@ -566,7 +566,7 @@ fn backend_equal_to_a_vip_rejected() {
     reject_text(&text, WEB, "backend[0].address", &["198.18.11.1", "the vip of service \"api\"", "no service's vip"]);
     // Its own.
     let mut cfg = base();
-    cfg.services[0].backends[1].address = cfg.services[0].vip;
+    cfg.services[0].backends[1].address = cfg.services[0].vip.unwrap();
     reject_web(cfg, "backend[1].address", &["198.18.0.100", "this service's own vip"]);
 }
 
@@ -645,7 +645,7 @@ fn weight_out_of_range_rejected() {
 #[test]
 fn l2_dsr_backend_without_mac_accepted() {
     let mut cfg = base();
-    cfg.services[0].forwarding = Forwarding::L2Dsr;
+    cfg.services[0].forwarding = Some(Forwarding::L2Dsr);
     cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
     cfg.validate().expect("one backend with a MAC, one without");
     cfg.services[0].backends[0].mac = None;
@@ -671,7 +671,7 @@ fn malformed_mac_rejected() {
 #[test]
 fn l2_dsr_with_macs_accepted() {
     let mut cfg = base();
-    cfg.services[0].forwarding = Forwarding::L2Dsr;
+    cfg.services[0].forwarding = Some(Forwarding::L2Dsr);
     cfg.services[0].backends[0].mac = Some("02:00:C6:12:0B:01".parse().unwrap());
     cfg.services[0].backends[1].mac = Some("02:00:c6:12:0c:01".parse().unwrap());
     cfg.validate().expect("valid");
@@ -932,7 +932,9 @@ fn defaults() {
     assert!(s.ports.is_empty());
     assert_eq!(s.idle_timeout_sec(), 600);
     assert_eq!(s.session_affinity, SessionAffinity::None);
-    assert_eq!(s.forwarding, Forwarding::Ipip);
+    // Unset in the file; IPIP once converted (L2_DSR for a next hop).
+    assert_eq!(s.forwarding, None);
+    assert_eq!(lb_user::config::Config::parse(text).unwrap().services[0].forwarding, Forwarding::Ipip);
     assert_eq!(s.zonal_affinity.spillover, Spillover::Disabled);
     assert_eq!(s.zonal_affinity.spillover_ratio, 0.0);
     assert_eq!(s.connection_tracking.tracking_mode, TrackingMode::PerConnection);
@@ -982,7 +984,7 @@ fn z13_example_zonal_toml() {
     assert_eq!(cfg.zones[1].client_prefixes, ["198.18.2.0/24".parse().unwrap(), "2001:db8:2::/64".parse().unwrap()]);
     let web = &cfg.services[0];
     assert_eq!(
-        (web.name.as_str(), web.vip.to_string(), web.protocol, web.ports.clone()),
+        (web.name.as_str(), web.vip.unwrap().to_string(), web.protocol, web.ports.clone()),
         ("web", "198.18.0.100".into(), Protocol::Tcp, vec![80])
     );
     assert_eq!(web.zonal_affinity.spillover, Spillover::SpillCrossZone);
@@ -1021,7 +1023,7 @@ fn non_unicast_vips_rejected() {
         ("::1", "loopback"),
     ] {
         let mut cfg = base();
-        cfg.services[0].vip = vip.parse().unwrap();
+        cfg.services[0].vip = Some(vip.parse().unwrap());
         // Backends of the VIP's family, so the family rule stays quiet.
         if vip.contains(':') {
             cfg.services[0].backends[0].address = "2001:db8:11::1".parse().unwrap();
@@ -1039,7 +1041,7 @@ fn non_unicast_backends_rejected() {
         reject_web(cfg, "backend[1].address", &[addr, what, "allowed: a unicast address"]);
     }
     let mut cfg = base();
-    cfg.services[0].vip = "2001:db8::100".parse().unwrap();
+    cfg.services[0].vip = Some("2001:db8::100".parse().unwrap());
     cfg.services[0].backends[0].address = "2001:db8:11::1".parse().unwrap();
     cfg.services[0].backends[1].address = "ff02::1".parse().unwrap();
     reject_web(cfg, "backend[1].address", &["ff02::1", "multicast", "allowed: a unicast address"]);
@@ -1051,7 +1053,7 @@ fn non_unicast_l2_dsr_macs_rejected() {
         [("ff:ff:ff:ff:ff:ff", "broadcast"), ("01:00:5e:00:00:01", "multicast"), ("00:00:00:00:00:00", "zero")]
     {
         let mut cfg = base();
-        cfg.services[0].forwarding = Forwarding::L2Dsr;
+        cfg.services[0].forwarding = Some(Forwarding::L2Dsr);
         cfg.services[0].backends[0].mac = Some("02:00:c6:12:0b:01".parse().unwrap());
         cfg.services[0].backends[1].mac = Some(mac.parse().unwrap());
         reject_web(cfg, "backend[1].mac", &[mac, what, "allowed a unicast MAC"]);
@@ -1145,4 +1147,83 @@ fn health_check_fields_of_another_protocol_rejected() {
     ok.expect("SSL with a request and a response is valid");
     Config::parse(&with_health_check("protocol = \"HTTPS\"\nhost = \"app.example\"\nresponse = \"ok\"\n"))
         .expect("HTTPS with a host and a body prefix is valid");
+}
+
+// ------------------------------------------------------------------ next hop (issue 29)
+
+const FIREWALLS: &str = "[[service]]\nname = \"fw\"\nprotocol = \"L3_DEFAULT\"\n\
+    [service.next_hop]\ndestinations = [\"0.0.0.0/0\", \"::/0\"]\n\
+    [[service.backend]]\naddress = \"198.18.3.1\"\n[[service.backend]]\naddress = \"198.18.3.2\"\n";
+const FW: &str = "service \"fw\"";
+
+#[test]
+fn a_next_hop_service_loads_with_its_defaults() {
+    let cfg = Config::parse(FIREWALLS).unwrap();
+    let s = &cfg.services[0];
+    assert_eq!(s.vip(), None);
+    let n = s.next_hop().expect("a next hop");
+    assert_eq!(n.destinations, ["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()]);
+    assert!(n.symmetric, "symmetric by default");
+    assert_eq!(s.forwarding, Forwarding::L2Dsr, "L2_DSR by default for a next hop");
+    assert_eq!(s.frontend_text(), "next hop for 0.0.0.0/0, ::/0");
+}
+
+#[test]
+fn a_service_needs_a_vip_or_a_next_hop_and_not_both() {
+    let neither = "[[service]]\nname = \"fw\"\nprotocol = \"TCP\"\n";
+    reject_text(neither, FW, "vip", &["missing", "[service.next_hop]"]);
+    let both = FIREWALLS.replace("protocol =", "vip = \"198.18.0.100\"\nprotocol =");
+    reject_text(&both, FW, "next_hop", &["not both"]);
+}
+
+#[test]
+fn a_next_hop_refuses_what_it_cannot_do() {
+    let ipip = FIREWALLS.replace("protocol =", "forwarding = \"IPIP\"\nprotocol =");
+    reject_text(&ipip, FW, "forwarding", &["unchanged", "L2_DSR"]);
+    let tcp_ports = FIREWALLS.replace("\"L3_DEFAULT\"", "\"TCP\"\nports = [443]");
+    reject_text(&tcp_ports, FW, "ports", &["every port"]);
+    let tm = FIREWALLS.replace("protocol =", "routing_method = \"WEIGHTED\"\nprotocol =");
+    let err = Config::parse(&tm).expect_err("a Traffic Manager next hop");
+    assert!(err.to_string().contains("routing_method") && err.to_string().contains("allowed: ZONAL"), "{err}");
+    let source_only = FIREWALLS.replace("protocol =", "session_affinity = \"CLIENT_IP_NO_DESTINATION\"\nprotocol =");
+    reject_text(&source_only, FW, "session_affinity", &["CLIENT_IP_NO_DESTINATION", "symmetric = false"]);
+    let asymmetric = source_only.replace("[service.next_hop]\n", "[service.next_hop]\nsymmetric = false\n");
+    Config::parse(&asymmetric).expect("without symmetric hashing the source alone may choose");
+    let empty = FIREWALLS.replace("[\"0.0.0.0/0\", \"::/0\"]", "[]");
+    reject_text(&empty, FW, "next_hop.destinations", &["empty"]);
+    let twice = FIREWALLS.replace("\"::/0\"]", "\"::/0\", \"0.0.0.0/0\"]");
+    reject_text(&twice, FW, "next_hop.destinations[2]", &["duplicate prefix 0.0.0.0/0"]);
+}
+
+#[test]
+fn a_destination_prefix_has_one_next_hop_service() {
+    let second = FIREWALLS.replace("name = \"fw\"", "name = \"ids\"").replace("198.18.3.", "198.18.4.");
+    let text = format!("{FIREWALLS}{}", second.replace("\"::/0\"]", "\"2001:db8::/32\"]"));
+    reject_text(&text, "service \"ids\"", "next_hop.destinations[0]", &["already routed by service \"fw\""]);
+}
+
+/// What a next-hop service compiles to: its keys under its route, every port, family
+/// FAMILY_NEXT_HOP; its destinations routed there and the configuration's VIPs exempted.
+#[test]
+fn a_next_hop_service_compiles_to_routes_and_route_keys() {
+    use lb_common::maps::{service_flags, FAMILY_NEXT_HOP, NEXT_HOP_UNTOUCHED};
+    let web = "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\
+               [[service.backend]]\naddress = \"198.18.3.9\"\n";
+    let cfg = Config::parse(&format!("{FIREWALLS}{web}")).unwrap();
+    let compiled = lb_user::compile::compile(&cfg, &|_, _| true, &mut lb_user::compile::Ids::default()).unwrap();
+    let fw = &compiled.services[0];
+    let route = lb_user::compile::next_hop_route(fw.id);
+    assert_eq!(fw.keys.len(), 1);
+    assert_eq!((fw.keys[0].addr, fw.keys[0].port, fw.keys[0].family), ([route, 0, 0, 0], 0, FAMILY_NEXT_HOP));
+    assert_ne!(fw.info.flags & service_flags::SYMMETRIC, 0);
+    assert_eq!(compiled.services[1].info.flags & service_flags::SYMMETRIC, 0, "a VIP service is not symmetric");
+    let routes: Vec<(String, u32)> = compiled.next_hop_routes.iter().map(|(n, r)| (n.to_string(), *r)).collect();
+    assert_eq!(
+        routes,
+        [("0.0.0.0/0".into(), route), ("198.18.0.100/32".into(), NEXT_HOP_UNTOUCHED), ("::/0".into(), route)]
+    );
+    // Without next hops, no routes at all.
+    let cfg = Config::parse(web).unwrap();
+    let compiled = lb_user::compile::compile(&cfg, &|_, _| true, &mut lb_user::compile::Ids::default()).unwrap();
+    assert!(compiled.next_hop_routes.is_empty());
 }

@@ -97,7 +97,7 @@ fn explain_names_the_backend_the_kernel_picks() {
     for _ in 0..3000 {
         // Zone 4 = no zone prefix.
         let (svc, zone, host, sport, proto) = rng.flow(&cfg, 4);
-        let (client, frame) = match svc.vip {
+        let (client, frame) = match svc.vip().expect("a VIP service") {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
                 let l4 =
@@ -111,7 +111,8 @@ fn explain_names_the_backend_the_kernel_picks() {
                 (IpAddr::V6(c), ethernet(LB_MAC, CLIENT_MAC, 0x86dd, &l3))
             }
         };
-        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
+        let predicted =
+            explain(&cfg, &applied, &svc.name, &Flow { client, dst: None, sport, dport: 80, proto }).unwrap();
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
         if predicted.dropped {
             assert_eq!(out.action, XDP_DROP, "{predicted:?}");
@@ -165,7 +166,7 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
     let mut forwarded = 0;
     for n in 0..600 {
         let (svc, zone, host, sport, proto) = rng.flow(&cfg, 3);
-        let (client, frame) = match svc.vip {
+        let (client, frame) = match svc.vip().expect("a VIP service") {
             IpAddr::V4(vip) => {
                 let c = Ipv4Addr::new(198, 18, zone as u8, host as u8);
                 // The backend's reply, VIP:80 -> client, quoted as header + 8 bytes.
@@ -193,7 +194,8 @@ fn icmp_errors_reach_the_backend_explain_names_for_the_quoted_flow() {
                 (IpAddr::V6(c), ethernet(LB_MAC, CLIENT_MAC, 0x86dd, &ipv6(router6, vip, 58, 64, 0, &icmp)))
             }
         };
-        let predicted = explain(&cfg, &applied, &svc.name, &Flow { client, sport, dport: 80, proto }).unwrap();
+        let predicted =
+            explain(&cfg, &applied, &svc.name, &Flow { client, dst: None, sport, dport: 80, proto }).unwrap();
         let out = dp.run_test(Program::Lb, &frame, 0).unwrap();
         if predicted.dropped {
             assert_eq!(out.action, XDP_DROP, "{predicted:?}");
@@ -269,7 +271,7 @@ mac = "02:be:00:00:00:32"
     let (mut forwarded, mut dropped) = (0, 0);
     for _ in 0..1000 {
         let svc = &cfg.services[(rng.next() % 2) as usize];
-        let IpAddr::V4(vip) = svc.vip else { unreachable!() };
+        let IpAddr::V4(vip) = svc.vip().expect("a VIP service") else { unreachable!() };
         let c = Ipv4Addr::new(198, 18, 1 + (rng.next() % 3) as u8, 1 + (rng.next() % 250) as u8);
         let sport = 1024 + (rng.next() % 60000) as u16;
         let frame = ethernet(
@@ -278,9 +280,13 @@ mac = "02:be:00:00:00:32"
             0x0800,
             &V4::new(c, vip, PROTO_TCP).build(&tcp4(c, vip, sport, 80, 0x02, b"")),
         );
-        let predicted =
-            explain(&cfg, &applied, &svc.name, &Flow { client: IpAddr::V4(c), sport, dport: 80, proto: PROTO_TCP })
-                .unwrap();
+        let predicted = explain(
+            &cfg,
+            &applied,
+            &svc.name,
+            &Flow { client: IpAddr::V4(c), dst: None, sport, dport: 80, proto: PROTO_TCP },
+        )
+        .unwrap();
         let ClassFacts::TrafficManager { routing_method, .. } = &predicted.class else {
             panic!("a Traffic Manager class: {predicted:?}")
         };

@@ -220,7 +220,7 @@ impl Rig {
     }
 
     fn vip(&self, service: &str) -> Ipv4Addr {
-        match self.ctl.config().services.iter().find(|s| s.name == service).map(|s| s.vip) {
+        match self.ctl.config().services.iter().find(|s| s.name == service).and_then(|s| s.vip()) {
             Some(std::net::IpAddr::V4(v)) => v,
             other => panic!("no IPv4 service {service}: {other:?}"),
         }

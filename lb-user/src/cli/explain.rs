@@ -4,19 +4,12 @@
 use crate::cli::plan::unhealthy_set;
 use crate::compile::{compile, explain::Explanation, Ids};
 use crate::config::Config;
-use crate::daemon::{api::Proto, views};
+use crate::daemon::views;
 use anyhow::Result;
 use std::net::IpAddr;
 use std::path::Path;
 
-/// The flow to explain, as `lb explain` takes it.
-pub struct FlowArgs {
-    pub service: String,
-    pub client: IpAddr,
-    pub sport: Option<u16>,
-    pub dport: Option<u16>,
-    pub proto: Option<Proto>,
-}
+pub use crate::daemon::views::FlowArgs;
 
 /// Explains `flow` with the tables `config` compiles to when the backends at `unhealthy` are
 /// unhealthy and every other one healthy (as the daemon's once its checks have run).
@@ -28,5 +21,5 @@ pub fn offline(config: &Path, unhealthy: &[IpAddr], flow: &FlowArgs) -> Result<E
         b.address().is_none_or(|a| !down.contains(&a))
     };
     let compiled = compile(&cfg, &healthy, &mut Ids::default())?;
-    views::explain(&cfg, &compiled, &flow.service, flow.client, flow.sport, flow.dport, flow.proto)
+    views::explain(&cfg, &compiled, flow)
 }

@@ -158,7 +158,13 @@ pub fn render_table(cfg: &Config, plans: &Plans) -> String {
 }
 
 fn tm_table(svc: &Service, tm: &TmServicePlan, out: &mut String) {
-    out.push_str(&format!("service {} ({} {})  routing_method {}\n", svc.name, svc.vip, svc.protocol, tm.method));
+    out.push_str(&format!(
+        "service {} ({} {})  routing_method {}\n",
+        svc.name,
+        svc.frontend_text(),
+        svc.protocol,
+        tm.method
+    ));
     for (net, c) in &tm.prefixes {
         out.push_str(&format!("  client {net} -> class {c}\n"));
     }
@@ -177,7 +183,7 @@ fn zonal_table(cfg: &Config, svc: &Service, plan: &ZonalPlan, out: &mut String) 
     out.push_str(&format!(
         "service {} ({} {})  eligible_kind {}  {}: {}  active_pool {}\n",
         svc.name,
-        svc.vip,
+        svc.frontend_text(),
         svc.protocol,
         plan.kind.as_str(),
         plan.rule.id(),

@@ -104,7 +104,7 @@ pub fn status(v: &Status) -> String {
             out,
             "service {} ({} {} ports {})  eligible_kind {}  rule {}  active_pool {}",
             svc.name,
-            svc.vip,
+            svc.frontend_text(),
             svc.protocol,
             ports,
             svc.eligible_kind.map_or("-", |k| k.as_str()),
@@ -218,6 +218,17 @@ pub fn explain(v: &Explanation) -> String {
         None => "-".to_owned(),
     };
     let _ = writeln!(out, "  new flow goes  {backend}");
+    if let Some(r) = &v.reverse {
+        let _ = writeln!(
+            out,
+            "  reverse flow   hash {} (symmetric {}), Maglev slot {}, client class {}: goes {}",
+            r.hash,
+            r.symmetric,
+            r.maglev_slot,
+            r.client_class,
+            r.backend.map_or("DROP".to_owned(), |b| b.to_string())
+        );
+    }
     out
 }
 
@@ -381,7 +392,8 @@ mod tests {
     fn zonal_web(zones: Vec<ZoneView>) -> ServiceStatus {
         ServiceStatus {
             name: "web".into(),
-            vip: "198.18.0.100".parse().unwrap(),
+            vip: Some("198.18.0.100".parse().unwrap()),
+            next_hop: None,
             protocol: Protocol::Tcp,
             ports: vec![80],
             eligible_kind: Some(EligibleKind::AllHealthy),
@@ -408,7 +420,8 @@ mod tests {
             ]),
             ServiceStatus {
                 name: "app".into(),
-                vip: ip("198.18.0.21"),
+                vip: Some(ip("198.18.0.21")),
+                next_hop: None,
                 protocol: Protocol::Tcp,
                 ports: vec![80],
                 eligible_kind: None,

@@ -6,9 +6,9 @@
 use crate::compile::{Compiled, CompiledService};
 use crate::config::Config;
 use crate::policy::ServicePlan;
-use lb_common::decide::hash_tuple;
+use lb_common::decide::{directionless, hash_tuple};
 use lb_common::hash::{flow_hash, maglev_slot};
-use lb_common::maps::{addr_words, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
+use lb_common::maps::{addr_words, service_flags, FlowTuple, BACKEND_DROP, CLASS_NONE, PROTO_TCP, PROTO_UDP};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
@@ -16,6 +16,9 @@ use std::net::IpAddr;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Flow {
     pub client: IpAddr,
+    /// The destination: required for a next-hop service; a VIP service's is its VIP (None, or
+    /// the VIP itself).
+    pub dst: Option<IpAddr>,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
@@ -55,7 +58,11 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Predi
         proto: flow.proto,
         _pad: [0; 3],
     };
-    let hash = flow_hash(&hash_tuple(svc.info.affinity, &full, ports_valid));
+    let mut hashed = hash_tuple(svc.info.affinity, &full, ports_valid);
+    if svc.info.flags & service_flags::SYMMETRIC != 0 {
+        directionless(&mut hashed);
+    }
+    let hash = flow_hash(&hashed);
     let slot = maglev_slot(hash, m);
     // As the kernel: a class without a table uses class 0's.
     let table =
@@ -68,6 +75,7 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Predi
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
     pub service: String,
+    /// The flow's destination: the VIP, or for a next-hop service the `--dst` given.
     pub vip: IpAddr,
     pub client: IpAddr,
     pub client_class: u32,
@@ -83,6 +91,20 @@ pub struct Explanation {
     /// The backend a new flow gets; None when it is dropped.
     pub backend: Option<IpAddr>,
     pub dropped: bool,
+    /// A next-hop service: what the flow's reverse direction (addresses and ports swapped)
+    /// gets as a new flow. With symmetric hashing, the same backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverse: Option<ReverseChoice>,
+}
+
+/// The choice for the reverse direction of a next-hop service's flow.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReverseChoice {
+    pub symmetric: bool,
+    pub client_class: u32,
+    pub hash: u32,
+    pub maglev_slot: u32,
+    pub backend: Option<IpAddr>,
 }
 
 /// The facts of a flow's client class, by kind of service.
@@ -115,10 +137,24 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
         .iter()
         .find(|s| s.name == service)
         .ok_or_else(|| anyhow::anyhow!("service {service:?} is not installed"))?;
-    if flow.client.is_ipv4() != svc_cfg.vip.is_ipv4() {
-        anyhow::bail!("client {} and VIP {} are of different address families", flow.client, svc_cfg.vip);
+    let dst = match (svc_cfg.vip(), flow.dst) {
+        (Some(vip), None) => vip,
+        (Some(vip), Some(d)) if d == vip => vip,
+        (Some(vip), Some(d)) => anyhow::bail!("--dst {d}: service {service:?} balances its VIP {vip}; omit --dst"),
+        (None, Some(d)) if svc_cfg.next_hop().is_some_and(|n| n.destinations.iter().any(|p| p.contains(&d))) => d,
+        (None, Some(d)) => {
+            anyhow::bail!("--dst {d} is not in the destinations of service {service:?} ({})", svc_cfg.frontend_text())
+        }
+        (None, None) => anyhow::bail!(
+            "--dst: service {service:?} is a {}; give the flow's destination address",
+            svc_cfg.frontend_text()
+        ),
+    };
+    if flow.client.is_ipv4() != dst.is_ipv4() {
+        anyhow::bail!("client {} and destination {dst} are of different address families", flow.client);
     }
-    let Prediction { class, hash, slot, backend } = predict(svc, cfg.dataplane.maglev_table_size, svc_cfg.vip, flow);
+    let m = cfg.dataplane.maglev_table_size;
+    let Prediction { class, hash, slot, backend } = predict(svc, m, dst, flow);
     // Backend ids are unique across services (a Traffic Manager class may hold a nested
     // child's backends).
     let addr_of = |id: u32| {
@@ -154,9 +190,22 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
             (facts, class_plan.map(|c| c.eligible.iter().map(|&i| svc.backend_addrs[i]).collect()).unwrap_or_default())
         }
     };
+    // The reverse direction of a next-hop service's flow: the destination as the client.
+    let reverse = svc_cfg.next_hop().map(|n| {
+        let back =
+            Flow { client: dst, dst: Some(flow.client), sport: flow.dport, dport: flow.sport, proto: flow.proto };
+        let p = predict(svc, m, flow.client, &back);
+        ReverseChoice {
+            symmetric: n.symmetric,
+            client_class: p.class,
+            hash: p.hash,
+            maglev_slot: p.slot,
+            backend: if p.backend == BACKEND_DROP { None } else { addr_of(p.backend) },
+        }
+    });
     Ok(Explanation {
         service: service.to_owned(),
-        vip: svc_cfg.vip,
+        vip: dst,
         client: flow.client,
         client_class: class,
         class: facts,
@@ -167,5 +216,6 @@ pub fn explain(cfg: &Config, compiled: &Compiled, service: &str, flow: &Flow) ->
         table_size: cfg.dataplane.maglev_table_size,
         backend: if backend == BACKEND_DROP { None } else { addr_of(backend) },
         dropped: backend == BACKEND_DROP,
+        reverse,
     })
 }

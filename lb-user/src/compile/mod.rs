@@ -23,7 +23,7 @@ pub use ids::{Ids, IdsSnapshot};
 use ipnet::IpNet;
 use lb_common::maps::{
     addr_words, backend_flags, forwarding, service_flags, table_flags, tracking, Backend, ForwardParams, ServiceInfo,
-    ServiceKey, PROTO_ANY, PROTO_TCP, PROTO_UDP,
+    ServiceKey, FAMILY_NEXT_HOP, NEXT_HOP_UNTOUCHED, PROTO_ANY, PROTO_TCP, PROTO_UDP,
 };
 use maglev::MaglevBackend;
 use std::net::IpAddr;
@@ -60,6 +60,9 @@ pub struct Compiled {
     /// (backend id, record).
     pub backends: Vec<(u32, Backend)>,
     pub classes_per_service: u32,
+    /// (destination prefix, next-hop route) for `NEXT_HOP_ROUTES`, sorted; empty without
+    /// next-hop services ([`next_hop_routes`]).
+    pub next_hop_routes: Vec<(IpNet, u32)>,
 }
 
 /// The (service id, class) tables of `new` that differ from `old`'s, in the order a reconcile
@@ -193,7 +196,7 @@ pub fn compile_cached(
         services.push(CompiledService {
             name: svc.name.clone(),
             id,
-            keys: service_keys(svc),
+            keys: service_keys(svc, id),
             info: service_info(cfg, svc, id),
             class_prefixes: routed.prefixes,
             tables,
@@ -202,7 +205,8 @@ pub fn compile_cached(
             plan: routed.plan,
         });
     }
-    Ok(Compiled { services, backends, classes_per_service: classes_per_service(cfg) })
+    let next_hop_routes = next_hop_routes(cfg, &services);
+    Ok(Compiled { services, backends, classes_per_service: classes_per_service(cfg), next_hop_routes })
 }
 
 /// The Maglev table of one class. Maglev identifies a backend by its address bytes, so a table
@@ -242,23 +246,51 @@ fn addr_bytes(addr: IpAddr) -> Vec<u8> {
 /// Service keys and client-class prefixes a configuration installs in the data plane (its
 /// sizing must hold them: `sizes::sizes_for`).
 pub fn installed_counts(cfg: &Config) -> (u32, u32) {
-    let keys = cfg.services.iter().map(|s| service_keys(s).len() as u32).sum();
+    let keys = cfg.services.iter().map(|s| service_keys(s, 0).len() as u32).sum();
     // Every zonal-affinity service installs every zone's prefixes.
     let prefixes = (0..cfg.services.len()).map(|s| policy::class_layout(cfg, s).1).sum();
     (keys, prefixes)
 }
 
-fn service_keys(svc: &Service) -> Vec<ServiceKey> {
+/// The next-hop route of the next-hop service `id`: `id + 1`, as route 0 is
+/// `NEXT_HOP_UNTOUCHED`.
+pub fn next_hop_route(id: u32) -> u32 {
+    id + 1
+}
+
+fn service_keys(svc: &Service, id: u32) -> Vec<ServiceKey> {
     let proto = match svc.protocol {
         Protocol::Tcp => PROTO_TCP,
         Protocol::Udp => PROTO_UDP,
         Protocol::L3Default => PROTO_ANY,
     };
+    let (addr, family) = match svc.vip() {
+        Some(vip) => addr_words(vip),
+        // Every port (validated: no `ports`), under the route the destinations map to.
+        None => ([next_hop_route(id), 0, 0, 0], FAMILY_NEXT_HOP),
+    };
     let ports: Vec<u16> = if svc.ports.is_empty() { vec![0] } else { svc.ports.clone() };
-    ports
-        .into_iter()
-        .map(|p| ServiceKey { addr: addr_words(svc.vip).0, port: p.to_be(), proto, family: addr_words(svc.vip).1 })
-        .collect()
+    ports.into_iter().map(|p| ServiceKey { addr, port: p.to_be(), proto, family }).collect()
+}
+
+/// The next-hop routes a configuration installs: each next-hop service's destinations to its
+/// route and, when there are any, every VIP exempted (`NEXT_HOP_UNTOUCHED`): a VIP service wins
+/// over a routed prefix, and a packet to one of its VIP's other ports passes to the host as it
+/// does without next hops. The host's own addresses are exempted by the controller, which
+/// knows them (`Controller::set_local_addresses`).
+fn next_hop_routes(cfg: &Config, services: &[CompiledService]) -> Vec<(IpNet, u32)> {
+    let mut routes: Vec<(IpNet, u32)> = Vec::new();
+    for (svc, compiled) in cfg.services.iter().zip(services) {
+        if let Some(next_hop) = svc.next_hop() {
+            routes.extend(next_hop.destinations.iter().map(|d| (d.trunc(), next_hop_route(compiled.id))));
+        }
+    }
+    if !routes.is_empty() {
+        routes.extend(cfg.services.iter().filter_map(|s| s.vip()).map(|v| (IpNet::from(v), NEXT_HOP_UNTOUCHED)));
+    }
+    routes.sort();
+    routes.dedup_by_key(|(net, _)| *net);
+    routes
 }
 
 fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
@@ -284,7 +316,15 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
     if svc.zonal().and_then(|z| z.failover_policy.as_ref()).is_some_and(|f| f.disable_connection_drain_on_failover) {
         flags |= service_flags::FLUSH_ON_POOL_CHANGE;
     }
-    let encap = if svc.vip.is_ipv4() { cfg.dataplane.encap_source_v4 } else { cfg.dataplane.encap_source_v6 };
+    if svc.next_hop().is_some_and(|n| n.symmetric) {
+        flags |= service_flags::SYMMETRIC;
+    }
+    let encap = match svc.vip() {
+        Some(IpAddr::V4(_)) => cfg.dataplane.encap_source_v4,
+        Some(IpAddr::V6(_)) => cfg.dataplane.encap_source_v6,
+        // A next hop forwards by L2 rewrite: no outer header.
+        None => None,
+    };
     let (encap_src, encap_src_hash_mask) = match encap {
         Some(net) => {
             let host_bits = (net.max_prefix_len() - net.prefix_len()).min(32) as u32;

@@ -63,6 +63,11 @@ impl HostAddrs {
         Self(addrs)
     }
 
+    /// Every address.
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.0.iter().map(|(a, _)| *a).collect()
+    }
+
     /// The interface holding `addr`, if one does.
     pub fn interface_of(&self, addr: IpAddr) -> Option<&str> {
         self.0.iter().find(|(a, _)| *a == addr).map(|(_, name)| name.as_str())
@@ -72,7 +77,7 @@ impl HostAddrs {
 /// Every service whose VIP is one of `host`'s addresses.
 pub(super) fn check(cfg: &Config, host: &HostAddrs, out: &mut Sink) {
     for (index, svc) in cfg.services.iter().enumerate() {
-        let Some(ifname) = host.interface_of(svc.vip) else { continue };
+        let Some((vip, ifname)) = svc.vip.and_then(|vip| Some((vip, host.interface_of(vip)?))) else { continue };
         let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
         r.push(
             "vip",
@@ -80,7 +85,7 @@ pub(super) fn check(cfg: &Config, host: &HostAddrs, out: &mut Sink) {
                 "{} is an address of this host (interface {ifname}): the balancer would take the host's \
                  own traffic to it, and the health checks' replies; allowed: an address that no \
                  interface of the balancer's host (its network namespace) holds",
-                svc.vip
+                vip
             ),
         );
     }

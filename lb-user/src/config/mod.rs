@@ -235,7 +235,7 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Service {
     pub name: String,
-    pub vip: IpAddr,
+    pub frontend: Frontend,
     pub protocol: Protocol,
     /// Empty = all ports.
     pub ports: Vec<u16>,
@@ -246,6 +246,54 @@ pub struct Service {
     /// Backends (Traffic Manager: endpoints) in file order.
     pub backends: Vec<Backend>,
     pub kind: ServiceKind,
+}
+
+/// Which packets a service balances.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frontend {
+    /// Packets to this address.
+    Vip(IpAddr),
+    /// Packets routed to the balancer (as a route's next hop) for a destination in these
+    /// prefixes, where no VIP service takes them.
+    NextHop(NextHop),
+}
+
+/// A next-hop service's frontend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NextHop {
+    pub destinations: Vec<IpNet>,
+    /// Direction-free hash and tracking key (`service_flags::SYMMETRIC`).
+    pub symmetric: bool,
+}
+
+impl Service {
+    /// The VIP; None for a next-hop service.
+    pub fn vip(&self) -> Option<IpAddr> {
+        match &self.frontend {
+            Frontend::Vip(vip) => Some(*vip),
+            Frontend::NextHop(_) => None,
+        }
+    }
+
+    /// The next-hop frontend; None for a VIP service.
+    pub fn next_hop(&self) -> Option<&NextHop> {
+        match &self.frontend {
+            Frontend::NextHop(n) => Some(n),
+            Frontend::Vip(_) => None,
+        }
+    }
+
+    /// What the service balances, for messages and status: its VIP, or "next hop for" its
+    /// destinations.
+    pub fn frontend_text(&self) -> String {
+        match &self.frontend {
+            Frontend::Vip(vip) => vip.to_string(),
+            Frontend::NextHop(n) => {
+                let list: Vec<String> = n.destinations.iter().map(|d| d.to_string()).collect();
+                format!("next hop for {}", list.join(", "))
+            }
+        }
+    }
 }
 
 /// Which product routes a service's clients.
@@ -512,14 +560,18 @@ impl From<raw::Service> for Service {
             }),
         };
         let tm = matches!(kind, ServiceKind::TrafficManager(_));
+        let next_hop = s.next_hop.is_some();
         Service {
             backends: s.backends.into_iter().map(|b| Backend::from_raw(b, tm)).collect(),
             name: s.name,
-            vip: s.vip,
+            frontend: match (s.next_hop, s.vip) {
+                (Some(n), _) => Frontend::NextHop(NextHop { destinations: n.destinations, symmetric: n.symmetric }),
+                (None, vip) => Frontend::Vip(vip.expect("validated: vip or next_hop")),
+            },
             protocol: s.protocol,
             ports: s.ports,
             session_affinity: s.session_affinity,
-            forwarding: s.forwarding,
+            forwarding: s.forwarding.unwrap_or(if next_hop { Forwarding::L2Dsr } else { Forwarding::Ipip }),
             connection_tracking: s.connection_tracking,
             connection_draining: s.connection_draining,
             kind,

@@ -12,7 +12,9 @@ use crate::model::{Forwarding, RoutingMethod};
 /// The warnings of `cfg`, in file order.
 pub fn notices(cfg: &Config) -> Vec<Violation> {
     let mut out = Vec::new();
-    let ipip = |v4: bool| cfg.services.iter().any(|s| s.forwarding == Forwarding::Ipip && s.vip.is_ipv4() == v4);
+    let ipip = |v4: bool| {
+        cfg.services.iter().any(|s| s.forwarding == Forwarding::Ipip && s.vip().is_some_and(|v| v.is_ipv4() == v4))
+    };
     for (field, set, v4) in [
         ("dataplane.encap_source_v4", cfg.dataplane.encap_source_v4.is_some(), true),
         ("dataplane.encap_source_v6", cfg.dataplane.encap_source_v6.is_some(), false),

@@ -69,17 +69,26 @@ pub struct Monitor {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+// A VIP or a next hop: validation refuses a service with neither (and one with both).
+#[schemars(extend("anyOf" = [{"required": ["vip"]}, {"required": ["next_hop"]}]))]
 pub struct Service {
     pub name: String,
-    pub vip: IpAddr,
+    /// The VIP: packets to this address are balanced. Exactly one of `vip` and `next_hop`.
+    #[serde(default)]
+    pub vip: Option<IpAddr>,
+    /// The service as a route's next hop: packets routed to the balancer for these
+    /// destinations are balanced instead of packets to a VIP.
+    #[serde(default)]
+    pub next_hop: Option<NextHop>,
     pub protocol: Protocol,
     /// Empty = all ports.
     #[serde(default)]
     pub ports: Vec<u16>,
     #[serde(default)]
     pub session_affinity: SessionAffinity,
+    /// Default IPIP, and L2_DSR (the only one allowed) for a next-hop service.
     #[serde(default)]
-    pub forwarding: Forwarding,
+    pub forwarding: Option<Forwarding>,
     #[serde(default)]
     pub zonal_affinity: ZonalAffinity,
     /// Present = a failover policy is configured.
@@ -114,6 +123,32 @@ pub struct Service {
     /// Traffic Manager: the name the DNS front (`[dns]`) answers for this service.
     #[serde(default)]
     pub dns_name: Option<String>,
+}
+
+/// `[service.next_hop]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NextHop {
+    /// Destination prefixes whose packets the service balances (`0.0.0.0/0` and `::/0`
+    /// included); a VIP service's address inside one still goes to that service.
+    #[serde(deserialize_with = "super::prefix::prefix_list")]
+    #[schemars(with = "Vec<String>")]
+    pub destinations: Vec<ipnet::IpNet>,
+    /// A flow and its reverse choose the same backend and share one tracking entry (default
+    /// true): stateful appliances see both directions of every connection.
+    #[serde(default = "default_true")]
+    pub symmetric: bool,
+}
+
+impl Service {
+    /// The VIP for messages ("no vip" on a next-hop service, which validation reports apart).
+    pub fn vip_text(&self) -> String {
+        self.vip.map_or_else(|| "no vip".to_owned(), |v| v.to_string())
+    }
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_weight() -> u32 {

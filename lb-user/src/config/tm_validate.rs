@@ -222,14 +222,16 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
         check_endpoint(cfg, svc, b, i, r);
     }
     if method == RoutingMethod::MultiValue {
-        let family_ok = svc.backends.iter().any(|b| !b.is_nested() && b.address.is_ipv4() == svc.vip.is_ipv4());
+        // (A Traffic Manager service without a VIP is refused by `check_frontend`.)
+        let v4 = svc.vip.is_none_or(|v| v.is_ipv4());
+        let family_ok = svc.backends.iter().any(|b| !b.is_nested() && b.address.is_ipv4() == v4);
         if !svc.backends.is_empty() && !family_ok {
             r.push(
                 "backend",
                 format!(
                     "no backend has the address family of vip {}: at least one is needed to \
                      carry the VIP's traffic",
-                    svc.vip
+                    svc.vip_text()
                 ),
             );
         }
@@ -511,13 +513,14 @@ fn check_nested_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, chi
                         TmMethod::ALLOWED.join(", ")
                     ),
                 );
-            } else if child_svc.vip.is_ipv4() != svc.vip.is_ipv4() {
+            } else if child_svc.vip.map(|v| v.is_ipv4()) != svc.vip.map(|v| v.is_ipv4()) {
                 r.push(
                     field,
                     format!(
                         "{child:?} has vip {} of another address family than this service's {}: \
                          nesting keeps the family",
-                        child_svc.vip, svc.vip
+                        child_svc.vip_text(),
+                        svc.vip_text()
                     ),
                 );
             }

@@ -46,6 +46,7 @@ pub(super) fn check(cfg: &Config, host: Option<&super::HostAddrs>) -> Vec<Violat
     }
     check_service_names(&cfg.services, &mut out);
     check_listeners(&cfg.services, &mut out);
+    check_next_hop_destinations(&cfg.services, &mut out);
     check_backends_are_not_vips(&cfg.services, &mut out);
     if let Some(host) = host {
         super::host::check(cfg, host, &mut out);
@@ -244,9 +245,10 @@ fn zone_label(zones: &[Zone], index: usize) -> String {
 // ---------------------------------------------------------------- one service
 
 fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
-    if let Some(what) = non_unicast(&svc.vip) {
-        r.push("vip", format!("{} is {what}: {UNICAST_ONLY}", svc.vip));
+    if let Some((vip, what)) = svc.vip.and_then(|vip| Some((vip, non_unicast(&vip)?))) {
+        r.push("vip", format!("{vip} is {what}: {UNICAST_ONLY}"));
     }
+    check_frontend(svc, r);
     check_ports(svc, r);
     check_zonal_affinity(svc, r);
     check_subsetting(svc, r);
@@ -265,6 +267,86 @@ fn check_service(svc: &Service, zone_names: &[&str], r: &mut Report) {
         check_health_check(svc, hc, r);
     }
     check_backends(svc, zone_names, r);
+}
+
+/// A VIP or a next hop, one of them; a next hop is a Google Cloud (ZONAL) service on every
+/// port, forwarding packets unchanged (L2_DSR), with destinations and symmetric hashing that
+/// its session affinity can honour.
+fn check_frontend(svc: &Service, r: &mut Report) {
+    let Some(next_hop) = &svc.next_hop else {
+        if svc.vip.is_none() {
+            r.push(
+                "vip",
+                "missing: a service balances packets to its `vip`, or packets routed to it as a                  next hop (`[service.next_hop]` with `destinations`)",
+            );
+        }
+        return;
+    };
+    if svc.vip.is_some() {
+        r.push("next_hop", "a service has a `vip` or a `next_hop`, not both: make the next hop a service of its own");
+    }
+    if next_hop.destinations.is_empty() {
+        r.push(
+            "next_hop.destinations",
+            "empty: list the destination prefixes the service balances (e.g. \"0.0.0.0/0\", \"::/0\")",
+        );
+    }
+    let mut seen = HashSet::new();
+    for (i, d) in next_hop.destinations.iter().enumerate() {
+        if !seen.insert(d.trunc()) {
+            r.push(format!("next_hop.destinations[{i}]"), format!("duplicate prefix {d}: list each once"));
+        }
+    }
+    if svc.routing_method != RoutingMethod::Zonal {
+        r.push(
+            "routing_method",
+            format!(
+                "{} with next_hop: a next-hop service is a Google Cloud passthrough balancer; allowed: ZONAL",
+                svc.routing_method.as_str()
+            ),
+        );
+    }
+    if svc.forwarding.is_some_and(|f| f != Forwarding::L2Dsr) {
+        r.push(
+            "forwarding",
+            "IPIP with next_hop: the packet must reach the appliance unchanged (it routes it on); \
+             allowed: L2_DSR (the default for a next hop)",
+        );
+    }
+    if !svc.ports.is_empty() {
+        r.push("ports", "must be empty with next_hop: a route's next hop takes every port of its protocol");
+    }
+    if next_hop.symmetric && svc.session_affinity == SessionAffinity::ClientIpNoDestination {
+        r.push(
+            "session_affinity",
+            "CLIENT_IP_NO_DESTINATION with next_hop.symmetric: hashing the source alone cannot be \
+             the same in both directions; allowed: NONE, CLIENT_IP, CLIENT_IP_PROTO, CLIENT_IP_PORT_PROTO \
+             (or symmetric = false)",
+        );
+    }
+}
+
+/// No destination prefix may be routed by two next-hop services.
+fn check_next_hop_destinations(services: &[Service], out: &mut Sink) {
+    let mut owner: HashMap<IpNet, usize> = HashMap::new();
+    for (index, svc) in services.iter().enumerate() {
+        let Some(next_hop) = &svc.next_hop else { continue };
+        for (i, d) in next_hop.destinations.iter().enumerate() {
+            match owner.get(&d.trunc()) {
+                Some(&first) if first != index => out.push(Violation {
+                    scope: Scope::Service { index, name: svc.name.clone() },
+                    field: format!("next_hop.destinations[{i}]"),
+                    problem: format!(
+                        "{d} is already routed by {}: a destination prefix has one next-hop service",
+                        Scope::Service { index: first, name: services[first].name.clone() }
+                    ),
+                }),
+                _ => {
+                    owner.entry(d.trunc()).or_insert(index);
+                }
+            }
+        }
+    }
 }
 
 fn check_ports(svc: &Service, r: &mut Report) {
@@ -526,8 +608,10 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
     // a backend of the other family could not own it either.
     // Traffic Manager MULTIVALUE may mix A and AAAA endpoints (spec §2.1); the packet view
     // uses those of the VIP's family. Nested endpoints have no address.
+    // A next hop's appliances are reached by MAC: one routes both families.
+    let Some(vip) = svc.vip else { return check_backend_address(b, i, zone_names, svc, r) };
     let mixed_ok = svc.routing_method == RoutingMethod::MultiValue || b.is_nested();
-    if !mixed_ok && b.address.is_ipv4() != svc.vip.is_ipv4() {
+    if !mixed_ok && b.address.is_ipv4() != vip.is_ipv4() {
         let family = |a: &IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
         r.push(
             format!("backend[{i}].address"),
@@ -536,11 +620,15 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
                  (IPv4-in-IPv4 / IPv6-in-IPv6 only)",
                 b.address,
                 family(&b.address),
-                svc.vip,
-                family(&svc.vip)
+                vip,
+                family(&vip)
             ),
         );
     }
+    check_backend_address(b, i, zone_names, svc, r)
+}
+
+fn check_backend_address(b: &Backend, i: usize, zone_names: &[&str], svc: &Service, r: &mut Report) {
     // 0.0.0.0 and :: stand for "absent" (reported as a missing address elsewhere).
     if let Some(what) = non_unicast(&b.address).filter(|_| !b.address.is_unspecified()) {
         r.push(format!("backend[{i}].address"), format!("{} is {what}: {UNICAST_ONLY}", b.address));
@@ -617,7 +705,9 @@ fn check_service_names(services: &[Service], out: &mut Sink) {
 fn check_listeners(services: &[Service], out: &mut Sink) {
     let mut by_vip: HashMap<IpAddr, Vec<usize>> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        by_vip.entry(svc.vip).or_default().push(index);
+        if let Some(vip) = svc.vip {
+            by_vip.entry(vip).or_default().push(index);
+        }
     }
     let mut groups = UnionFind::new(services.len());
     // The first earlier service each service clashes with.
@@ -697,7 +787,7 @@ fn check_listeners(services: &[Service], out: &mut Sink) {
             let more = if n > SHOWN { format!(" and {} more", n - SHOWN) } else { String::new() };
             problem.push_str(&format!(
                 " ({n} services on {} clash in one group: {}{more}; reported once)",
-                svc.vip,
+                svc.vip_text(),
                 names.join(", ")
             ));
         }
@@ -710,7 +800,9 @@ fn check_listeners(services: &[Service], out: &mut Sink) {
 fn check_backends_are_not_vips(services: &[Service], out: &mut Sink) {
     let mut vips: HashMap<IpAddr, usize> = HashMap::new();
     for (index, svc) in services.iter().enumerate() {
-        vips.entry(svc.vip).or_insert(index);
+        if let Some(vip) = svc.vip {
+            vips.entry(vip).or_insert(index);
+        }
     }
     for (index, svc) in services.iter().enumerate() {
         let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
@@ -764,9 +856,9 @@ impl UnionFind {
 fn listener_clash(svc: &Service, other: &Service, j: usize) -> Option<(String, String)> {
     let other_label = Scope::Service { index: j, name: other.name.clone() };
     let claim = |s: &Service| match (s.protocol, s.ports.is_empty()) {
-        (Protocol::L3Default, _) => format!("every protocol and port of {}", s.vip),
-        (p, true) => format!("every {p} port of {}", s.vip),
-        (p, false) => format!("{p} ports {:?} of {}", s.ports, s.vip),
+        (Protocol::L3Default, _) => format!("every protocol and port of {}", s.vip_text()),
+        (p, true) => format!("every {p} port of {}", s.vip_text()),
+        (p, false) => format!("{p} ports {:?} of {}", s.ports, s.vip_text()),
     };
     let clash = |field: String| {
         Some((

@@ -104,6 +104,9 @@ pub struct Controller {
     pool_changed_ns: BTreeMap<String, u64>,
     applied: Option<Compiled>,
     table_cache: compile::TableCache,
+    /// The host's own addresses: exempted from the next-hop routes (its BGP sessions, health
+    /// check replies, control traffic), see [`Controller::set_local_addresses`].
+    local_addrs: Vec<IpAddr>,
 }
 
 impl Controller {
@@ -119,7 +122,32 @@ impl Controller {
             pool_changed_ns: BTreeMap::new(),
             applied: None,
             table_cache: compile::TableCache::default(),
+            local_addrs: Vec::new(),
         }
+    }
+
+    /// The host's own addresses, which the next-hop routes leave to the host (written with the
+    /// next reconcile). The daemon sets them at start.
+    pub fn set_local_addresses(&mut self, mut addrs: Vec<IpAddr>) {
+        addrs.sort();
+        addrs.dedup();
+        self.local_addrs = addrs;
+    }
+
+    /// `routes` with the host's addresses exempted (none without routes).
+    fn with_local_exemptions(&self, routes: &[(IpNet, u32)]) -> Vec<(IpNet, u32)> {
+        if routes.is_empty() {
+            return Vec::new();
+        }
+        let mut all = routes.to_vec();
+        for a in &self.local_addrs {
+            let host = IpNet::from(*a);
+            if !all.iter().any(|(n, _)| *n == host) {
+                all.push((host, lb_common::maps::NEXT_HOP_UNTOUCHED));
+            }
+        }
+        all.sort();
+        all
     }
 
     pub fn persistent_state(&self) -> PersistentState {
@@ -570,6 +598,13 @@ impl Controller {
         if !set_keys.is_empty() || !remove_keys.is_empty() {
             sink.update_services(&set_keys, &remove_keys)?;
         }
+        // Next-hop routes after the services they name exist (and before removed services'
+        // tables go): with the host's own addresses exempted.
+        let old_routes = old.map(|o| self.with_local_exemptions(&o.next_hop_routes)).unwrap_or_default();
+        let new_routes = self.with_local_exemptions(&new.next_hop_routes);
+        if old.is_none() || old_routes != new_routes {
+            sink.set_next_hop_routes(&old_routes, &new_routes)?;
+        }
         if old.is_none() {
             // A first write (after a start that may have adopted another configuration's maps).
             sink.keep_backend_sources(&new.services.iter().map(|s| s.id).collect())?;
@@ -638,8 +673,21 @@ impl Controller {
 /// only the failed change had).
 fn repair_picture(old: Option<&Compiled>, new: &Compiled) -> Compiled {
     const MARK: u32 = 0x8000_0000;
-    let mut picture =
-        old.cloned().unwrap_or(Compiled { services: Vec::new(), backends: Vec::new(), classes_per_service: 0 });
+    let mut picture = old.cloned().unwrap_or(Compiled {
+        services: Vec::new(),
+        backends: Vec::new(),
+        classes_per_service: 0,
+        next_hop_routes: Vec::new(),
+    });
+    // Every route of either, with a value no route has: the next write sets each one again.
+    for (net, _) in &new.next_hop_routes {
+        if !picture.next_hop_routes.iter().any(|(n, _)| n == net) {
+            picture.next_hop_routes.push((*net, MARK));
+        }
+    }
+    for (_, route) in &mut picture.next_hop_routes {
+        *route = MARK;
+    }
     // Tables of the larger class row are removed with a service.
     picture.classes_per_service = picture.classes_per_service.max(new.classes_per_service);
     for svc in &new.services {

@@ -49,7 +49,8 @@ pub fn servable_vips(
             s.backends.iter().filter_map(|b| b.address()).any(|a| usable(&s.name, a))
                 || (!require_healthy_backend && checked(s))
         })
-        .map(|s| s.vip)
+        // A next-hop service has no VIP: routers send it traffic by their routes.
+        .filter_map(|s| s.vip())
         .collect()
 }
 

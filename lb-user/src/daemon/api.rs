@@ -51,6 +51,9 @@ pub enum Request {
     Explain {
         service: String,
         client: IpAddr,
+        /// The flow's destination (next-hop services).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dst: Option<IpAddr>,
         sport: Option<u16>,
         dport: Option<u16>,
         proto: Option<Proto>,
@@ -302,6 +305,7 @@ mod tests {
         let r = Request::Explain {
             service: "web".into(),
             client: "198.18.1.1".parse().unwrap(),
+            dst: None,
             sport: None,
             dport: Some(80),
             proto: Some(Proto::Icmp),

@@ -63,6 +63,14 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
     let sizes = crate::compile::sizes::sizes_for(&cfg);
     sizes.check_memory().map_err(|e| (e, Found::Unknown))?;
     let mut ctl = Controller::new(cfg);
+    // The host's own addresses stay the host's inside a routed next-hop prefix.
+    match crate::config::HostAddrs::current() {
+        Ok(host) => ctl.set_local_addresses(host.addresses()),
+        Err(e) => tracing::warn!(
+            "cannot list this host's addresses ({e}): next-hop routes will not exempt them (its own traffic \
+             inside a routed prefix would be balanced)"
+        ),
+    }
     let (found, carried) = adopt(&args, &mut ctl, &sizes)?;
     let fail = |e: anyhow::Error| (e, found);
     let (mut dp, initial) = load_tables(&args, &mut ctl, sizes, found, carried).map_err(fail)?;

@@ -76,7 +76,12 @@ pub struct AnnounceStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceStatus {
     pub name: String,
-    pub vip: IpAddr,
+    /// The VIP; None for a next-hop service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<IpAddr>,
+    /// A next-hop service's destinations; None for a VIP service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop: Option<NextHopView>,
     pub protocol: Protocol,
     pub ports: Vec<u16>,
     /// Zonal services: the §1.2 eligible kind, rule and active pool (None before the first
@@ -90,6 +95,27 @@ pub struct ServiceStatus {
     pub routing_method: RoutingMethod,
     /// Traffic Manager services: the routing method's client classes; None for zonal ones.
     pub classes: Option<Vec<ClassView>>,
+}
+
+/// What a next-hop service balances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NextHopView {
+    pub destinations: Vec<ipnet::IpNet>,
+    pub symmetric: bool,
+}
+
+impl ServiceStatus {
+    /// The VIP, or "next hop for" the destinations (as `config::Service::frontend_text`).
+    pub fn frontend_text(&self) -> String {
+        match (&self.vip, &self.next_hop) {
+            (Some(vip), _) => vip.to_string(),
+            (None, Some(n)) => {
+                let list: Vec<String> = n.destinations.iter().map(|d| d.to_string()).collect();
+                format!("next hop for {}", list.join(", "))
+            }
+            (None, None) => "-".to_owned(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -38,8 +38,9 @@ impl Daemon {
         let result = match req {
             Request::Status => Ok(Reply::Status(self.status())),
             Request::Stats => self.stats().map(Reply::Stats),
-            Request::Explain { service, client, sport, dport, proto } => {
-                self.explain(&service, client, sport, dport, proto).map(Reply::Explain)
+            Request::Explain { service, client, dst, sport, dport, proto } => {
+                let args = super::views::FlowArgs { service, client, dst, sport, dport, proto };
+                self.explain(&args).map(Reply::Explain)
             }
             Request::BackendSet { service, address, health } => {
                 let h = match health {

@@ -67,7 +67,8 @@ pub fn fill_defaults(
         } else {
             ("dataplane.encap_source_v4", &mut cfg.dataplane.encap_source_v4)
         };
-        let needed = cfg.services.iter().any(|s| s.forwarding == Forwarding::Ipip && s.vip.is_ipv6() == v6);
+        let needed =
+            cfg.services.iter().any(|s| s.forwarding == Forwarding::Ipip && s.vip().is_some_and(|v| v.is_ipv6() == v6));
         if slot.is_some() || !needed {
             continue;
         }

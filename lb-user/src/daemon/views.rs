@@ -12,22 +12,28 @@ use anyhow::{bail, Result};
 use std::net::IpAddr;
 
 use super::reply::{
-    self, BackendStatus, ClassStats, ClassView, Counters, Health, HealthSource, Role, ServiceStats, ServiceStatus,
-    ZoneView,
+    self, BackendStatus, ClassStats, ClassView, Counters, Health, HealthSource, NextHopView, Role, ServiceStats,
+    ServiceStatus, ZoneView,
 };
 use super::{faults, metrics, Daemon};
 
-/// What a new flow of `service` from `client` gets with the tables `compiled` of `cfg`. The
-/// flow's defaults: source port 40000, the service's first port, its protocol.
-pub fn explain(
-    cfg: &Config,
-    compiled: &Compiled,
-    service: &str,
-    client: IpAddr,
-    sport: Option<u16>,
-    dport: Option<u16>,
-    proto: Option<Proto>,
-) -> Result<Explanation> {
+/// The flow to explain, as `lb explain` takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlowArgs {
+    pub service: String,
+    pub client: IpAddr,
+    /// The destination: a next-hop service's flows need one; a VIP service's is its VIP.
+    pub dst: Option<IpAddr>,
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+    pub proto: Option<Proto>,
+}
+
+/// What a new flow of `args.service` from `args.client` gets with the tables `compiled` of
+/// `cfg`. The flow's defaults: source port 40000, the service's first port, its protocol.
+pub fn explain(cfg: &Config, compiled: &Compiled, args: &FlowArgs) -> Result<Explanation> {
+    let FlowArgs { ref service, client, dst, sport, dport, proto } = *args;
+    let service = service.as_str();
     let svc = cfg
         .services
         .iter()
@@ -44,8 +50,8 @@ pub fn explain(
                 p.as_str()
             ),
         };
-    let flow =
-        Flow { client, sport: sport.unwrap_or(40000), dport: dport.or(svc.ports.first().copied()).unwrap_or(0), proto };
+    let dport = dport.or(svc.ports.first().copied()).unwrap_or(0);
+    let flow = Flow { client, dst, sport: sport.unwrap_or(40000), dport, proto };
     explain::explain(cfg, compiled, service, &flow)
 }
 
@@ -117,7 +123,10 @@ impl Daemon {
                     .collect();
                 ServiceStatus {
                     name: svc.name.clone(),
-                    vip: svc.vip,
+                    vip: svc.vip(),
+                    next_hop: svc
+                        .next_hop()
+                        .map(|n| NextHopView { destinations: n.destinations.clone(), symmetric: n.symmetric }),
                     protocol: svc.protocol,
                     ports: svc.ports.clone(),
                     // The zonal pipeline's decision (spec §1.2); a Traffic Manager service has none.
@@ -198,16 +207,9 @@ impl Daemon {
         Ok(reply::Stats { global, services })
     }
 
-    pub(super) fn explain(
-        &self,
-        service: &str,
-        client: std::net::IpAddr,
-        sport: Option<u16>,
-        dport: Option<u16>,
-        proto: Option<Proto>,
-    ) -> Result<reply::Explanation> {
+    pub(super) fn explain(&self, args: &FlowArgs) -> Result<reply::Explanation> {
         let applied = self.ctl.applied().ok_or_else(|| anyhow::anyhow!("no tables yet"))?;
-        explain(self.ctl.config(), applied, service, client, sport, dport, proto)
+        explain(self.ctl.config(), applied, args)
     }
 
     /// One line for `systemctl status`.

@@ -19,6 +19,11 @@ pub trait Tables {
     /// Removes `remove`, then installs services (each under its keys), as one change: the
     /// data plane publishes its service table once per call.
     fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()>;
+    /// Replace the next-hop routes `old` (as last written) with `new` (prefix, route).
+    fn set_next_hop_routes(&mut self, old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> Result<()> {
+        let _ = (old, new);
+        Ok(())
+    }
     /// Release a removed service's table slots.
     fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()>;
     /// The backend addresses of `service` (empty: the service is gone), for the martian check.
@@ -76,6 +81,23 @@ impl Tables for Dataplane {
     }
     fn update_services(&mut self, set: &[(&[ServiceKey], &ServiceInfo)], remove: &[ServiceKey]) -> Result<()> {
         Dataplane::update_services(self, set, remove)
+    }
+    fn set_next_hop_routes(&mut self, _old: &[(IpNet, u32)], new: &[(IpNet, u32)]) -> Result<()> {
+        // Against what the trie holds, not `old`: a first write after a restart finds the
+        // previous daemon's routes there. Add and update first, then remove: an address never
+        // falls out of a routed prefix (or out of its exemption) in between.
+        let held = self.next_hop_routes()?;
+        for (net, route) in new {
+            if !held.contains(&(*net, *route)) {
+                self.set_next_hop_route(*net, *route)?;
+            }
+        }
+        for (net, _) in &held {
+            if !new.iter().any(|(n, _)| n == net) {
+                self.remove_next_hop_route(*net)?;
+            }
+        }
+        Ok(())
     }
     fn remove_tables(&mut self, service: u32, classes: u32) -> Result<()> {
         for class in 0..classes.min(self.sizes.classes_per_service) {

@@ -356,7 +356,8 @@ const MAX_EMITTED_WEIGHT: u128 = crate::config::MAX_WEIGHT as u128;
 /// The packet view of service `svc` for `client`: the VIP's address family decides which
 /// leaves qualify (MULTIVALUE may mix families; IPIP only carries one).
 pub fn eligible(st: &Statuses, svc: usize, client: &Client) -> Eligible {
-    let family = Family::of(&st.cfg.services[svc].vip);
+    let vip = st.cfg.services[svc].vip().expect("validated: a Traffic Manager service has a vip");
+    let family = Family::of(&vip);
     eligible_at(st, svc, client, family, 0, &mut HashMap::new())
 }
 

@@ -13,6 +13,7 @@ pub mod fuzz;
 pub mod live;
 pub mod load;
 pub mod netns;
+pub mod next_hop;
 pub mod packet;
 pub mod pinned;
 pub mod rawbpf;

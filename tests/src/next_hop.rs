@@ -15,11 +15,12 @@
 //! a firewall which did not see its connection open is dropped. Its set `seen` records every
 //! flow (addresses, protocol, ports) in each direction it forwarded.
 
+use crate::e2e::Session;
 use crate::netns::{sh, Netns};
 use crate::topology::{napi_peer, plug, Host, PinDir};
 use anyhow::{Context, Result};
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
 pub const A: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 2);
@@ -209,6 +210,28 @@ impl Scene {
         self.fws[i].ns.ip(&["link", "set", "eth0", "down"])?;
         Ok(())
     }
+}
+
+/// `n` connections from A to B opened at once; each is a session or why it failed.
+pub fn open(a: &Host, target: SocketAddr, n: usize) -> Vec<anyhow::Result<Session>> {
+    let mut all = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
+        let opened: Vec<anyhow::Result<Session>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk.iter().map(|_| s.spawn(|| Session::open(a, target))).collect();
+            handles.into_iter().map(|h| h.join().expect("opening thread")).collect()
+        });
+        all.extend(opened);
+    }
+    all
+}
+
+/// Asks on every session at once: which answered (`B`) and which did not.
+pub fn ask_all(sessions: &mut [Session], line: &str) -> Vec<bool> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> =
+            sessions.iter_mut().map(|sess| s.spawn(move || sess.ask(line).is_ok_and(|n| n == "B"))).collect();
+        handles.into_iter().map(|h| h.join().expect("asking thread")).collect()
+    })
 }
 
 /// `nft` is needed: fail with what to install rather than skip.

@@ -59,7 +59,7 @@ enum Cmd {
     },
     /// Build `lb` (release) from two checkouts of HEAD in different directories; they must be identical.
     Repro,
-    /// The live demo (see README.md): `zonal` (default) or `scale-out`.
+    /// The live demo (see README.md): `zonal` (default), `scale-out` or `next-hop`.
     Demo {
         #[arg(value_enum, default_value = "zonal")]
         scene: Scene,
@@ -236,6 +236,8 @@ enum Scene {
     Zonal,
     /// Three balancers behind ECMP with BIRD; one is killed.
     ScaleOut,
+    /// The balancer as a route's next hop, stateful firewalls behind it; one fails.
+    NextHop,
 }
 
 fn demo(scene: Scene) -> Result<()> {
@@ -246,6 +248,7 @@ fn demo(scene: Scene) -> Result<()> {
     let scene = match scene {
         Scene::Zonal => "zonal",
         Scene::ScaleOut => "scale-out",
+        Scene::NextHop => "next-hop",
     };
     bpffs::guarded(|| run(Command::new(workspace_root().join("target/release/demo")).arg(scene)))
 }

@@ -7,7 +7,10 @@
 //! and after, with a one-line reading. Everything is torn down at the end, also on Ctrl-C.
 //!
 //! `demo scale-out`: the second scene (`scale_out.rs`), three balancers behind ECMP with BGP.
+//! `demo next-hop`: the third (`next_hop.rs`), the balancer as a route's next hop in front of
+//! stateful firewalls.
 
+mod next_hop;
 mod scale_out;
 
 use anyhow::{Context, Result};
@@ -117,7 +120,8 @@ fn main() -> std::process::ExitCode {
     let result = match scene.as_deref() {
         None | Some("zonal") => run(),
         Some("scale-out") => scale_out::run(),
-        Some(other) => Err(anyhow::anyhow!("no scene {other:?}: zonal (default) or scale-out")),
+        Some("next-hop") => next_hop::run(),
+        Some(other) => Err(anyhow::anyhow!("no scene {other:?}: zonal (default), scale-out or next-hop")),
     };
     match result {
         Ok(()) => {

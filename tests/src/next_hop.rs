@@ -210,6 +210,23 @@ impl Scene {
         self.fws[i].ns.ip(&["link", "set", "eth0", "down"])?;
         Ok(())
     }
+
+    /// Starts firewall `i` (0-based) again: its link comes up.
+    pub fn start_firewall(&self, i: usize) -> Result<()> {
+        self.fws[i].ns.ip(&["link", "set", "eth0", "up"])?;
+        Ok(())
+    }
+
+    /// An active/standby pair: fw1 the primary, fw2 the failover backend (`[service.failover_policy]`).
+    pub fn config_active_standby(&self) -> String {
+        let pair = self.config(2, true);
+        let (head, backends) = pair.split_once("[[service.backend]]").expect("backends");
+        let standby = format!("address = \"{}\"", self.fws[1].v4);
+        format!(
+            "{head}[service.failover_policy]\n[[service.backend]]{}",
+            backends.replace(&standby, &format!("{standby}\nfailover = true"))
+        )
+    }
 }
 
 /// `n` connections from A to B opened at once; each is a session or why it failed.

@@ -9,33 +9,11 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use lb_tests::e2e::{wait_for, Daemon, Session};
-use lb_tests::next_hop::{require_nft, Scene, Seen};
+use lb_tests::next_hop::{ask_all, open, require_nft, Scene, Seen};
 use lb_tests::topology::Host;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
-
-/// `n` connections from A to B opened at once; each is a session or why it failed.
-fn open(a: &Host, target: SocketAddr, n: usize) -> Vec<anyhow::Result<Session>> {
-    let mut all = Vec::new();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
-        let opened: Vec<anyhow::Result<Session>> = std::thread::scope(|s| {
-            let handles: Vec<_> = chunk.iter().map(|_| s.spawn(|| Session::open(a, target))).collect();
-            handles.into_iter().map(|h| h.join().expect("opening thread")).collect()
-        });
-        all.extend(opened);
-    }
-    all
-}
-
-/// Asks on every session at once: which answered (`B`) and which did not.
-fn ask_all(sessions: &mut [Session], line: &str) -> Vec<bool> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> =
-            sessions.iter_mut().map(|sess| s.spawn(move || sess.ask(line).is_ok_and(|n| n == "B"))).collect();
-        handles.into_iter().map(|h| h.join().expect("asking thread")).collect()
-    })
-}
 
 fn port(s: &Session) -> u16 {
     s.local_addr().expect("local address").port()
@@ -160,4 +138,61 @@ fn without_symmetric_hashing_a_share_of_connections_breaks() {
     let broken = opened.iter().filter(|s| s.is_err()).count();
     println!("without symmetric hashing, {broken} of 60 connections through stateful firewalls failed");
     assert!(broken >= 10, "{broken} of 60");
+}
+
+/// Which firewall (0-based) each session crossed, both ways.
+fn firewalls_of(scene: &Scene, sessions: &[Session]) -> Vec<usize> {
+    let seen = seen_all(scene);
+    sessions.iter().map(|s| Scene::firewall_of(&seen, TCP, port(s)).unwrap_or_else(|e| panic!("{e}"))).collect()
+}
+
+/// An active/standby pair (a failover policy, fw2 the failover backend): every connection goes
+/// to the active fw1; when it fails, new connections go to fw2; when it is back, new ones go to
+/// fw1 again while those opened on fw2 continue there (connections drain across a pool change,
+/// spec §1.2).
+#[test]
+fn an_active_standby_pair_fails_over_and_back() {
+    require_nft().unwrap();
+    let scene = Scene::build("nhf", 2).unwrap();
+    let d = Daemon::start_in(&scene.lb.ns, "next-hop-failover", &scene.config_active_standby()).unwrap();
+    for fw in 0..2 {
+        wait_health(&d, &scene, fw, true);
+    }
+    let target = scene.target();
+    let active = open(&scene.a, target, 20).into_iter().map(|s| s.expect("a connection")).collect::<Vec<_>>();
+    assert!(firewalls_of(&scene, &active).iter().all(|&fw| fw == 0), "all on the active fw1");
+
+    scene.stop_firewall(0).unwrap();
+    wait_health(&d, &scene, 0, false);
+    let mut standby = open(&scene.a, target, 20).into_iter().map(|s| s.expect("a connection")).collect::<Vec<_>>();
+    assert!(firewalls_of(&scene, &standby).iter().all(|&fw| fw == 1), "failed over to fw2");
+
+    scene.start_firewall(0).unwrap();
+    wait_health(&d, &scene, 0, true);
+    let back = open(&scene.a, target, 20).into_iter().map(|s| s.expect("a connection")).collect::<Vec<_>>();
+    assert!(firewalls_of(&scene, &back).iter().all(|&fw| fw == 0), "failed back to fw1");
+    assert!(ask_all(&mut standby, "still").iter().all(|&ok| ok), "the connections on fw2 continue");
+    assert!(firewalls_of(&scene, &standby).iter().all(|&fw| fw == 1));
+}
+
+/// A firewall whose route to B points back at the balancer: the packet returns from the MAC the
+/// balancer would send it to and is dropped (`drop_loop`), not bounced between the two until its
+/// TTL runs out.
+#[test]
+fn a_packet_a_firewall_routes_back_is_dropped_not_bounced() {
+    require_nft().unwrap();
+    let scene = Scene::build("nhl", 1).unwrap();
+    let d = Daemon::start_in(&scene.lb.ns, "next-hop-loop", &scene.config(1, true)).unwrap();
+    wait_health(&d, &scene, 0, true);
+    scene.fws[0].ns.ip(&["route", "add", "198.18.20.5/32", "via", "198.18.10.1"]).unwrap();
+    let opened = open(&scene.a, scene.target(), 1);
+    assert!(opened[0].is_err(), "the connection cannot open through a looping firewall");
+    let stats = d.cli(&["stats", "--json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let get = |name: &str| v["global"][name].as_u64().unwrap_or_else(|| panic!("no counter {name}: {stats}"));
+    let (looped, rx) = (get("drop_loop"), get("rx_packets"));
+    println!("drop_loop {looped}, rx_packets {rx}");
+    // One drop per SYN the client sent (a few retransmissions), not one per bounce.
+    assert!(looped >= 1, "{stats}");
+    assert!(looped <= 10, "{stats}");
 }

@@ -7,7 +7,7 @@
 //! weights and TTLs).
 
 use super::{Config, Scope, Violation};
-use crate::model::{Forwarding, RoutingMethod};
+use crate::model::{Forwarding, RoutingMethod, Spillover};
 
 /// The warnings of `cfg`, in file order.
 pub fn notices(cfg: &Config) -> Vec<Violation> {
@@ -50,6 +50,20 @@ pub fn notices(cfg: &Config) -> Vec<Violation> {
                 scope: scope(),
                 field: "dns_name".into(),
                 problem: "has no effect without a [dns] section (nothing answers for the name)".into(),
+            });
+        }
+        // The spec (§1.5, Compatibility): symmetric only if both directions use zonal affinity
+        // (one service here: they do) and senders talk only to receivers of their own zone,
+        // which no configuration shows.
+        let zonal_affinity = s.zonal().is_some_and(|z| z.zonal_affinity.spillover != Spillover::Disabled);
+        if s.next_hop().is_some_and(|n| n.symmetric) && zonal_affinity && !cfg.zones.is_empty() {
+            out.push(Violation {
+                scope: scope(),
+                field: "next_hop.symmetric".into(),
+                problem: "holds only for flows between hosts of one zone: with zonal affinity each direction \
+                          chooses from its sender's zone, so the two directions of a cross-zone flow may \
+                          cross different appliances (lb validate cannot see where traffic goes)"
+                    .into(),
             });
         }
         if s.forwarding != Forwarding::L2Dsr {
@@ -98,6 +112,24 @@ mod tests {
             "service \"db\": backend[0].mac: has no effect: only forwarding = \"L2_DSR\" sends to a backend's MAC (this service forwards with IPIP)",
         ];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn symmetric_hashing_with_zonal_affinity_is_flagged() {
+        let fw = "[[zone]]\nname = \"z1\"\nclient_prefixes = [\"198.18.10.0/24\"]\n\
+                  [[service]]\nname = \"fw\"\nprotocol = \"L3_DEFAULT\"\n\
+                  [service.next_hop]\ndestinations = [\"0.0.0.0/0\"]\n\
+                  [service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_STAY_WITHIN_ZONE\"\n\
+                  [[service.backend]]\naddress = \"198.18.3.1\"\nzone = \"z1\"\n";
+        let got = notes(fw);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].starts_with("service \"fw\": next_hop.symmetric: holds only for flows between hosts of one zone")
+        );
+        assert!(notes(
+            &fw.replace("destinations = [\"0.0.0.0/0\"]", "destinations = [\"0.0.0.0/0\"]\nsymmetric = false")
+        )
+        .is_empty());
     }
 
     #[test]

@@ -67,6 +67,10 @@ pub mod service_flags {
     /// the same backend and share one entry. For next-hop services in front of stateful
     /// appliances, which must see both directions of a connection.
     pub const SYMMETRIC: u8 = 1 << 5;
+    /// A next-hop service (its packets are routed through the balancer, not addressed to a
+    /// VIP): the L2 rewrite drops a frame that came from the MAC it would go to (`drop_loop`),
+    /// an appliance routing the packet back.
+    pub const NEXT_HOP: u8 = 1 << 6;
 }
 
 /// [`Backend::flags`] bits.

@@ -206,11 +206,11 @@ pub fn encapsulate<E: IpInIp>(ctx: &XdpContext, pkt: &Packet, to: Target, svc: &
 /// MAC the frame was sent to, which `parse::local_ingress` checked is that device's own) or
 /// another one (redirect; source = that device's MAC). A VLAN-tagged frame goes back out of
 /// the ingress on its VLAN, tag kept: the host's route to a backend on that VLAN points at a VLAN
-/// device, on which native XDP cannot transmit. A frame from the MAC it would be sent to is a
-/// loop, dropped (`drop_loop`). The same rewrite sends a next-hop service's packets, unchanged,
-/// to an appliance.
+/// device, on which native XDP cannot transmit. The same rewrite sends a next-hop service's
+/// packets, unchanged, to an appliance; for those (`next_hop`) a frame from the MAC it would be
+/// sent to is a loop, dropped (`drop_loop`).
 #[inline(always)]
-pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context) -> u32 {
+pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context, next_hop: bool) -> u32 {
     let Context { now, ingress, counters } = at;
     let backend = to.backend;
     let m = backend.mac;
@@ -245,12 +245,15 @@ pub fn l2_dsr(ctx: &XdpContext, pkt: &Packet, to: Target, at: Context) -> u32 {
     } else {
         None
     };
-    // A frame that came from the MAC it would go to: the backend sent it back (an appliance
-    // whose route points at the balancer). Sending it again would bounce it until its TTL runs
-    // out. Source MAC: bytes 6..12, the high half of word 1 and word 2.
-    let (w1, w2) = unsafe { (core::ptr::read(p.add(4) as *const u32), core::ptr::read(p.add(8) as *const u32)) };
-    if dmac_lo == (w1 >> 16 | w2 << 16) && dmac_hi == w2 >> 16 {
-        return drop(stat::DROP_LOOP, counters);
+    // A next hop's frame that came from the MAC it would go to: the appliance sent it back
+    // (its route points at the balancer). Sending it again would bounce it until its TTL runs
+    // out. (A VIP's packet from its backend is a martian, dropped before.) Source MAC: bytes
+    // 6..12, the high half of word 1 and word 2.
+    if next_hop {
+        let (w1, w2) = unsafe { (core::ptr::read(p.add(4) as *const u32), core::ptr::read(p.add(8) as *const u32)) };
+        if dmac_lo == (w1 >> 16 | w2 << 16) && dmac_hi == w2 >> 16 {
+            return drop(stat::DROP_LOOP, counters);
+        }
     }
     let route = match egress {
         Some(r) => r,

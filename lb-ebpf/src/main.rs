@@ -337,7 +337,7 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &Packet, c
     let to = encap::Target { id, backend, hash };
     let at = encap::Context { now, ingress, counters };
     match svc.forwarding {
-        forwarding::L2_DSR => encap::l2_dsr(ctx, pkt, to, at),
+        forwarding::L2_DSR => encap::l2_dsr(ctx, pkt, to, at, svc.flags & service_flags::NEXT_HOP != 0),
         _ if pkt.family == FAMILY_V4 => encap::encapsulate::<encap::Ipip>(ctx, pkt, to, svc, at),
         _ => encap::encapsulate::<encap::Ip6ip6>(ctx, pkt, to, svc, at),
     }

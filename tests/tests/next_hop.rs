@@ -36,6 +36,7 @@ fn next_hop_key(proto: u8) -> ServiceKey {
 
 fn next_hop_info(symmetric: bool) -> ServiceInfo {
     let mut info = service_info(SVC, affinity::NONE, tracking::PER_CONNECTION, forwarding::L2_DSR);
+    info.flags |= service_flags::NEXT_HOP;
     if symmetric {
         info.flags |= service_flags::SYMMETRIC;
     }

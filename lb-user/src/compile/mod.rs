@@ -316,8 +316,11 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
     if svc.zonal().and_then(|z| z.failover_policy.as_ref()).is_some_and(|f| f.disable_connection_drain_on_failover) {
         flags |= service_flags::FLUSH_ON_POOL_CHANGE;
     }
-    if svc.next_hop().is_some_and(|n| n.symmetric) {
-        flags |= service_flags::SYMMETRIC;
+    if let Some(next_hop) = svc.next_hop() {
+        flags |= service_flags::NEXT_HOP;
+        if next_hop.symmetric {
+            flags |= service_flags::SYMMETRIC;
+        }
     }
     let encap = match svc.vip() {
         Some(IpAddr::V4(_)) => cfg.dataplane.encap_source_v4,

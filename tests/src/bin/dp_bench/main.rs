@@ -42,12 +42,13 @@ mod trace;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use lb_common::maps::{
-    affinity, forwarding, local_mac_slot, stat, table_flags, tracking, AddrKey, Backend, GlobalStats, LocalMac,
-    ServiceInfo, ServiceKey, TableRef, PROTO_TCP,
+    affinity, forwarding, local_mac_slot, service_flags, stat, table_flags, tracking, AddrKey, Backend, GlobalStats,
+    LocalMac, NextHopKey, ServiceInfo, ServiceKey, TableRef, FAMILY_NEXT_HOP, NEXT_HOP_FAMILY_BITS, PROTO_TCP,
 };
 use lb_tests::fixture::{backend, service_info, service_key};
 use lb_tests::fixture_net::{in_netns, LB_MAC};
@@ -66,7 +67,7 @@ const CONNTRACK_ENTRIES: u32 = 1 << 20;
 const MAX_SERVICES: u32 = 8;
 const CLASSES_PER_SERVICE: u32 = 4;
 const MAX_BACKENDS: u32 = 64;
-const TABLE_SLOTS: u32 = 4;
+const TABLE_SLOTS: u32 = 8;
 /// Backends per service (all reached through the ingress device, so the verdict is XDP_TX).
 const BACKENDS_PER_SERVICE: u32 = 10;
 
@@ -80,6 +81,19 @@ const SVC6: u32 = 2;
 /// VIP4:`L2_PORT`/TCP forwarded by L2 DSR (destination MAC rewrite, no encapsulation).
 const SVC4_L2: u32 = 3;
 const L2_PORT: u16 = 81;
+/// A next-hop service (issue 29): L2 rewrite, symmetric hashing, for destinations in
+/// `NH_PREFIX`/24 (route `NH_ROUTE`), which no VIP holds.
+const SVC4_NH: u32 = 4;
+const NH_ROUTE: u32 = 5;
+const NH_PREFIX: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 0);
+const NH_DST: Ipv4Addr = Ipv4Addr::new(198, 19, 200, 7);
+
+/// What a service balances: a VIP's port, or a next-hop route's destinations.
+#[derive(Clone, Copy)]
+enum Front {
+    Vip(IpAddr, u16),
+    NextHop,
+}
 /// The ingress device's own MAC: `lb` balances only frames sent to it, and the L2 DSR cases run
 /// `lb` alone with `repeat > 1` on the frame its previous iteration rewrote, which must again
 /// be addressed to us to take the same path.
@@ -213,40 +227,58 @@ impl Bench {
             )?;
         }
         let mut bench = Self { ebpf, services, stats, ingress_ifindex };
-        bench.install_service(SVC4, IpAddr::V4(VIP4), 80, forwarding::IPIP, 0, |i| {
+        bench.install_service(SVC4, Front::Vip(IpAddr::V4(VIP4), 80), forwarding::IPIP, 0, |i| {
             IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8))
         })?;
-        bench.install_service(SVC6, IpAddr::V6(VIP6), 80, forwarding::IPIP, 32, |i| {
+        bench.install_service(SVC6, Front::Vip(IpAddr::V6(VIP6), 80), forwarding::IPIP, 32, |i| {
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0x10 + i as u16))
         })?;
-        bench.install_service(SVC4_L2, IpAddr::V4(VIP4), L2_PORT, forwarding::L2_DSR, 16, |i| {
+        bench.install_service(SVC4_L2, Front::Vip(IpAddr::V4(VIP4), L2_PORT), forwarding::L2_DSR, 16, |i| {
             IpAddr::V4(Ipv4Addr::new(198, 19, 10, 30 + i as u8))
         })?;
+        // An object from before issue 29 (`--compare`) has no next-hop routes.
+        if bench.ebpf.map("NEXT_HOP_ROUTES").is_some() {
+            bench.install_service(SVC4_NH, Front::NextHop, forwarding::L2_DSR, 48, |i| {
+                IpAddr::V4(Ipv4Addr::new(198, 19, 10, 50 + i as u8))
+            })?;
+        }
         Ok(bench)
     }
 
-    /// VIP:port/TCP, PER_CONNECTION tracking, forwarded as `fwd`; `BACKENDS_PER_SERVICE`
-    /// backends with ids from `first_id`, in a Maglev table of size M.
+    /// `front`/TCP (a VIP's port, or a next hop's every port), PER_CONNECTION tracking,
+    /// forwarded as `fwd`; `BACKENDS_PER_SERVICE` backends with ids from `first_id`, in a
+    /// Maglev table of size M.
     fn install_service(
         &mut self,
         id: u32,
-        vip: IpAddr,
-        port: u16,
+        front: Front,
         fwd: u8,
         first_id: u32,
         addr: impl Fn(u32) -> IpAddr,
     ) -> Result<()> {
         let mut info: ServiceInfo = service_info(id, affinity::NONE, tracking::PER_CONNECTION, fwd);
-        info.encap_src = addr_words(match vip {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+        info.encap_src = addr_words(match front {
+            Front::Vip(IpAddr::V6(_), _) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+            _ => IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
         })
         .0;
-        let key: ServiceKey = service_key(vip, port, PROTO_TCP);
-        let (words, family) = addr_words(vip);
-        // VIPS before the key becomes visible, as `Dataplane::set_service` does.
-        let mut vips: HashMap<_, AddrKey, u32> = HashMap::try_from(self.map("VIPS")?)?;
-        vips.insert(AddrKey { addr: words, family, _pad: [0; 3] }, id, 0)?;
+        let key: ServiceKey = match front {
+            Front::Vip(vip, port) => {
+                let (words, family) = addr_words(vip);
+                // VIPS before the key becomes visible, as `Dataplane::set_service` does.
+                let mut vips: HashMap<_, AddrKey, u32> = HashMap::try_from(self.map("VIPS")?)?;
+                vips.insert(AddrKey { addr: words, family, _pad: [0; 3] }, id, 0)?;
+                service_key(vip, port, PROTO_TCP)
+            }
+            Front::NextHop => {
+                info.flags |= service_flags::SYMMETRIC | service_flags::NEXT_HOP;
+                let mut routes: LpmTrie<_, NextHopKey, u32> = LpmTrie::try_from(self.map("NEXT_HOP_ROUTES")?)?;
+                let (words, family) = addr_words(IpAddr::V4(NH_PREFIX));
+                let prefix = NextHopKey { family_be: (family as u32).to_be(), addr: words };
+                routes.insert(&LpmKey::new(NEXT_HOP_FAMILY_BITS + 24, prefix), NH_ROUTE, 0)?;
+                ServiceKey { addr: [NH_ROUTE, 0, 0, 0], port: 0, proto: PROTO_TCP, family: FAMILY_NEXT_HOP }
+            }
+        };
         self.services.update(&[(key, info)], &[])?;
 
         let mut backends: Array<_, Backend> = Array::try_from(self.map("BACKENDS")?)?;
@@ -461,6 +493,33 @@ fn measure_l2(b: &Bench, p: &Params) -> Result<L2Dsr> {
     Ok(L2Dsr { ct_hit, new_flow, lb_ct_hit, lb_new_flow })
 }
 
+/// A next-hop service's packet (issue 29), in the wrapper: found by the route of its
+/// destination's prefix after the VIP lookup missed, symmetric hashing, L2 rewrite. Against
+/// `L2Dsr`'s wrapper figures, the next hop's own price. None for an object without next-hop
+/// routes.
+struct NextHop {
+    ct_hit: f64,
+    new_flow: f64,
+}
+
+fn measure_next_hop(b: &Bench, p: &Params) -> Result<Option<NextHop>> {
+    if b.ebpf.map("NEXT_HOP_ROUTES").is_none() {
+        return Ok(None);
+    }
+    let frame = |flags| {
+        let inner = V4::new(CLIENT4, NH_DST, PROTO_TCP).build(&tcp4(CLIENT4, NH_DST, 40000, 443, flags, &[]));
+        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IP, &inner)
+    };
+    // In the wrapper, which restores the frame: `lb` alone would see, from its second iteration
+    // on, a frame from the MAC it sends to (the bench's backends have the balancer's MAC, see
+    // `BACKEND_MAC`), which a next hop drops as a loop.
+    let new = Expect { action: XDP_TX, per_iteration: NEW_FLOW_PATH, frame: FrameCheck::Restored };
+    let hit = Expect { action: XDP_TX, per_iteration: CT_HIT_PATH, frame: FrameCheck::Restored };
+    let new_flow = b.median_ns("bench_lb", &frame(TCP_SYN), p, new)?;
+    let ct_hit = b.median_ns("bench_lb", &frame(TCP_ACK), p, hit)?;
+    Ok(Some(NextHop { ct_hit, new_flow }))
+}
+
 /// Slots of a connection table sized for `entries` flows.
 fn ct_slots(entries: u32) -> u32 {
     lb_common::ct_table::buckets_for(entries) * lb_common::ct_table::WAYS as u32
@@ -531,7 +590,7 @@ fn measure(b: &Bench, p: &Params, syn: &[u8], ack: &[u8]) -> Result<Family> {
     })
 }
 
-fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
+fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, nh: Option<&NextHop>, ops: &MapOps) {
     println!();
     println!("Hot cases (one flow, repeated): BPF_PROG_TEST_RUN, kernel-reported ns per iteration");
     println!(
@@ -586,6 +645,12 @@ fn report(p: &Params, v4: &Family, v6: &Family, l2: &L2Dsr, ops: &MapOps) {
         l2.lb_ct_hit - v4.floor
     );
     println!("  {:<44} {:>9.0} {:>+9.0}", "lb L2 DSR, new flow, no wrapper", l2.lb_new_flow, l2.lb_new_flow - v4.floor);
+    if let Some(nh) = nh {
+        println!("  a next-hop service (route lookup after the VIP miss, symmetric hash, L2 rewrite):");
+        let (hit, new) = (nh.ct_hit, nh.new_flow);
+        println!("  {:<44} {:>9.0} {:>+9.0}", "lb next hop, conntrack hit, incl. wrapper", hit, hit - v4.floor);
+        println!("  {:<44} {:>9.0} {:>+9.0}", "lb next hop, new flow, incl. wrapper", new, new - v4.floor);
+    }
     println!();
     println!("  the connection table's work alone (IPv4 table, 16-byte key), part of the figures above");
     println!("  {:<44} {:>9.0} {:>+9.0}", "CONNTRACK4 lookup, entry found", ops.lookup, ops.lookup - v4.floor);
@@ -778,12 +843,13 @@ fn main() -> Result<()> {
         let v4 = measure(&b, &p, &frame4(TCP_SYN), &frame4(TCP_ACK))?;
         let v6 = measure(&b, &p, &frame6(TCP_SYN), &frame6(TCP_ACK))?;
         let l2 = measure_l2(&b, &p)?;
+        let nh = measure_next_hop(&b, &p)?;
         let ops = measure_map_ops(&b, &p, &frame4(TCP_ACK))?;
-        Ok((cold4, cold6, Some((v4, v6, l2, ops))))
+        Ok((cold4, cold6, Some((v4, v6, l2, nh, ops))))
     })?;
     cold::report(&p.cold, &cold4, &cold6);
-    if let Some((v4, v6, l2, ops)) = hot {
-        report(&p, &v4, &v6, &l2, &ops);
+    if let Some((v4, v6, l2, nh, ops)) = hot {
+        report(&p, &v4, &v6, &l2, nh.as_ref(), &ops);
     }
     Ok(())
 }

@@ -169,8 +169,23 @@ pub struct ForwardParams {
     pub udp_port: u16,
     /// Flags of the method; none defined yet.
     pub flags: u16,
+    /// A next-hop service limited to packets arriving on these interfaces (ifindexes; unused
+    /// entries 0, all 0 = any interface; an ifindex no interface has never matches).
+    pub ingress: [u32; MAX_NEXT_HOP_INTERFACES],
     /// Zero; for parameters to come.
-    pub reserved: [u32; 15],
+    pub reserved: [u32; 11],
+}
+
+/// Interfaces a next-hop service may be limited to (`ForwardParams::ingress`).
+pub const MAX_NEXT_HOP_INTERFACES: usize = 4;
+
+impl ForwardParams {
+    /// Whether a next-hop service with these parameters takes a packet from `ingress`.
+    #[inline(always)]
+    pub fn admits_ingress(&self, ingress: u32) -> bool {
+        let i = &self.ingress;
+        i[0] == 0 || i[0] == ingress || i[1] == ingress || i[2] == ingress || i[3] == ingress
+    }
 }
 
 /// One slot of the `SERVICE_TABLE` array: an open-addressing hash table of the service keys,

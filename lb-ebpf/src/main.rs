@@ -224,7 +224,7 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
         }
         // Not a VIP, or a VIP without a service on this port/protocol: a next-hop service's if
         // a routed prefix holds the destination, else the host's business.
-        None => match select::lookup_next_hop(pkt) {
+        None => match select::lookup_next_hop(ctx, pkt) {
             // Symmetric hashing: the packet's tuple made direction-free here, so that the hash
             // and tracking key below follow without code of their own on the VIP path (inlined
             // there, the eight-word IPv6 compare cost every VIP packet 4 to 10 ns). What reads

@@ -2,6 +2,7 @@
 //! active table, then `table[hash % M]`. Only table reads; the policy is in the tables.
 
 use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::programs::XdpContext;
 use lb_common::hash::{find_service, maglev_slot};
 use lb_common::maps::{
     stat, table_flags, ClassKey, NextHopKey, ServiceInfo, ServiceTableRef, TableRef, CLASS_KEY_SERVICE_BITS,
@@ -73,9 +74,10 @@ pub fn lookup_service(pkt: &Packet) -> Option<&'static ServiceInfo> {
 /// destination in `NEXT_HOP_ROUTES` names a route, whose service (the protocol's, else the
 /// L3_DEFAULT one) has the key `[route, 0, 0, 0]` of family `FAMILY_NEXT_HOP`, every port.
 /// Err: not to be touched, with the counter to add (`pass_not_vip` outside every routed
-/// prefix; `pass_next_hop_no_service` for an exempted address or a protocol without service).
+/// prefix; `pass_next_hop_no_service` for an exempted address, a protocol without service, or
+/// an interface the service is not limited to).
 #[inline(always)]
-pub fn lookup_next_hop(pkt: &Packet) -> Result<&'static ServiceInfo, u32> {
+pub fn lookup_next_hop(ctx: &XdpContext, pkt: &Packet) -> Result<&'static ServiceInfo, u32> {
     let d = if pkt.family == FAMILY_V4 { [pkt.tuple.dst[0], 0, 0, 0] } else { pkt.tuple.dst };
     // lpm_trie::Key<NextHopKey>: prefix length, then the family and the address (an IPv4
     // tuple's other words are zero).
@@ -89,9 +91,14 @@ pub fn lookup_next_hop(pkt: &Packet) -> Result<&'static ServiceInfo, u32> {
     }
     let table = service_table().ok_or(stat::PASS_NEXT_HOP_NO_SERVICE)?;
     let at = [route, 0, 0, 0];
-    service(table, at, 0, pkt.tuple.proto, FAMILY_NEXT_HOP)
+    let svc = service(table, at, 0, pkt.tuple.proto, FAMILY_NEXT_HOP)
         .or_else(|| service(table, at, 0, PROTO_ANY, FAMILY_NEXT_HOP))
-        .ok_or(stat::PASS_NEXT_HOP_NO_SERVICE)
+        .ok_or(stat::PASS_NEXT_HOP_NO_SERVICE)?;
+    // A service limited to some interfaces (its parameters' cache line is read only here).
+    if !svc.forward_params.admits_ingress(ctx.ingress_ifindex() as u32) {
+        return Err(stat::PASS_NEXT_HOP_NO_SERVICE);
+    }
+    Ok(svc)
 }
 
 /// Client class of the source within the service; IPv4 sources as `::ffff:a.b.c.d`.

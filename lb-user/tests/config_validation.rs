@@ -1227,3 +1227,26 @@ fn a_next_hop_service_compiles_to_routes_and_route_keys() {
     let compiled = lb_user::compile::compile(&cfg, &|_, _| true, &mut lb_user::compile::Ids::default()).unwrap();
     assert!(compiled.next_hop_routes.is_empty());
 }
+
+#[test]
+fn a_next_hop_may_be_limited_to_interfaces_of_this_host() {
+    use lb_user::config::HostAddrs;
+    let limited = |names: &str| {
+        FIREWALLS.replace("[service.next_hop]\n", &format!("[service.next_hop]\ninterfaces = [{names}]\n"))
+    };
+    let cfg = Config::parse(&limited("\"lo\"")).unwrap();
+    let compiled = lb_user::compile::compile(&cfg, &|_, _| true, &mut lb_user::compile::Ids::default()).unwrap();
+    assert_eq!(compiled.services[0].info.forward_params.ingress, [1, 0, 0, 0], "lo is ifindex 1");
+    // An interface this host lacks: refused where the daemon runs, never matched if compiled.
+    let text = limited("\"lo\", \"nope0\"");
+    let host = HostAddrs::from_list(Vec::new());
+    let err = Config::parse_file_text(Path::new("lb.toml"), &text, Some(&host)).expect_err("no interface nope0");
+    assert!(err.to_string().contains("next_hop.interfaces[1]: no interface nope0 on this host"), "{err}");
+    let compiled =
+        lb_user::compile::compile(&Config::parse(&text).unwrap(), &|_, _| true, &mut Default::default()).unwrap();
+    assert_eq!(compiled.services[0].info.forward_params.ingress, [1, u32::MAX, 0, 0]);
+    let five = limited("\"a\", \"b\", \"c\", \"d\", \"e\"");
+    reject_text(&five, FW, "next_hop.interfaces", &["at most 4"]);
+    reject_text(&limited("\"lo\", \"lo\""), FW, "next_hop.interfaces[1]", &["duplicate interface lo"]);
+    reject_text(&limited("\"a/b\""), FW, "next_hop.interfaces[0]", &["not an interface name"]);
+}

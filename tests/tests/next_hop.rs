@@ -209,3 +209,22 @@ fn a_packet_an_appliance_routes_back_is_dropped_as_a_loop() {
     // The router's next packet of the flow still goes through.
     assert_eq!(appliance_of(&dp, &tcp_frame(a(1), B, 40000, 443, TCP_ACK, ROUTER_MAC)), appliance);
 }
+
+/// A next-hop service limited to interfaces (`ForwardParams::ingress`) takes packets from those
+/// only; from another, the packet passes to the host (counted).
+#[test]
+fn a_service_limited_to_interfaces_takes_only_their_packets() {
+    let mut dp = setup(true);
+    // The test runs arrive on `lo` (ifindex 1), where the fixture registered the balancer's MAC.
+    for (ingress, taken) in [([1, 0, 0, 0], true), ([7, 1, 0, 0], true), ([u32::MAX, 0, 0, 0], false)] {
+        let mut info = next_hop_info(true);
+        info.forward_params.ingress = ingress;
+        dp.set_service(&[next_hop_key(PROTO_ANY)], info).unwrap();
+        let syn = tcp_frame(a(1), B, 40000, 443, TCP_SYN, ROUTER_MAC);
+        let before = dp.stats().unwrap().get(stat::PASS_NEXT_HOP_NO_SERVICE);
+        let out = dp.run_test(Program::Lb, &syn, 0).unwrap();
+        assert_eq!(out.action == XDP_TX, taken, "ingress {ingress:?}");
+        let passed = dp.stats().unwrap().get(stat::PASS_NEXT_HOP_NO_SERVICE) - before;
+        assert_eq!(passed, u64::from(!taken), "ingress {ingress:?}");
+    }
+}

@@ -252,6 +252,23 @@ pub fn installed_counts(cfg: &Config) -> (u32, u32) {
     (keys, prefixes)
 }
 
+/// The ifindexes a next-hop service is limited to (`ForwardParams::ingress`), looked up on this
+/// host now. A name no interface has gets an ifindex none has (`u32::MAX`): the service then
+/// takes nothing from it (fail closed), and `lb run` refuses such a name at start and reload
+/// (`config::host`). An interface created again later has another ifindex: a reload picks it up.
+fn ingress_of(svc: &Service) -> [u32; lb_common::maps::MAX_NEXT_HOP_INTERFACES] {
+    let mut ingress = [0; lb_common::maps::MAX_NEXT_HOP_INTERFACES];
+    let names = svc.next_hop().map(|n| n.interfaces.as_slice()).unwrap_or_default();
+    for (slot, name) in ingress.iter_mut().zip(names) {
+        let index = std::ffi::CString::new(name.as_str())
+            // SAFETY: a NUL-terminated name, only read.
+            .map(|c| unsafe { libc::if_nametoindex(c.as_ptr()) })
+            .unwrap_or(0);
+        *slot = if index == 0 { u32::MAX } else { index };
+    }
+    ingress
+}
+
 /// The next-hop route of the next-hop service `id`: `id + 1`, as route 0 is
 /// `NEXT_HOP_UNTOUCHED`.
 pub fn next_hop_route(id: u32) -> u32 {
@@ -349,8 +366,9 @@ fn service_info(cfg: &Config, svc: &Service, id: u32) -> ServiceInfo {
         pool_gen: 0,
         encap_src_hash_mask,
         encap_src,
-        // Neither IPIP nor L2 DSR has parameters beyond the outer source.
-        forward_params: ForwardParams::default(),
+        // Neither IPIP nor L2 DSR has parameters beyond the outer source; a next hop may be
+        // limited to interfaces.
+        forward_params: ForwardParams { ingress: ingress_of(svc), ..Default::default() },
     }
 }
 

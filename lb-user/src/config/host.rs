@@ -74,8 +74,24 @@ impl HostAddrs {
     }
 }
 
-/// Every service whose VIP is one of `host`'s addresses.
+/// Every service whose VIP is one of `host`'s addresses, and every next-hop interface this host
+/// does not have.
 pub(super) fn check(cfg: &Config, host: &HostAddrs, out: &mut Sink) {
+    for (index, svc) in cfg.services.iter().enumerate() {
+        let names = svc.next_hop.as_ref().map(|n| n.interfaces.as_slice()).unwrap_or_default();
+        for (i, name) in names.iter().enumerate() {
+            // SAFETY: a NUL-terminated name, only read.
+            let known =
+                std::ffi::CString::new(name.as_str()).is_ok_and(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0);
+            if !known {
+                let mut r = Report { out: &mut *out, scope: Scope::Service { index, name: svc.name.clone() } };
+                r.push(
+                    format!("next_hop.interfaces[{i}]"),
+                    format!("no interface {name} on this host (its network namespace): allowed: an existing interface"),
+                );
+            }
+        }
+    }
     for (index, svc) in cfg.services.iter().enumerate() {
         let Some((vip, ifname)) = svc.vip.and_then(|vip| Some((vip, host.interface_of(vip)?))) else { continue };
         let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };

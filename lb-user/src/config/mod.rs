@@ -264,6 +264,8 @@ pub struct NextHop {
     pub destinations: Vec<IpNet>,
     /// Direction-free hash and tracking key (`service_flags::SYMMETRIC`).
     pub symmetric: bool,
+    /// Only packets arriving on these interfaces (empty: any).
+    pub interfaces: Vec<String>,
 }
 
 impl Service {
@@ -565,7 +567,11 @@ impl From<raw::Service> for Service {
             backends: s.backends.into_iter().map(|b| Backend::from_raw(b, tm)).collect(),
             name: s.name,
             frontend: match (s.next_hop, s.vip) {
-                (Some(n), _) => Frontend::NextHop(NextHop { destinations: n.destinations, symmetric: n.symmetric }),
+                (Some(n), _) => Frontend::NextHop(NextHop {
+                    destinations: n.destinations,
+                    symmetric: n.symmetric,
+                    interfaces: n.interfaces,
+                }),
                 (None, vip) => Frontend::Vip(vip.expect("validated: vip or next_hop")),
             },
             protocol: s.protocol,

@@ -138,6 +138,9 @@ pub struct NextHop {
     /// true): stateful appliances see both directions of every connection.
     #[serde(default = "default_true")]
     pub symmetric: bool,
+    /// Only packets arriving on these interfaces (at most 4; default: any interface).
+    #[serde(default)]
+    pub interfaces: Vec<String>,
 }
 
 impl Service {

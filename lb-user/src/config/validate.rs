@@ -297,6 +297,28 @@ fn check_frontend(svc: &Service, r: &mut Report) {
             r.push(format!("next_hop.destinations[{i}]"), format!("duplicate prefix {d}: list each once"));
         }
     }
+    if next_hop.interfaces.len() > lb_common::maps::MAX_NEXT_HOP_INTERFACES {
+        r.push(
+            "next_hop.interfaces",
+            format!(
+                "{} interfaces: at most {} (or none: any interface)",
+                next_hop.interfaces.len(),
+                lb_common::maps::MAX_NEXT_HOP_INTERFACES
+            ),
+        );
+    }
+    let mut names = HashSet::new();
+    for (i, name) in next_hop.interfaces.iter().enumerate() {
+        let valid = !name.is_empty() && name.len() < 16 && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+        if !valid {
+            r.push(
+                format!("next_hop.interfaces[{i}]"),
+                format!("{name:?} is not an interface name: 1 to 15 printable characters, no '/'"),
+            );
+        } else if !names.insert(name) {
+            r.push(format!("next_hop.interfaces[{i}]"), format!("duplicate interface {name}: list each once"));
+        }
+    }
     if svc.routing_method != RoutingMethod::Zonal {
         r.push(
             "routing_method",

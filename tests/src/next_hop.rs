@@ -8,6 +8,7 @@
 //!   balancer        (eth0, XDP; 198.18.10.1, 198.18.20.1)                 namespace on one
 //!   fw1..fwN        (198.18.10.1x, 198.18.20.1x; forwarding on)           segment
 //! ```
+//! and the same in IPv6: 2001:db8:10::/64 for A's side, 2001:db8:20::/64 for B's.
 //! The balancer sends each packet, unchanged, to a firewall's MAC; the firewall routes it on
 //! to A or B directly (both are on its links). Each firewall is an nftables stateful firewall:
 //! `ct state established,related` accepted, `ct state new` only from A, `ct state invalid`
@@ -27,6 +28,10 @@ pub const A: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 2);
 pub const B: Ipv4Addr = Ipv4Addr::new(198, 18, 20, 5);
 pub const LB_A: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 1);
 pub const LB_B: Ipv4Addr = Ipv4Addr::new(198, 18, 20, 1);
+pub const A6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 2);
+pub const B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x20, 0, 0, 0, 0, 5);
+pub const LB_A6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 1);
+pub const LB_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x20, 0, 0, 0, 0, 1);
 /// The port B's server (and every firewall's health-check answerer) listens on.
 pub const PORT: u16 = 8080;
 
@@ -37,17 +42,26 @@ pub fn fw_addr(i: usize) -> Ipv4Addr {
 
 /// One direction of one flow a firewall forwarded: (source, destination, protocol, source port,
 /// destination port).
-pub type Seen = (Ipv4Addr, Ipv4Addr, u8, u16, u16);
+pub type Seen = (IpAddr, IpAddr, u8, u16, u16);
 
 const RULES: &str = "table inet fw {
   set seen { type ipv4_addr . ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic; size 65536; }
+  set seen6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service . inet_service; flags dynamic; size 65536; }
   chain forward {
     type filter hook forward priority 0; policy drop;
     ct state invalid counter drop
-    ct state established,related meta l4proto { tcp, udp } add @seen { ip saddr . ip daddr . meta l4proto . th sport . th dport }
+    ct state established,related meta nfproto ipv4 meta l4proto { tcp, udp } add @seen { ip saddr . ip daddr . meta l4proto . th sport . th dport }
+    ct state established,related meta nfproto ipv6 meta l4proto { tcp, udp } add @seen6 { ip6 saddr . ip6 daddr . meta l4proto . th sport . th dport }
     ct state established,related accept
     ct state new ip saddr 198.18.10.0/24 meta l4proto { tcp, udp } add @seen { ip saddr . ip daddr . meta l4proto . th sport . th dport }
     ct state new ip saddr 198.18.10.0/24 accept
+    ct state new ip6 saddr 2001:db8:10::/64 meta l4proto { tcp, udp } add @seen6 { ip6 saddr . ip6 daddr . meta l4proto . th sport . th dport }
+    ct state new ip6 saddr 2001:db8:10::/64 accept
+  }
+  chain output {
+    type filter hook output priority 0; policy accept;
+    # IPv6 has no send_redirects switch: a redirect would teach A or B to bypass the balancer.
+    icmpv6 type nd-redirect drop
   }
 }
 ";
@@ -73,25 +87,43 @@ impl Scene {
         switch.ip(&["link", "add", "br0", "type", "bridge"])?;
         switch.ip(&["link", "set", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"])?;
         switch.ip(&["link", "set", "br0", "up"])?;
-        let host = |name: &str, port: usize, addrs: &[Ipv4Addr]| -> Result<Host> {
-            let list: Vec<String> = addrs.iter().map(|a| format!("{a}/24")).collect();
+        let host = |name: &str, port: usize, addrs: &[IpAddr]| -> Result<Host> {
+            let list: Vec<String> =
+                addrs.iter().map(|a| if a.is_ipv4() { format!("{a}/24") } else { format!("{a}/64") }).collect();
             let (ns, mac) = plug(&switch, "br0", &format!("{prefix}-{name}"), &format!("{prefix}p{port}"), &list)?;
-            Ok(Host { ns, name: name.to_owned(), zone: 0, v4: addrs[0], v6: Ipv6Addr::UNSPECIFIED, mac })
+            let v4 = addrs.iter().find_map(|a| match a {
+                IpAddr::V4(v) => Some(*v),
+                _ => None,
+            });
+            let v6 = addrs.iter().find_map(|a| match a {
+                IpAddr::V6(v) => Some(*v),
+                _ => None,
+            });
+            Ok(Host { ns, name: name.to_owned(), zone: 0, v4: v4.unwrap(), v6: v6.unwrap(), mac })
         };
-        let lb = host("lb", 1, &[LB_A, LB_B])?;
+        let lb = host("lb", 1, &[LB_A.into(), LB_B.into(), LB_A6.into(), LB_B6.into()])?;
         let peer_pins = PinDir(PathBuf::from(format!("/sys/fs/bpf/lb-topo-{prefix}")));
         let _ = std::fs::remove_dir_all(&peer_pins.0);
         napi_peer(&switch, &format!("{prefix}p1"), &peer_pins.0)?;
         lb.ns.exec(&["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])?;
-        let a = host("a", 2, &[A])?;
-        let b = host("b", 3, &[B])?;
-        for (h, net, via) in [(&a, "198.18.20.0/24", LB_A), (&b, "198.18.10.0/24", LB_B)] {
+        lb.ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        let a = host("a", 2, &[A.into(), A6.into()])?;
+        let b = host("b", 3, &[B.into(), B6.into()])?;
+        for (h, net, via, net6, via6) in [
+            (&a, "198.18.20.0/24", LB_A, "2001:db8:20::/64", LB_A6),
+            (&b, "198.18.10.0/24", LB_B, "2001:db8:10::/64", LB_B6),
+        ] {
             // Full checksums, as a real NIC delivers them (a veth leaves them partial).
             h.ns.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
             h.ns.ip(&["route", "add", net, "via", &via.to_string()])?;
+            h.ns.ip(&["-6", "route", "add", net6, "via", &via6.to_string()])?;
+            for s in ["net.ipv4.conf.all.accept_redirects=0", "net.ipv6.conf.all.accept_redirects=0"] {
+                h.ns.exec(&["sysctl", "-qw", s])?;
+            }
         }
         let srv = crate::e2e::bin("lb-testsrv");
-        let mut servers = vec![b.ns.spawn(&[srv.to_str().unwrap(), "B", &format!("{B}:{PORT}")])?];
+        let mut servers =
+            vec![b.ns.spawn(&[srv.to_str().unwrap(), "B", &format!("{B}:{PORT}"), &format!("[{B6}]:{PORT}")])?];
         let mut scene = Scene {
             a,
             b,
@@ -115,7 +147,11 @@ impl Scene {
         let i = self.fws.len() + 1;
         self.port += 1;
         let (a_side, b_side) = (fw_addr(i), Ipv4Addr::new(198, 18, 20, 10 + i as u8));
-        let list = [format!("{a_side}/24"), format!("{b_side}/24")];
+        let (a_side6, b_side6) = (
+            Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0x10 + i as u16),
+            Ipv6Addr::new(0x2001, 0xdb8, 0x20, 0, 0, 0, 0, 0x10 + i as u16),
+        );
+        let list = [format!("{a_side}/24"), format!("{b_side}/24"), format!("{a_side6}/64"), format!("{b_side6}/64")];
         let name = format!("fw{i}");
         let (ns, mac) = plug(
             &self.switch,
@@ -126,6 +162,7 @@ impl Scene {
         )?;
         for s in [
             "net.ipv4.conf.all.forwarding=1",
+            "net.ipv6.conf.all.forwarding=1",
             // It forwards out of the interface it received on: no redirect may tell A or B to
             // bypass the balancer.
             "net.ipv4.conf.all.send_redirects=0",
@@ -144,7 +181,7 @@ impl Scene {
         ns.exec(&["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0"])?;
         let srv = crate::e2e::bin("lb-testsrv");
         let server = ns.spawn(&[srv.to_str().unwrap(), &name, &format!("{a_side}:{PORT}")])?;
-        self.fws.push(Host { ns, name, zone: 0, v4: a_side, v6: Ipv6Addr::UNSPECIFIED, mac });
+        self.fws.push(Host { ns, name, zone: 0, v4: a_side, v6: a_side6, mac });
         Ok(server)
     }
 
@@ -153,7 +190,7 @@ impl Scene {
     pub fn config(&self, count: usize, symmetric: bool) -> String {
         let mut text = format!(
             "[[service]]\nname = \"firewalls\"\nprotocol = \"L3_DEFAULT\"\n\
-             [service.next_hop]\ndestinations = [\"0.0.0.0/0\"]\nsymmetric = {symmetric}\n\
+             [service.next_hop]\ndestinations = [\"0.0.0.0/0\", \"::/0\"]\nsymmetric = {symmetric}\n\
              [service.health_check]\nprotocol = \"TCP\"\nport = {PORT}\ncheck_interval_sec = 1\ntimeout_sec = 1\n\
              healthy_threshold = 1\nunhealthy_threshold = 2\n"
         );
@@ -165,10 +202,17 @@ impl Scene {
 
     /// The flows firewall `i` (0-based) forwarded, each direction apart.
     pub fn seen(&self, i: usize) -> Result<BTreeSet<Seen>> {
-        let out = self.fws[i].ns.exec(&["nft", "-n", "list", "set", "inet", "fw", "seen"])?;
+        let mut seen = BTreeSet::new();
+        for set in ["seen", "seen6"] {
+            let out = self.fws[i].ns.exec(&["nft", "-n", "list", "set", "inet", "fw", set])?;
+            Self::parse_seen(&out, &mut seen)?;
+        }
+        Ok(seen)
+    }
+
+    fn parse_seen(out: &str, seen: &mut BTreeSet<Seen>) -> Result<()> {
         // `elements = { E, E, ... }`, over several lines when long.
         let body = out.split_once("elements = {").and_then(|(_, b)| b.split('}').next()).unwrap_or("");
-        let mut seen = BTreeSet::new();
         for element in body.split(',') {
             let parts: Vec<&str> = element.split(" . ").map(str::trim).collect();
             if parts.len() != 5 {
@@ -181,15 +225,26 @@ impl Scene {
             };
             seen.insert((parts[0].parse()?, parts[1].parse()?, proto, parts[3].parse()?, parts[4].parse()?));
         }
-        Ok(seen)
+        Ok(())
     }
 
     /// The firewall (0-based) that forwarded both directions of the flow from A's port
     /// `sport` (protocol `proto`) to B, or why there is none: every flow must have crossed
     /// exactly one firewall, both ways.
     pub fn firewall_of(seen: &[BTreeSet<Seen>], proto: u8, sport: u16) -> Result<usize, String> {
-        let there: Seen = (A, B, proto, sport, PORT);
-        let back: Seen = (B, A, proto, PORT, sport);
+        Self::firewall_of_flow(seen, (A.into(), B.into()), proto, sport)
+    }
+
+    /// [`Scene::firewall_of`] for the flow from `ends.0`:`sport` to `ends.1`:`PORT`.
+    pub fn firewall_of_flow(
+        seen: &[BTreeSet<Seen>],
+        ends: (IpAddr, IpAddr),
+        proto: u8,
+        sport: u16,
+    ) -> Result<usize, String> {
+        let (a, b) = ends;
+        let there: Seen = (a, b, proto, sport, PORT);
+        let back: Seen = (b, a, proto, PORT, sport);
         let holders: Vec<usize> =
             (0..seen.len()).filter(|&i| seen[i].contains(&there) || seen[i].contains(&back)).collect();
         match holders[..] {
@@ -203,6 +258,11 @@ impl Scene {
     /// `lb-testsrv`'s address on B.
     pub fn target(&self) -> std::net::SocketAddr {
         (IpAddr::V4(B), PORT).into()
+    }
+
+    /// `lb-testsrv`'s IPv6 address on B.
+    pub fn target6(&self) -> std::net::SocketAddr {
+        (IpAddr::V6(B6), PORT).into()
     }
 
     /// Stops firewall `i` (0-based): its link goes down.

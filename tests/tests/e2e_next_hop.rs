@@ -1,15 +1,15 @@
 //! The balancer as the next hop of the routes between networks A and B, with three stateful
 //! nftables firewalls behind it (issue 29; the scene: `lb_tests::next_hop`). Real TCP and UDP
-//! from A to B through `lb run`: with symmetric hashing every connection crosses one firewall
-//! both ways (the firewalls' `seen` sets show it) and works; without it, a measured share breaks;
+//! from A to B through `lb run`, IPv4 and IPv6: with symmetric hashing every connection crosses
+//! one firewall both ways (the firewalls' `seen` sets show it) and works; without it, a measured share breaks;
 //! a failed firewall breaks only its own connections, and an added one takes new flows only.
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use lb_tests::e2e::{wait_for, Daemon, Session};
-use lb_tests::next_hop::{ask_all, open, require_nft, Scene, Seen};
+use lb_tests::next_hop::{ask_all, open, require_nft, Scene, Seen, A6, B6};
 use lb_tests::topology::Host;
 
 const TCP: u8 = 6;
@@ -22,7 +22,7 @@ fn port(s: &Session) -> u16 {
 /// One UDP request/response from A to B; A's source port.
 fn udp_exchange(a: &Host, target: SocketAddr) -> anyhow::Result<u16> {
     a.ns.run(move || -> anyhow::Result<u16> {
-        let s = UdpSocket::bind("0.0.0.0:0")?;
+        let s = UdpSocket::bind(if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
         s.connect(target)?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut buf = [0u8; 64];
@@ -77,6 +77,26 @@ fn stateful_firewalls_see_both_directions_and_only_a_failed_ones_connections_bre
     }
     println!("300 connections per firewall: {per_fw:?}");
     assert!(per_fw.iter().all(|&n| n > 30), "the firewalls share the connections: {per_fw:?}");
+    // IPv6 the same way (::/0 routed; the firewalls' IPv4 addresses name them, their MACs
+    // carry both families).
+    let mut sessions6: Vec<Session> = open(&scene.a, scene.target6(), 60)
+        .into_iter()
+        .map(|s| s.expect("an IPv6 connection through a firewall"))
+        .collect();
+    assert!(ask_all(&mut sessions6, "6").iter().all(|&ok| ok), "every IPv6 connection answers");
+    let udp6: Vec<u16> =
+        (0..10).map(|_| udp_exchange(&scene.a, scene.target6()).expect("an IPv6 UDP exchange")).collect();
+    let seen = seen_all(&scene);
+    let ends6 = (IpAddr::V6(A6), IpAddr::V6(B6));
+    let mut per_fw6 = [0usize; 3];
+    for s in &sessions6 {
+        per_fw6[Scene::firewall_of_flow(&seen, ends6, TCP, port(s)).unwrap_or_else(|e| panic!("IPv6: {e}"))] += 1;
+    }
+    for p in &udp6 {
+        Scene::firewall_of_flow(&seen, ends6, UDP, *p).unwrap_or_else(|e| panic!("IPv6 UDP: {e}"));
+    }
+    println!("60 IPv6 connections per firewall: {per_fw6:?}");
+    drop(sessions6);
     let status = d.cli(&["status"]).unwrap();
     assert!(status.contains("next hop for 0.0.0.0/0"), "{status}");
     let explain = d

@@ -216,3 +216,24 @@ fn a_packet_a_firewall_routes_back_is_dropped_not_bounced() {
     assert!(looped >= 1, "{stats}");
     assert!(looped <= 10, "{stats}");
 }
+
+/// An address the balancer's host gains while it runs (DHCP, an operator) stays the host's
+/// inside the routed 0.0.0.0/0: the daemon follows the host's addresses and exempts the new one,
+/// so a connection from A to it reaches the balancer's own stack instead of a firewall.
+#[test]
+fn an_address_the_balancer_gains_later_stays_its_own() {
+    require_nft().unwrap();
+    let scene = Scene::build("nhn", 1).unwrap();
+    let d = Daemon::start_in(&scene.lb.ns, "next-hop-addr", &scene.config(1, true)).unwrap();
+    wait_health(&d, &scene, 0, true);
+    scene.lb.ns.ip(&["addr", "add", "198.18.20.99/24", "dev", "eth0"]).unwrap();
+    let srv = lb_tests::e2e::bin("lb-testsrv");
+    let _own = scene.lb.ns.spawn(&[srv.to_str().unwrap(), "LB", "198.18.20.99:9999"]).unwrap();
+    let own: SocketAddr = "198.18.20.99:9999".parse().unwrap();
+    let greeting = wait_for("the new address to be exempted", Duration::from_secs(60), || {
+        lb_tests::e2e::tcp_hello(&scene.a, own).ok()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.diagnostics()));
+    assert_eq!(greeting, "LB");
+    assert!(d.log().contains("this host's addresses changed"), "{}", d.log());
+}

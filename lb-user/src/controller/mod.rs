@@ -107,6 +107,8 @@ pub struct Controller {
     /// The host's own addresses: exempted from the next-hop routes (its BGP sessions, health
     /// check replies, control traffic), see [`Controller::set_local_addresses`].
     local_addrs: Vec<IpAddr>,
+    /// The next-hop routes as last written (the host's exemptions included).
+    routes_written: Vec<(IpNet, u32)>,
 }
 
 impl Controller {
@@ -123,15 +125,23 @@ impl Controller {
             applied: None,
             table_cache: compile::TableCache::default(),
             local_addrs: Vec::new(),
+            routes_written: Vec::new(),
         }
     }
 
     /// The host's own addresses, which the next-hop routes leave to the host (written with the
-    /// next reconcile). The daemon sets them at start.
-    pub fn set_local_addresses(&mut self, mut addrs: Vec<IpAddr>) {
+    /// next reconcile). The daemon sets them at start and follows them. Whether they changed.
+    pub fn set_local_addresses(&mut self, mut addrs: Vec<IpAddr>) -> bool {
         addrs.sort();
         addrs.dedup();
+        let changed = addrs != self.local_addrs;
         self.local_addrs = addrs;
+        changed
+    }
+
+    /// Whether any service is a next hop (the host's addresses matter only then).
+    pub fn has_next_hops(&self) -> bool {
+        self.cfg.services.iter().any(|s| s.next_hop().is_some())
     }
 
     /// `routes` with the host's addresses exempted (none without routes).
@@ -600,10 +610,10 @@ impl Controller {
         }
         // Next-hop routes after the services they name exist (and before removed services'
         // tables go): with the host's own addresses exempted.
-        let old_routes = old.map(|o| self.with_local_exemptions(&o.next_hop_routes)).unwrap_or_default();
         let new_routes = self.with_local_exemptions(&new.next_hop_routes);
-        if old.is_none() || old_routes != new_routes {
-            sink.set_next_hop_routes(&old_routes, &new_routes)?;
+        if old.is_none() || self.routes_written != new_routes {
+            sink.set_next_hop_routes(&self.routes_written, &new_routes)?;
+            self.routes_written = new_routes;
         }
         if old.is_none() {
             // A first write (after a start that may have adopted another configuration's maps).

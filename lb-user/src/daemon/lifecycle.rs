@@ -65,7 +65,9 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
     let mut ctl = Controller::new(cfg);
     // The host's own addresses stay the host's inside a routed next-hop prefix.
     match crate::config::HostAddrs::current() {
-        Ok(host) => ctl.set_local_addresses(host.addresses()),
+        Ok(host) => {
+            ctl.set_local_addresses(host.addresses());
+        }
         Err(e) => tracing::warn!(
             "cannot list this host's addresses ({e}): next-hop routes will not exempt them (its own traffic \
              inside a routed prefix would be balanced)"

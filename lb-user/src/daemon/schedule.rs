@@ -86,6 +86,7 @@ impl Daemon {
     /// at every tick but logged once per distinct error.
     pub(super) fn on_tick(&mut self) {
         self.announce();
+        self.follow_local_addresses();
         let Some(end) = self.ctl.next_pool_drain_end() else {
             self.tick_error = None;
             return;
@@ -101,6 +102,23 @@ impl Daemon {
                     }
                 }
             }
+        }
+    }
+
+    /// The host's own addresses, followed every tick while a next-hop service routes prefixes:
+    /// one added later (DHCP, an operator) must stay the host's inside a routed prefix, one
+    /// removed is no longer exempted.
+    fn follow_local_addresses(&mut self) {
+        if !self.ctl.has_next_hops() {
+            return;
+        }
+        match crate::config::HostAddrs::current() {
+            Ok(host) if self.ctl.set_local_addresses(host.addresses()) => {
+                tracing::info!("this host's addresses changed: the next-hop routes exempt the new set");
+                self.reconcile_soon();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("cannot list this host's addresses ({e}); next-hop exemptions unchanged"),
         }
     }
 

@@ -73,6 +73,12 @@ api_enum!(
 );
 
 api_enum!(
+    /// A health check's `proxyHeader`: a PROXY protocol v1 line sent before the probe's data.
+    #[derive(Default)]
+    ProxyHeader { #[default] None = "NONE", ProxyV1 = "PROXY_V1" }
+);
+
+api_enum!(
     /// `connectionTrackingPolicy.trackingMode`.
     #[derive(Default)]
     TrackingMode { #[default] PerConnection = "PER_CONNECTION", PerSession = "PER_SESSION" }

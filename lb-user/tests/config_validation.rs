@@ -1091,6 +1091,7 @@ fn health_check_request_path_with_control_characters_rejected() {
             request: None,
             response: None,
             host: None,
+            proxy_header: Default::default(),
             check_interval_sec: 5,
             timeout_sec: 5,
             healthy_threshold: 2,

@@ -188,6 +188,10 @@ pub struct HealthCheck {
     /// HTTP and HTTPS: the Host header (and the TLS name); default the backend's address.
     #[serde(default)]
     pub host: Option<String>,
+    /// `PROXY_V1`: a PROXY protocol v1 line (the probe's own addresses) before anything else,
+    /// for backends behind which a proxy expects one.
+    #[serde(default)]
+    pub proxy_header: ProxyHeader,
     #[serde(default = "default_5")]
     pub check_interval_sec: u32,
     #[serde(default = "default_5")]

@@ -31,6 +31,8 @@ pub struct ProbeSpec {
     pub response: Option<String>,
     /// HTTP and HTTPS: the Host header and TLS name.
     pub host: Option<String>,
+    /// A PROXY protocol v1 line first (`proxy_header = "PROXY_V1"`).
+    pub proxy_header: bool,
     pub interval: Duration,
     pub timeout: Duration,
     pub healthy_threshold: u32,
@@ -49,6 +51,7 @@ impl ProbeSpec {
             request: hc.request.clone(),
             response: hc.response.clone(),
             host: hc.host.clone(),
+            proxy_header: hc.proxy_header == crate::model::ProxyHeader::ProxyV1,
             interval: Duration::from_secs(hc.check_interval_sec.max(1) as u64),
             timeout: Duration::from_secs(hc.timeout_sec.max(1) as u64),
             healthy_threshold: hc.healthy_threshold.max(1),
@@ -72,15 +75,17 @@ pub enum Checked {
 /// request and expected response; HTTP and HTTPS with a path, Host and expected body prefix).
 /// TLS probes do not verify the backend's certificate, as Google Cloud's do not.
 pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
+    let proxy = spec.proxy_header;
     let stream = |tls: bool| -> Arc<dyn Prober> {
-        if spec.request.is_none() && spec.response.is_none() && !tls {
+        if spec.request.is_none() && spec.response.is_none() && !tls && !proxy {
             return Arc::new(TcpProber);
         }
-        Arc::new(StreamProber { tls, request: spec.request.clone(), response: spec.response.clone() })
+        Arc::new(StreamProber { tls, proxy, request: spec.request.clone(), response: spec.response.clone() })
     };
     let http = |tls: bool| -> Arc<dyn Prober> {
         let headers = spec.host.iter().map(|h| ("Host".to_owned(), h.clone())).collect();
-        Arc::new(HttpProber { path: spec.request_path.clone(), headers, tls, body_prefix: spec.response.clone() })
+        let path = spec.request_path.clone();
+        Arc::new(HttpProber { path, headers, tls, proxy, body_prefix: spec.response.clone() })
     };
     match spec.protocol {
         HealthProtocol::Tcp => stream(false),
@@ -210,6 +215,8 @@ pub fn monitor_prober(m: &MonitorSettings) -> Arc<dyn Prober> {
             path: m.path.clone().unwrap_or_else(|| "/".into()),
             headers: m.custom_headers.clone(),
             tls,
+            // Traffic Manager monitors send no PROXY line.
+            proxy: false,
             body_prefix: None,
         }) as Arc<dyn Prober>
     };
@@ -415,6 +422,7 @@ mod tests {
             request: None,
             response: None,
             host: None,
+            proxy_header: false,
             interval: Duration::from_millis(50),
             timeout: Duration::from_secs(5),
             healthy_threshold: 2,
@@ -782,6 +790,32 @@ mod tests {
         assert_eq!(probe_once(pong, &ping(pong)).await, Ok(()));
         let err = probe_once(nope, &ping(nope)).await.unwrap_err();
         assert!(err.contains("does not start with \"PONG\""), "{err}");
+    }
+
+    /// A server behind a PROXY-protocol proxy: it answers only after a valid v1 line naming the
+    /// connection's own addresses.
+    async fn proxied(answer: &'static str) -> SocketAddr {
+        spawn_server(move |mut s| async move {
+            let (local, peer) = (s.local_addr().unwrap(), s.peer_addr().unwrap());
+            let want = format!("PROXY TCP4 {} {} {} {}\r\n", peer.ip(), local.ip(), peer.port(), local.port());
+            let mut buf = [0u8; 128];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let reply = if buf[..n].starts_with(want.as_bytes()) { answer } else { "NO PROXY LINE" };
+            let _ = s.write_all(reply.as_bytes()).await;
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn proxy_v1_sends_the_proxy_line_first() {
+        let server = proxied("OK").await;
+        let spec = |proxy_header| ProbeSpec {
+            proxy_header,
+            ..with(HealthProtocol::Tcp, server.port(), Some("PING\n"), Some("OK"))
+        };
+        assert_eq!(probe_once(server, &spec(true)).await, Ok(()));
+        let err = probe_once(server, &spec(false)).await.unwrap_err();
+        assert!(err.contains("NO PROXY LINE"), "{err}");
     }
 
     #[tokio::test]

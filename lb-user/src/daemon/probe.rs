@@ -72,16 +72,27 @@ async fn connect(addr: SocketAddr) -> Result<Result<TcpStream, Observation>, Loc
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// Connects, then with `tls` (the name to send) does the TLS handshake, without verifying the
-/// certificate: Ok(Err(observation)) when the target failed either.
+/// Connects, sends a PROXY protocol v1 line with `proxy`, then with `tls` (the name to send)
+/// does the TLS handshake, without verifying the certificate: Ok(Err(observation)) when the
+/// target failed any of them.
 async fn open(
     addr: SocketAddr,
+    proxy: bool,
     tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
 ) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
-    let stream = match connect(addr).await? {
+    let mut stream = match connect(addr).await? {
         Ok(s) => s,
         Err(failed) => return Ok(Err(failed)),
     };
+    if proxy {
+        use tokio::io::AsyncWriteExt;
+        let local = stream.local_addr().map_err(|e| LocalError(format!("local address: {e}")))?;
+        let family = if addr.is_ipv4() { "TCP4" } else { "TCP6" };
+        let line = format!("PROXY {family} {} {} {} {}\r\n", local.ip(), addr.ip(), local.port(), addr.port());
+        if let Err(e) = stream.write_all(line.as_bytes()).await {
+            return Ok(Err(Observation::Failed(format!("send the PROXY line: {e}"))));
+        }
+    }
     Ok(match tls {
         None => Ok(Box::new(stream)),
         Some(name) => match tls::connector().connect(name, stream).await {
@@ -113,6 +124,8 @@ pub struct HttpProber {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub tls: bool,
+    /// A PROXY protocol v1 line first.
+    pub proxy: bool,
     /// What the body must start with (read up to its length, no further).
     pub body_prefix: Option<String>,
 }
@@ -123,6 +136,8 @@ pub struct HttpProber {
 #[derive(Debug)]
 pub struct StreamProber {
     pub tls: bool,
+    /// A PROXY protocol v1 line first.
+    pub proxy: bool,
     pub request: Option<String>,
     pub response: Option<String>,
 }
@@ -134,7 +149,7 @@ impl Prober for StreamProber {
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
             let name = self.tls.then(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));
-            Ok(match open(addr, name).await? {
+            Ok(match open(addr, self.proxy, name).await? {
                 Ok(stream) => self.converse(stream).await,
                 Err(failed) => failed,
             })
@@ -177,7 +192,7 @@ impl Prober for HttpProber {
         addr: SocketAddr,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let stream = match open(addr, self.tls.then(|| self.server_name(addr))).await? {
+            let stream = match open(addr, self.proxy, self.tls.then(|| self.server_name(addr))).await? {
                 Ok(stream) => stream,
                 Err(failed) => return Ok(failed),
             };

@@ -73,6 +73,16 @@ api_enum!(
 );
 
 api_enum!(
+    /// A health check's `portSpecification`: its own `port`, a named port (instance groups'),
+    /// or the service's port.
+    PortSpecification {
+        UseFixedPort = "USE_FIXED_PORT",
+        UseNamedPort = "USE_NAMED_PORT",
+        UseServingPort = "USE_SERVING_PORT",
+    }
+);
+
+api_enum!(
     /// A health check's `proxyHeader`: a PROXY protocol v1 line sent before the probe's data.
     #[derive(Default)]
     ProxyHeader { #[default] None = "NONE", ProxyV1 = "PROXY_V1" }

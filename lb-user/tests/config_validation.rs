@@ -1091,6 +1091,7 @@ fn health_check_request_path_with_control_characters_rejected() {
             request: None,
             response: None,
             host: None,
+            port_specification: None,
             proxy_header: Default::default(),
             check_interval_sec: 5,
             timeout_sec: 5,
@@ -1250,4 +1251,33 @@ fn a_next_hop_may_be_limited_to_interfaces_of_this_host() {
     reject_text(&five, FW, "next_hop.interfaces", &["at most 4"]);
     reject_text(&limited("\"lo\", \"lo\""), FW, "next_hop.interfaces[1]", &["duplicate interface lo"]);
     reject_text(&limited("\"a/b\""), FW, "next_hop.interfaces[0]", &["not an interface name"]);
+}
+
+#[test]
+fn health_check_port_specification() {
+    let web = |hc: &str| {
+        format!(
+            "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\
+             [service.health_check]\n{hc}[[service.backend]]\naddress = \"198.18.11.1\"\n"
+        )
+    };
+    let port = |hc: &str| Config::parse(&web(hc)).unwrap().services[0].health_check_port();
+    assert_eq!(port("port_specification = \"USE_SERVING_PORT\"\n"), Some(80));
+    assert_eq!(port("port_specification = \"USE_FIXED_PORT\"\nport = 8080\n"), Some(8080));
+    assert_eq!(port("port = 8080\n"), Some(8080), "a port alone is USE_FIXED_PORT");
+    reject_text(&web("port_specification = \"USE_FIXED_PORT\"\n"), WEB, "health_check.port", &["required"]);
+    reject_text(
+        &web("port_specification = \"USE_SERVING_PORT\"\nport = 8080\n"),
+        WEB,
+        "health_check.port",
+        &["must be absent"],
+    );
+    reject_text(
+        &web("port_specification = \"USE_NAMED_PORT\"\n"),
+        WEB,
+        "health_check.port_specification",
+        &["not supported", "USE_FIXED_PORT, USE_SERVING_PORT"],
+    );
+    let all_ports = web("port_specification = \"USE_SERVING_PORT\"\n").replace("ports = [80]\n", "");
+    reject_text(&all_ports, WEB, "health_check.port_specification", &["needs a serving port"]);
 }

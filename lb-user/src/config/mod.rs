@@ -172,6 +172,10 @@ pub struct HealthCheck {
     /// Defaults to the service's first port.
     #[serde(default)]
     pub port: Option<u16>,
+    /// `USE_FIXED_PORT` (`port`) or `USE_SERVING_PORT` (the service's first port); absent: the
+    /// first if `port` is set, else the second. `USE_NAMED_PORT` is refused.
+    #[serde(default)]
+    pub port_specification: Option<PortSpecification>,
     /// HTTP only; default "/".
     #[serde(default)]
     pub request_path: Option<String>,

@@ -587,6 +587,35 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
             );
         }
     }
+    match (hc.port_specification, hc.port) {
+        (Some(PortSpecification::UseNamedPort), _) => {
+            return r.push(
+                "health_check.port_specification",
+                "USE_NAMED_PORT is not supported: backends here are addresses, not instance groups with \
+                 named ports; allowed: USE_FIXED_PORT, USE_SERVING_PORT",
+            )
+        }
+        (Some(PortSpecification::UseFixedPort), None) => {
+            return r.push(
+                "health_check.port",
+                "required with port_specification = USE_FIXED_PORT: set a port in 1..=65535",
+            )
+        }
+        (Some(PortSpecification::UseServingPort), Some(_)) => {
+            return r.push(
+                "health_check.port",
+                "must be absent with port_specification = USE_SERVING_PORT (the service's port is probed)",
+            )
+        }
+        (Some(PortSpecification::UseServingPort), None) if svc.ports.is_empty() => {
+            return r.push(
+                "health_check.port_specification",
+                "USE_SERVING_PORT needs a serving port, and the service has no `ports` (it serves all ports); \
+                 allowed here: USE_FIXED_PORT with a port",
+            )
+        }
+        _ => {}
+    }
     match hc.port {
         Some(0) => r.push("health_check.port", "0 is not allowed: ports are 1..=65535"),
         None if svc.ports.is_empty() => r.push(

@@ -114,7 +114,7 @@ api_enum!(
 api_enum!(
     /// Health check protocol.
     #[derive(Default)]
-    HealthProtocol { #[default] Tcp = "TCP", Ssl = "SSL", Http = "HTTP", Https = "HTTPS" }
+    HealthProtocol { #[default] Tcp = "TCP", Ssl = "SSL", Http = "HTTP", Https = "HTTPS", Http2 = "HTTP2" }
 );
 
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
@@ -174,9 +174,10 @@ api_enum!(
 );
 
 impl HealthProtocol {
-    /// HTTP over plain TCP or TLS: a `GET request_path` judged by its status (and body).
+    /// HTTP over plain TCP or TLS (HTTP/2: over TLS, ALPN h2): a `GET request_path` judged by
+    /// its status (and body).
     pub fn is_http(self) -> bool {
-        matches!(self, Self::Http | Self::Https)
+        matches!(self, Self::Http | Self::Https | Self::Http2)
     }
 }
 

@@ -72,7 +72,8 @@ pub enum Checked {
 }
 
 /// The prober of a health check's protocol (Google Cloud's: TCP and SSL with an optional
-/// request and expected response; HTTP and HTTPS with a path, Host and expected body prefix).
+/// request and expected response; HTTP, HTTPS and HTTP2 with a path, Host and expected body
+/// prefix).
 /// TLS probes do not verify the backend's certificate, as Google Cloud's do not.
 pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
     let proxy = spec.proxy_header;
@@ -82,16 +83,17 @@ pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
         }
         Arc::new(StreamProber { tls, proxy, request: spec.request.clone(), response: spec.response.clone() })
     };
-    let http = |tls: bool| -> Arc<dyn Prober> {
+    let http = |tls: bool, http2: bool| -> Arc<dyn Prober> {
         let headers = spec.host.iter().map(|h| ("Host".to_owned(), h.clone())).collect();
         let path = spec.request_path.clone();
-        Arc::new(HttpProber { path, headers, tls, proxy, body_prefix: spec.response.clone() })
+        Arc::new(HttpProber { path, headers, tls, http2, proxy, body_prefix: spec.response.clone() })
     };
     match spec.protocol {
         HealthProtocol::Tcp => stream(false),
         HealthProtocol::Ssl => stream(true),
-        HealthProtocol::Http => http(false),
-        HealthProtocol::Https => http(true),
+        HealthProtocol::Http => http(false, false),
+        HealthProtocol::Https => http(true, false),
+        HealthProtocol::Http2 => http(true, true),
     }
 }
 
@@ -215,6 +217,7 @@ pub fn monitor_prober(m: &MonitorSettings) -> Arc<dyn Prober> {
             path: m.path.clone().unwrap_or_else(|| "/".into()),
             headers: m.custom_headers.clone(),
             tls,
+            http2: false,
             // Traffic Manager monitors send no PROXY line.
             proxy: false,
             body_prefix: None,
@@ -676,6 +679,10 @@ mod tests {
     /// A TLS server side with a self-signed certificate (which probes accept, as Google Cloud's
     /// and Traffic Manager's do).
     fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(tls_acceptor_config())
+    }
+
+    fn tls_acceptor_config() -> std::sync::Arc<tokio_rustls::rustls::ServerConfig> {
         use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer};
         let cert = rcgen::generate_simple_self_signed(vec!["backend.test".into()]).unwrap();
         let key = PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
@@ -686,7 +693,7 @@ mod tests {
             .with_no_client_auth()
             .with_single_cert(vec![cert.cert.der().clone()], key)
             .unwrap();
-        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+        std::sync::Arc::new(config)
     }
 
     /// `header_server` behind TLS, with a self-signed certificate (which the probe accepts,
@@ -816,6 +823,56 @@ mod tests {
         assert_eq!(probe_once(server, &spec(true)).await, Ok(()));
         let err = probe_once(server, &spec(false)).await.unwrap_err();
         assert!(err.contains("NO PROXY LINE"), "{err}");
+    }
+
+    /// An HTTP/2 server over TLS (ALPN h2 only), hyper's: `status` and `body` for every request
+    /// to `/healthz` with the authority `backend.test`, 404 otherwise.
+    async fn h2_server(status: u16, body: &'static str) -> SocketAddr {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        let mut config = (*tls_acceptor_config()).clone();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        spawn_server(move |s| {
+            let acceptor = acceptor.clone();
+            async move {
+                let Ok(tls) = acceptor.accept(s).await else { return };
+                let service =
+                    hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let right = req.uri().path() == "/healthz"
+                            && req.uri().authority().map(|a| a.as_str()) == Some("backend.test");
+                        let code = if right { status } else { 404 };
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder().status(code).body(Full::new(Bytes::from(body))).unwrap(),
+                        )
+                    });
+                let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            }
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn http2_probe_speaks_http2_over_tls() {
+        let spec = |port: u16| ProbeSpec {
+            request_path: "/healthz".into(),
+            host: Some("backend.test".into()),
+            ..with(HealthProtocol::Http2, port, None, Some("SERVING"))
+        };
+        let up = h2_server(200, "SERVING").await;
+        assert_eq!(probe_once(up, &spec(up.port())).await, Ok(()));
+        let down = h2_server(200, "NOT_SERVING").await;
+        let err = probe_once(down, &spec(down.port())).await.unwrap_err();
+        assert!(err.contains("does not start with \"SERVING\""), "{err}");
+        let failing = h2_server(503, "SERVING").await;
+        let err = probe_once(failing, &spec(failing.port())).await.unwrap_err();
+        assert!(err.contains("503"), "{err}");
+        // An HTTPS server without HTTP/2: the handshake does not give h2.
+        let h1 = tls_talker("SERVING").await;
+        let err = probe_once(h1, &spec(h1.port())).await.unwrap_err();
+        assert!(err.contains("did not choose HTTP/2"), "{err}");
     }
 
     #[tokio::test]

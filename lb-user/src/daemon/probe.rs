@@ -80,6 +80,16 @@ async fn open(
     proxy: bool,
     tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
 ) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
+    open_with(addr, proxy, tls, false).await
+}
+
+/// [`open`], offering HTTP/2 by ALPN with `h2` (and failing when the server does not take it).
+async fn open_with(
+    addr: SocketAddr,
+    proxy: bool,
+    tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
+    h2: bool,
+) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
     let mut stream = match connect(addr).await? {
         Ok(s) => s,
         Err(failed) => return Ok(Err(failed)),
@@ -95,7 +105,10 @@ async fn open(
     }
     Ok(match tls {
         None => Ok(Box::new(stream)),
-        Some(name) => match tls::connector().connect(name, stream).await {
+        Some(name) => match tls::connector(h2).connect(name, stream).await {
+            Ok(s) if h2 && s.get_ref().1.alpn_protocol() != Some(b"h2") => {
+                Err(Observation::Failed("TLS handshake: the server did not choose HTTP/2 (ALPN h2)".into()))
+            }
             Ok(s) => Ok(Box::new(s)),
             Err(e) => Err(Observation::Failed(format!("TLS handshake: {e}"))),
         },
@@ -115,8 +128,9 @@ impl Prober for TcpProber {
     }
 }
 
-/// HTTP or HTTPS: `GET path` with `headers` (a `Host` of the target's address unless given),
-/// through hyper's HTTP/1 client; the response's status. HTTPS does not verify the target's
+/// HTTP, HTTPS or HTTP/2 over TLS: `GET path` with `headers` (a `Host`, or for HTTP/2 the
+/// authority, of the target's address unless given), through hyper's HTTP/1 or HTTP/2 client;
+/// the response's status. HTTPS does not verify the target's
 /// certificate (as Google Cloud's and Traffic Manager's probes do not); its SNI is the `Host`
 /// header's name when one is given.
 #[derive(Debug)]
@@ -124,6 +138,8 @@ pub struct HttpProber {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub tls: bool,
+    /// HTTP/2 (over TLS, ALPN h2), through hyper's HTTP/2 client.
+    pub http2: bool,
     /// A PROXY protocol v1 line first.
     pub proxy: bool,
     /// What the body must start with (read up to its length, no further).
@@ -192,7 +208,8 @@ impl Prober for HttpProber {
         addr: SocketAddr,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let stream = match open(addr, self.proxy, self.tls.then(|| self.server_name(addr))).await? {
+            let name = self.tls.then(|| self.server_name(addr));
+            let stream = match open_with(addr, self.proxy, name, self.http2).await? {
                 Ok(stream) => stream,
                 Err(failed) => return Ok(failed),
             };
@@ -213,34 +230,56 @@ impl HttpProber {
             .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()))
     }
 
-    async fn get(&self, stream: Box<dyn Io>, addr: SocketAddr) -> Result<u16, String> {
-        // Title-case header names, as the custom headers are written: some servers and
-        // middleboxes on health-check paths match them case-sensitively.
-        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-            .title_case_headers(true)
-            .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        // The connection is driven while the request runs and dropped with the probe.
-        let driver = tokio::spawn(conn);
-        let mut req = hyper::Request::get(self.path.as_str());
+    /// The request: `GET path` with the custom headers and a `Host` (HTTP/2: the URI's
+    /// authority) of the target's address unless one is given.
+    fn request(&self, addr: SocketAddr) -> Result<hyper::Request<Empty<Bytes>>, String> {
+        let given = self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("host")).map(|(_, v)| v.clone());
+        let host = given.clone().unwrap_or_else(|| match addr {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        });
+        let mut req = if self.http2 {
+            // HTTP/2 carries the host as the `:authority` of an absolute URI.
+            hyper::Request::get(format!("https://{host}{}", self.path))
+        } else {
+            let mut req = hyper::Request::get(self.path.as_str());
+            if given.is_none() {
+                req = req.header("Host", host);
+            }
+            req.header("Connection", "close")
+        };
         for (name, value) in &self.headers {
-            req = req.header(name.as_str(), value.as_str());
+            if !(self.http2 && name.eq_ignore_ascii_case("host")) {
+                req = req.header(name.as_str(), value.as_str());
+            }
         }
-        if !self.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-            let host = match addr {
-                SocketAddr::V4(a) => a.ip().to_string(),
-                SocketAddr::V6(a) => format!("[{}]", a.ip()),
-            };
-            req = req.header("Host", host);
-        }
-        let req = req
-            .header("User-Agent", "lb-health/1")
-            .header("Connection", "close")
-            .body(Empty::new())
-            .map_err(|e| format!("request: {e}"))?;
+        req.header("User-Agent", "lb-health/1").body(Empty::new()).map_err(|e| format!("request: {e}"))
+    }
+
+    async fn get(&self, stream: Box<dyn Io>, addr: SocketAddr) -> Result<u16, String> {
+        let req = self.request(addr)?;
+        let io = TokioIo::new(stream);
+        // The connection is driven while the request runs and dropped with the probe.
+        let (sent, driver) = if self.http2 {
+            let (mut sender, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake::<_, Empty<Bytes>>(io)
+                .await
+                .map_err(|e| format!("send: {e}"))?;
+            let driver = tokio::spawn(conn);
+            (sender.send_request(req).await, driver)
+        } else {
+            // Title-case header names, as the custom headers are written: some servers and
+            // middleboxes on health-check paths match them case-sensitively.
+            let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+                .title_case_headers(true)
+                .handshake::<_, Empty<Bytes>>(io)
+                .await
+                .map_err(|e| format!("send: {e}"))?;
+            let driver = tokio::spawn(conn);
+            (sender.send_request(req).await, driver)
+        };
         let result = async {
-            let resp = sender.send_request(req).await.map_err(|e| format!("receive: {e}"))?;
+            let resp = sent.map_err(|e| format!("receive: {e}"))?;
             let status = resp.status().as_u16();
             if let Some(want) = &self.body_prefix {
                 let body = read_prefix(resp.into_body(), want.len()).await?;
@@ -407,20 +446,24 @@ mod tls {
     use tokio_rustls::TlsConnector;
 
     /// Built once: ring's algorithms, any certificate.
-    pub fn connector() -> TlsConnector {
-        static CONNECTOR: OnceLock<TlsConnector> = OnceLock::new();
-        CONNECTOR
-            .get_or_init(|| {
-                let provider = Arc::new(ring::default_provider());
-                let config = ClientConfig::builder_with_provider(provider.clone())
-                    .with_safe_default_protocol_versions()
-                    .expect("ring supports the default TLS versions")
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-                    .with_no_client_auth();
-                TlsConnector::from(Arc::new(config))
-            })
-            .clone()
+    /// The probes' TLS client; with `h2`, offering HTTP/2 by ALPN (HTTP2 checks).
+    pub fn connector(h2: bool) -> TlsConnector {
+        static PLAIN: OnceLock<TlsConnector> = OnceLock::new();
+        static H2: OnceLock<TlsConnector> = OnceLock::new();
+        let make = || {
+            let provider = Arc::new(ring::default_provider());
+            let mut config = ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default TLS versions")
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth();
+            if h2 {
+                config.alpn_protocols = vec![b"h2".to_vec()];
+            }
+            TlsConnector::from(Arc::new(config))
+        };
+        if h2 { H2.get_or_init(make) } else { PLAIN.get_or_init(make) }.clone()
     }
 
     /// Accepts any server certificate (Traffic Manager's probes do not validate them either);

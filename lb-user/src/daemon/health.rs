@@ -875,6 +875,63 @@ mod tests {
         assert!(err.contains("did not choose HTTP/2"), "{err}");
     }
 
+    /// Slow and malicious backends cost only their own verdicts: one that accepts and never
+    /// answers, one that answers an endless stream of headers (10 MB offered), one whose TLS
+    /// handshake stalls. Probed at once with a healthy one, each bad one fails within its
+    /// timeout (the endless headers fail at hyper's header limit, reading far less than 10 MB)
+    /// while the healthy one passes.
+    #[tokio::test]
+    async fn slow_and_malicious_backends_fail_alone() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let silent = spawn_server(|s| async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(s);
+        })
+        .await;
+        static SENT: AtomicUsize = AtomicUsize::new(0);
+        let flood = spawn_server(|mut s| async move {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n").await;
+            let line = format!("X-Filler: {}\r\n", "a".repeat(1000));
+            for _ in 0..10_000 {
+                if s.write_all(line.as_bytes()).await.is_err() {
+                    return;
+                }
+                SENT.fetch_add(line.len(), Ordering::Relaxed);
+            }
+        })
+        .await;
+        let stalled_tls = spawn_server(|mut s| async move {
+            // Reads the ClientHello and never answers it.
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        })
+        .await;
+        let good = http_server(200).await;
+        let timeout = Duration::from_secs(2);
+        let spec = |protocol, addr: SocketAddr| ProbeSpec { timeout, ..spec(protocol, addr.port()) };
+        let specs = [
+            spec(HealthProtocol::Http, silent),
+            spec(HealthProtocol::Http, flood),
+            spec(HealthProtocol::Https, stalled_tls),
+            spec(HealthProtocol::Http, good),
+        ];
+        let (silent_r, flood_r, tls_r, good_r) = tokio::join!(
+            probe_once(silent, &specs[0]),
+            probe_once(flood, &specs[1]),
+            probe_once(stalled_tls, &specs[2]),
+            probe_once(good, &specs[3]),
+        );
+        assert_eq!(good_r, Ok(()), "the healthy backend keeps its verdict");
+        assert!(silent_r.unwrap_err().contains("timeout"));
+        assert!(tls_r.unwrap_err().contains("timeout"));
+        let flood_err = flood_r.unwrap_err();
+        assert!(flood_err.contains("receive") || flood_err.contains("timeout"), "{flood_err}");
+        // The probe stopped reading: the flood could not send all it offered (the socket
+        // buffers hold a few MB at most).
+        assert!(SENT.load(Ordering::Relaxed) < 10_000_000, "the probe read the whole 10 MB");
+    }
+
     #[tokio::test]
     async fn ssl_probe_needs_a_tls_handshake_and_the_response() {
         let tls = tls_talker("+OK").await;

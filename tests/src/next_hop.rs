@@ -255,6 +255,11 @@ impl Scene {
         }
     }
 
+    /// `lb explain` of a flow from A to B's server (and, a next hop's, of its reverse).
+    pub fn explain_args() -> Vec<&'static str> {
+        vec!["explain", "--service", "firewalls", "--client", "198.18.10.2", "--dst", "198.18.20.5", "--dport", "8080"]
+    }
+
     /// `lb-testsrv`'s address on B.
     pub fn target(&self) -> std::net::SocketAddr {
         (IpAddr::V4(B), PORT).into()

@@ -99,19 +99,7 @@ fn stateful_firewalls_see_both_directions_and_only_a_failed_ones_connections_bre
     drop(sessions6);
     let status = d.cli(&["status"]).unwrap();
     assert!(status.contains("next hop for 0.0.0.0/0"), "{status}");
-    let explain = d
-        .cli(&[
-            "explain",
-            "--service",
-            "firewalls",
-            "--client",
-            "198.18.10.2",
-            "--dst",
-            "198.18.20.5",
-            "--dport",
-            "8080",
-        ])
-        .unwrap();
+    let explain = d.cli(&Scene::explain_args()).unwrap();
     assert!(explain.contains("reverse flow") && explain.contains("symmetric true"), "{explain}");
 
     // fw2 fails: only its connections break; new ones go to the others.
@@ -195,15 +183,21 @@ fn an_active_standby_pair_fails_over_and_back() {
     assert!(firewalls_of(&scene, &standby).iter().all(|&fw| fw == 1));
 }
 
+/// The scene with one firewall, `lb run` on it, the firewall healthy.
+fn one_firewall(prefix: &str) -> (Scene, Daemon) {
+    require_nft().unwrap();
+    let scene = Scene::build(prefix, 1).unwrap();
+    let d = Daemon::start_in(&scene.lb.ns, &format!("next-hop-{prefix}"), &scene.config(1, true)).unwrap();
+    wait_health(&d, &scene, 0, true);
+    (scene, d)
+}
+
 /// A firewall whose route to B points back at the balancer: the packet returns from the MAC the
 /// balancer would send it to and is dropped (`drop_loop`), not bounced between the two until its
 /// TTL runs out.
 #[test]
 fn a_packet_a_firewall_routes_back_is_dropped_not_bounced() {
-    require_nft().unwrap();
-    let scene = Scene::build("nhl", 1).unwrap();
-    let d = Daemon::start_in(&scene.lb.ns, "next-hop-loop", &scene.config(1, true)).unwrap();
-    wait_health(&d, &scene, 0, true);
+    let (scene, d) = one_firewall("nhl");
     scene.fws[0].ns.ip(&["route", "add", "198.18.20.5/32", "via", "198.18.10.1"]).unwrap();
     let opened = open(&scene.a, scene.target(), 1);
     assert!(opened[0].is_err(), "the connection cannot open through a looping firewall");
@@ -222,10 +216,7 @@ fn a_packet_a_firewall_routes_back_is_dropped_not_bounced() {
 /// so a connection from A to it reaches the balancer's own stack instead of a firewall.
 #[test]
 fn an_address_the_balancer_gains_later_stays_its_own() {
-    require_nft().unwrap();
-    let scene = Scene::build("nhn", 1).unwrap();
-    let d = Daemon::start_in(&scene.lb.ns, "next-hop-addr", &scene.config(1, true)).unwrap();
-    wait_health(&d, &scene, 0, true);
+    let (scene, d) = one_firewall("nhn");
     scene.lb.ns.ip(&["addr", "add", "198.18.20.99/24", "dev", "eth0"]).unwrap();
     let srv = lb_tests::e2e::bin("lb-testsrv");
     let _own = scene.lb.ns.spawn(&[srv.to_str().unwrap(), "LB", "198.18.20.99:9999"]).unwrap();

@@ -58,20 +58,7 @@ pub fn run() -> Result<()> {
         println!("  {:<4} {:>3} connections", scene.fws[i].name, conns.len());
     }
     println!("  seen by no single firewall both ways: {split} (symmetric hashing)");
-    println!(
-        "\n{}",
-        daemon.cli(&[
-            "explain",
-            "--service",
-            "firewalls",
-            "--client",
-            "198.18.10.2",
-            "--dst",
-            &B.to_string(),
-            "--dport",
-            "8080"
-        ])?
-    );
+    println!("\n{}", daemon.cli(&Scene::explain_args())?);
     check_interrupt()?;
 
     println!("Stopping fw2 (its link goes down)...");

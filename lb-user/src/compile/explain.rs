@@ -50,7 +50,7 @@ pub struct Prediction {
 pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Prediction {
     let class = client_class(svc, flow.client);
     let ports_valid = flow.proto == PROTO_TCP || flow.proto == PROTO_UDP;
-    let full = FlowTuple {
+    let mut full = FlowTuple {
         src: addr_words(flow.client).0,
         dst: addr_words(vip).0,
         sport: if ports_valid { flow.sport.to_be() } else { 0 },
@@ -58,10 +58,12 @@ pub fn predict(svc: &CompiledService, m: u32, vip: IpAddr, flow: &Flow) -> Predi
         proto: flow.proto,
         _pad: [0; 3],
     };
-    let mut hashed = hash_tuple(svc.info.affinity, &full, ports_valid);
+    // As the data plane: a symmetric service's packet tuple is ordered before anything is
+    // derived from it (lb-ebpf `forward`, the next-hop branch).
     if svc.info.flags & service_flags::SYMMETRIC != 0 {
-        directionless(&mut hashed);
+        directionless(&mut full);
     }
+    let hashed = hash_tuple(svc.info.affinity, &full, ports_valid);
     let hash = flow_hash(&hashed);
     let slot = maglev_slot(hash, m);
     // As the kernel: a class without a table uses class 0's.

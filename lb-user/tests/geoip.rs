@@ -132,6 +132,7 @@ fn dns_answer(cfg: &Config, addr: &str) -> String {
         DnsAnswer::Records(r) => cfg.services[svc].backends[r[0].backend].label(),
         DnsAnswer::NoData => "NODATA".into(),
         DnsAnswer::NxDomain => "NXDOMAIN".into(),
+        DnsAnswer::Cname(c) => cfg.services[svc].backends[c.backend].label(),
     }
 }
 

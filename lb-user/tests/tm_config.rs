@@ -165,9 +165,15 @@ fn m4_multivalue_targets_and_max_return() {
         svc("child", "PRIORITY", "", &[ep("c", "192.0.2.9", "")])
     );
     reject(&text, TM, "backend[1].target_service", &["MULTIVALUE", "cannot be a parent"]);
-    // A DNS name is not an address at all.
+    // A DNS name is not an address at all; given as `target`, MULTIVALUE refuses it.
     let err = Config::parse(&svc("tm", "MULTIVALUE", "", &[ep("a", "www.example.com", "")])).expect_err("rejected");
     assert!(matches!(config_error(&err).kind, ConfigErrorKind::Syntax(_)), "{err}");
+    reject(
+        &svc("tm", "MULTIVALUE", "", &[ep("a", "", "target = \"www.example.com\"")]),
+        TM,
+        "backend[0].target",
+        &["MULTIVALUE", "IPv4/IPv6 address"],
+    );
     for bad in [0, 11] {
         reject(
             &svc("tm", "MULTIVALUE", &format!("max_return = {bad}"), &[ep("a", "192.0.2.1", "")]),
@@ -482,4 +488,124 @@ fn example_traffic_manager_toml_loads() {
     let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(cfg.services.iter().any(|s| s.routing_method().is_traffic_manager()));
     assert!(!cfg.latency.is_empty() && !cfg.geo.is_empty());
+}
+
+// ---------------------------------------------------------------- endpoints given by DNS name
+
+/// Issue #34-1: `target = "name"` makes an external endpoint given by DNS name: accepted under
+/// every method but MULTIVALUE (vector M4), typed as `Endpoint::Name` with the canonical name
+/// and no address until the daemon resolves it.
+#[test]
+fn name_endpoints_are_accepted_and_typed() {
+    use lb_user::config::{Endpoint, Resolution};
+    for method in ["PRIORITY", "WEIGHTED", "GEOGRAPHIC", "SUBNET"] {
+        let extra = match method {
+            "GEOGRAPHIC" => "geo_mapping = [\"WORLD\"]\n",
+            _ => "",
+        };
+        let cfg = accept(&svc("tm", method, "", &[ep("e", "", &format!("{extra}target = \"App.Example.NET.\""))]));
+        let b = &cfg.services[0].backends[0];
+        let Endpoint::Name(t) = &b.endpoint else { panic!("{method}: a name endpoint, got {:?}", b.endpoint) };
+        assert_eq!(t.name.as_str(), "app.example.net", "canonical form");
+        assert_eq!(t.resolved.state, Resolution::Pending);
+        assert!(b.addresses().is_empty() && b.address().is_none());
+    }
+    let cfg =
+        accept(&svc("tm", "PERFORMANCE", "", &[ep("e", "", "location = \"westeurope\"\ntarget = \"a.example\"")]));
+    assert_eq!(cfg.services[0].backends[0].label(), "e");
+    // Without a name, the label is the DNS name.
+    let text = "[[service]]\nname = \"tm\"\nvip = \"198.51.100.7\"\nprotocol = \"TCP\"\nports = [80]\n\
+                routing_method = \"PRIORITY\"\n[[service.backend]]\ntarget = \"b.example\"\n";
+    assert_eq!(accept(text).services[0].backends[0].label(), "b.example");
+}
+
+#[test]
+fn name_endpoints_are_refused_where_a_name_cannot_go() {
+    let one = |extra: &str| svc("tm", "PRIORITY", "", &[ep("e", "", extra)]);
+    reject(&one("target = \"bad_name.example\""), TM, "backend[0].target", &["not a host name", "DNS host name"]);
+    reject(&one("target = \"-a.example\""), TM, "backend[0].target", &["not a host name"]);
+    reject(&one("target = \"198.18.0.1\""), TM, "backend[0].target", &["is an IP address", "`address`"]);
+    reject(&one("target = \"2001:db8::1\""), TM, "backend[0].target", &["is an IP address"]);
+    reject(
+        &svc("tm", "PRIORITY", "", &[ep("e", "198.18.0.1", "target = \"a.example\"")]),
+        TM,
+        "backend[0].address",
+        &["not allowed with target"],
+    );
+    reject(
+        &format!(
+            "{}{}",
+            one("target = \"a.example\"\ntarget_service = \"c\""),
+            svc("c", "PRIORITY", "", &[ep("x", "198.51.100.9", "")])
+        ),
+        TM,
+        "backend[0].target",
+        &["not allowed with target_service"],
+    );
+    reject(&one("target = \"a.example\"\nmin_child_endpoints = 1"), TM, "backend[0].min_child_endpoints", &["nested"]);
+    // Spec §2.1: A/AAAA and CNAME addressing are not mixed in one profile.
+    reject(
+        &svc("tm", "PRIORITY", "", &[ep("a", "192.0.2.1", ""), ep("n", "", "target = \"a.example\"")]),
+        TM,
+        "backend[1].target",
+        &["cannot be mixed", "backend[0]", "target_service"],
+    );
+    // A name this balancer answers for would loop.
+    reject(
+        &svc("tm", "PRIORITY", "dns_name = \"tm.example\"", &[ep("n", "", "target = \"TM.example.\"")]),
+        TM,
+        "backend[0].target",
+        &["dns_name of service \"tm\"", "target_service"],
+    );
+    // A zonal backend has no target.
+    let zonal = "[[service]]\nname = \"z\"\nvip = \"198.51.100.8\"\nprotocol = \"TCP\"\nports = [80]\n\
+                 [[service.backend]]\naddress = \"192.0.2.1\"\ntarget = \"a.example\"\n";
+    reject(zonal, "service \"z\"", "backend[0].target", &["Traffic Manager"]);
+    // Two endpoints of the same name are two endpoints of the same label.
+    reject(
+        &format!(
+            "{}\n[[service.backend]]\ntarget = \"a.example\"\n[[service.backend]]\ntarget = \"A.example\"\n",
+            svc("tm", "WEIGHTED", "", &[])
+        ),
+        TM,
+        "backend[1].name",
+        &["duplicate endpoint name \"a.example\""],
+    );
+}
+
+/// `[resolver]`: servers as "ADDR" or "ADDR:PORT", the TTL floor and cap, the time a failed
+/// resolution keeps the last answer.
+#[test]
+fn resolver_settings() {
+    let base = svc("tm", "PRIORITY", "", &[ep("e", "", "target = \"a.example\"")]);
+    let cfg = accept(&base);
+    assert!(cfg.resolver.servers.is_empty());
+    assert_eq!((cfg.resolver.min_ttl_sec, cfg.resolver.max_ttl_sec, cfg.resolver.keep_last_answer_sec), (5, 3600, 300));
+    let cfg = accept(&format!(
+        "[resolver]\nservers = [\"198.18.0.53\", \"198.18.0.54:5353\", \"[2001:db8::53]:53\"]\nmin_ttl_sec = 1\n\
+         max_ttl_sec = 60\nkeep_last_answer_sec = 0\n{base}"
+    ));
+    let servers: Vec<String> = cfg.resolver.servers.iter().map(|s| s.to_string()).collect();
+    assert_eq!(servers, ["198.18.0.53:53", "198.18.0.54:5353", "[2001:db8::53]:53"]);
+    assert_eq!((cfg.resolver.min_ttl_sec, cfg.resolver.max_ttl_sec, cfg.resolver.keep_last_answer_sec), (1, 60, 0));
+    let err = Config::parse(&format!("[resolver]\nservers = [\"dns.example\"]\n{base}")).expect_err("rejected");
+    assert!(err.to_string().contains("not a server address"), "{err}");
+    reject(
+        &format!("[resolver]\nmin_ttl_sec = 0\n{base}"),
+        "resolver.min_ttl_sec",
+        "resolver.min_ttl_sec",
+        &["1..=3600"],
+    );
+    reject(
+        &format!("[resolver]\nmin_ttl_sec = 30\nmax_ttl_sec = 10\n{base}"),
+        "resolver.max_ttl_sec",
+        "resolver.max_ttl_sec",
+        &["min_ttl_sec (30)"],
+    );
+    reject(
+        &format!("[resolver]\nservers = [\"198.18.0.53:0\"]\n{base}"),
+        "resolver.servers[0]",
+        "resolver.servers[0]",
+        &["port in 1..=65535"],
+    );
 }

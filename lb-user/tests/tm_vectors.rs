@@ -43,6 +43,7 @@ fn dns(cfg: &Config, p: &ProbeStatuses, svc: &str, client: &Client, q: QueryType
         DnsAnswer::NxDomain => vec!["NXDOMAIN".into()],
         DnsAnswer::NoData => vec!["NODATA".into()],
         DnsAnswer::Records(r) => r.iter().map(|r| label(cfg, r)).collect(),
+        DnsAnswer::Cname(c) => vec![format!("CNAME {}", c.target)],
     }
 }
 
@@ -816,4 +817,80 @@ fn clients_are_located_by_longest_prefix() {
     assert_eq!(c.latency, ["westeurope", "eastus"]);
     assert_eq!(c.geo.as_deref(), Some("IE"));
     assert_eq!(Client::locate(&cfg, "8.8.8.8".parse().unwrap()).geo, None);
+}
+
+// ---------------------------------------------------------------- endpoints given by DNS name
+
+/// A WEIGHTED profile of two name endpoints (issue #34-1), `a` resolved to `a_addrs` and `b`
+/// to `b_addrs` (what the daemon's resolver fills in).
+fn named_profile(a_addrs: &[&str], b_addrs: &[&str], b_state: lb_user::config::Resolution) -> Config {
+    use lb_user::config::{Endpoint, Resolution};
+    let mut cfg = config(&service(
+        "named",
+        "WEIGHTED",
+        "",
+        &[ep("a", "", "target = \"a.example.net\"\nweight = 1"), ep("b", "", "target = \"b.example.net\"\nweight = 3")],
+    ));
+    for (b, (addrs, state)) in
+        cfg.services[0].backends.iter_mut().zip([(a_addrs, Resolution::Answered), (b_addrs, b_state)])
+    {
+        let Endpoint::Name(t) = &mut b.endpoint else { panic!("a name endpoint") };
+        t.resolved.addresses = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        t.resolved.state = state;
+    }
+    cfg
+}
+
+/// The DNS view answers a CNAME to the chosen endpoint's name for every query type (spec §2.2:
+/// A and AAAA accept a CNAME endpoint); the weights and statuses choose it as for addresses.
+#[test]
+fn name_endpoints_answer_cnames() {
+    use lb_user::config::Resolution;
+    let cfg = named_profile(&["198.51.100.11"], &["198.51.100.21"], Resolution::Answered);
+    let p = probes(&cfg, &[("named", "a", Degraded)]);
+    for q in [QueryType::A, QueryType::Aaaa, QueryType::Cname, QueryType::Any] {
+        assert_eq!(dns(&cfg, &p, "named", &anyone(), q, 7), ["CNAME b.example.net"], "{q:?}");
+    }
+    // Weighted 1:3 between the two names.
+    let p = probes(&cfg, &[]);
+    let st = Statuses::new(&cfg, &p);
+    let (mut a, n) = (0, 4000);
+    let mut rng = SplitMix64(3);
+    for _ in 0..n {
+        match resolve_dns(&st, 0, &anyone(), QueryType::A, &mut rng) {
+            DnsAnswer::Cname(c) if c.target.as_str() == "a.example.net" => a += 1,
+            DnsAnswer::Cname(c) => assert_eq!(c.target.as_str(), "b.example.net"),
+            other => panic!("{other:?}"),
+        }
+    }
+    let share = f64::from(a) / f64::from(n);
+    assert!((share - 0.25).abs() < 0.03, "a's share {share}");
+}
+
+/// The packet view: each resolved address of the VIP's family is a leaf backend; the
+/// endpoint's weight is shared by its addresses. A name that no longer resolves (its last
+/// answer expired) is Degraded: the other endpoint takes everything.
+#[test]
+fn name_endpoints_expand_into_their_resolved_addresses() {
+    use lb_user::config::Resolution;
+    let cfg =
+        named_profile(&["198.51.100.11", "198.51.100.12", "2001:db8::11"], &["198.51.100.21"], Resolution::Answered);
+    let p = probes(&cfg, &[]);
+    let st = Statuses::new(&cfg, &p);
+    let mut got: Vec<(String, u32)> =
+        eligible(&st, 0, &anyone()).backends.iter().map(|b| (b.address.to_string(), b.weight)).collect();
+    got.sort();
+    // a: weight 1 over two addresses, b: weight 3 over one: 1/2 : 1/2 : 3 = 1 : 1 : 6.
+    assert_eq!(got, set(&[("198.51.100.11", 1), ("198.51.100.12", 1), ("198.51.100.21", 6)]));
+    let cfg = named_profile(&["198.51.100.11"], &[], Resolution::Failed("SERVFAIL".into()));
+    let p = probes(&cfg, &[]);
+    let st = Statuses::new(&cfg, &p);
+    assert_eq!(st.endpoint_status(0, 1), Degraded);
+    assert_eq!(dns_a(&cfg, &p, "named", &anyone()), "CNAME a.example.net");
+    let got: Vec<String> = eligible(&st, 0, &anyone()).backends.iter().map(|b| b.address.to_string()).collect();
+    assert_eq!(got, ["198.51.100.11"]);
+    // Not resolved yet: CheckingEndpoint (routable), but nothing to forward to.
+    let cfg = named_profile(&["198.51.100.11"], &[], Resolution::Pending);
+    let p = ProbeStatuses::new(&cfg, CheckingEndpoint);
+    assert_eq!(Statuses::new(&cfg, &p).endpoint_status(0, 1), CheckingEndpoint);
 }

@@ -15,6 +15,8 @@ pub enum Scope {
     Announce,
     /// `[dns]` (fields are absolute).
     Dns,
+    /// `[resolver]` (fields are absolute).
+    Resolver,
     /// The `index`-th `[[zone]]`.
     Zone { index: usize, name: String },
     /// The `index`-th `[[service]]`.
@@ -33,6 +35,7 @@ impl fmt::Display for Scope {
             Scope::Dataplane => f.write_str("dataplane"),
             Scope::Announce => f.write_str("announce"),
             Scope::Dns => f.write_str("dns"),
+            Scope::Resolver => f.write_str("resolver"),
             Scope::Zone { index, name } if name.is_empty() => write!(f, "zone[{index}]"),
             Scope::Zone { name, .. } => write!(f, "zone {name:?}"),
             Scope::Service { index, name } if name.is_empty() => write!(f, "service[{index}]"),
@@ -68,7 +71,9 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.scope {
             Scope::Config => f.write_str(&self.problem),
-            Scope::Dataplane | Scope::Announce | Scope::Dns => write!(f, "{}: {}", self.field, self.problem),
+            Scope::Dataplane | Scope::Announce | Scope::Dns | Scope::Resolver => {
+                write!(f, "{}: {}", self.field, self.problem)
+            }
             _ => write!(f, "{}: {}: {}", self.scope, self.field, self.problem),
         }
     }

@@ -67,6 +67,59 @@ pub struct DnsFront {
     pub geoip_database: Option<std::path::PathBuf>,
 }
 
+/// `[resolver]`: how the daemon resolves the Traffic Manager endpoints given by DNS name
+/// (`target`) for the per-packet path and the monitors. The DNS front does not resolve them: it
+/// answers a CNAME.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Resolver {
+    /// DNS servers asked, "ADDR" (port 53) or "ADDR:PORT"; empty: the host's (`/etc/resolv.conf`).
+    #[serde(deserialize_with = "resolver_servers")]
+    #[schemars(with = "Vec<String>")]
+    pub servers: Vec<std::net::SocketAddr>,
+    /// The shortest time an answer is kept before the name is resolved again (a smaller TTL is
+    /// raised to it).
+    pub min_ttl_sec: u32,
+    /// The longest time an answer is kept (a larger TTL is lowered to it).
+    pub max_ttl_sec: u32,
+    /// How long the last good answer stays in use while resolution fails; after it the
+    /// endpoint has no address and is Degraded.
+    pub keep_last_answer_sec: u32,
+}
+
+/// `[resolver] min_ttl_sec` default.
+pub const DEFAULT_RESOLVER_MIN_TTL_SEC: u32 = 5;
+/// `[resolver] max_ttl_sec` default.
+pub const DEFAULT_RESOLVER_MAX_TTL_SEC: u32 = 3600;
+/// `[resolver] keep_last_answer_sec` default.
+pub const DEFAULT_KEEP_LAST_ANSWER_SEC: u32 = 300;
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            min_ttl_sec: DEFAULT_RESOLVER_MIN_TTL_SEC,
+            max_ttl_sec: DEFAULT_RESOLVER_MAX_TTL_SEC,
+            keep_last_answer_sec: DEFAULT_KEEP_LAST_ANSWER_SEC,
+        }
+    }
+}
+
+/// `[resolver] servers`: "ADDR" (port 53) or "ADDR:PORT" (`[v6]:PORT`).
+fn resolver_servers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<std::net::SocketAddr>, D::Error> {
+    let texts = Vec::<String>::deserialize(d)?;
+    texts
+        .iter()
+        .map(|t| {
+            t.parse::<std::net::SocketAddr>().or_else(|_| t.parse::<IpAddr>().map(|a| (a, 53).into())).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "{t:?} is not a server address: allowed \"ADDR\" (port 53) or \"ADDR:PORT\", e.g. \"198.18.0.53\" or \"[2001:db8::53]:53\""
+                ))
+            })
+        })
+        .collect()
+}
+
 /// `[[latency]]`: clients in these prefixes measure these regions nearest first (spec §2.4
 /// Performance). Prefixes may nest; the longest match wins.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -234,6 +287,8 @@ pub struct Config {
     pub announce: Option<Announce>,
     /// `[metrics]`: the Prometheus endpoint; off without the section.
     pub metrics: Option<Metrics>,
+    /// `[resolver]`: how endpoints given by DNS name are resolved.
+    pub resolver: Resolver,
     /// `[dns] geoip_database`, loaded.
     pub geoip: Option<std::sync::Arc<geoip::GeoIp>>,
 }
@@ -356,6 +411,63 @@ pub enum Endpoint {
     Address(IpAddr),
     /// A Traffic Manager endpoint whose traffic goes to a child profile (spec §2.5).
     Nested(Nested),
+    /// A Traffic Manager external endpoint given by DNS name (`target`): the DNS front answers
+    /// a CNAME to it; the per-packet path forwards to the addresses the daemon resolved.
+    Name(NameTarget),
+}
+
+/// A valid host name (`check_dns_name`), in canonical form: lower case, no trailing dot.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DnsName(String);
+
+impl DnsName {
+    /// Checks `name` (see [`check_dns_name`]) and keeps its canonical form.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        check_dns_name(name)?;
+        Ok(Self(canonical_dns_name(name)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for DnsName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The most addresses of one resolved name that become backends (the rest are left out, and
+/// logged): what the data plane's sizing counts for a name endpoint.
+pub const MAX_NAME_ADDRESSES: usize = 16;
+
+/// An endpoint given by DNS name, with what the daemon's resolver last found for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NameTarget {
+    pub name: DnsName,
+    pub resolved: Resolved,
+}
+
+/// What resolving a name endpoint gave: its addresses (of the service's VIP family, at most
+/// [`MAX_NAME_ADDRESSES`]) and whether they can be trusted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    pub addresses: Vec<IpAddr>,
+    pub state: Resolution,
+}
+
+/// Where the resolution of a name endpoint stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Resolution {
+    /// Not resolved yet (and outside the daemon, never): no address, CheckingEndpoint.
+    #[default]
+    Pending,
+    /// The last answer (possibly kept while resolution fails, within `keep_last_answer_sec`).
+    Answered,
+    /// Resolution failed for longer than `keep_last_answer_sec` (or failed from the start):
+    /// no address, the endpoint is Degraded. Why.
+    Failed(String),
 }
 
 /// A nested endpoint: the child service and its Online thresholds.
@@ -404,11 +516,35 @@ pub struct TmEndpoint {
 }
 
 impl Backend {
-    /// The backend's address; None for a nested endpoint.
+    /// The backend's address; None for a nested endpoint or one given by DNS name (see
+    /// [`Backend::addresses`]).
     pub fn address(&self) -> Option<IpAddr> {
         match &self.endpoint {
             Endpoint::Address(a) => Some(*a),
-            Endpoint::Nested(_) => None,
+            Endpoint::Nested(_) | Endpoint::Name(_) => None,
+        }
+    }
+
+    /// Every address the backend's traffic goes to: its own, or its name's resolved ones (none
+    /// for a nested endpoint: its child's backends have them).
+    pub fn addresses(&self) -> &[IpAddr] {
+        match &self.endpoint {
+            Endpoint::Address(a) => std::slice::from_ref(a),
+            Endpoint::Nested(_) => &[],
+            Endpoint::Name(t) => &t.resolved.addresses,
+        }
+    }
+
+    /// Whether `addr` is one of [`Backend::addresses`].
+    pub fn has_address(&self, addr: IpAddr) -> bool {
+        self.addresses().contains(&addr)
+    }
+
+    /// The data plane records the backend may need: one per address it can have.
+    pub fn record_room(&self) -> u32 {
+        match &self.endpoint {
+            Endpoint::Name(_) => MAX_NAME_ADDRESSES as u32,
+            Endpoint::Address(_) | Endpoint::Nested(_) => 1,
         }
     }
 
@@ -421,7 +557,15 @@ impl Backend {
     pub fn nested(&self) -> Option<&Nested> {
         match &self.endpoint {
             Endpoint::Nested(n) => Some(n),
-            Endpoint::Address(_) => None,
+            Endpoint::Address(_) | Endpoint::Name(_) => None,
+        }
+    }
+
+    /// The endpoint given by DNS name, if this is one.
+    pub fn name_target(&self) -> Option<&NameTarget> {
+        match &self.endpoint {
+            Endpoint::Name(t) => Some(t),
+            Endpoint::Address(_) | Endpoint::Nested(_) => None,
         }
     }
 
@@ -464,6 +608,7 @@ impl Backend {
             (Some(n), _) => n.clone(),
             (None, Endpoint::Nested(n)) => format!("->{}", n.service),
             (None, Endpoint::Address(a)) => a.to_string(),
+            (None, Endpoint::Name(t)) => t.name.to_string(),
         }
     }
 }
@@ -544,6 +689,7 @@ impl From<raw::Config> for Config {
             dns: raw.dns,
             announce: raw.announce,
             metrics: raw.metrics,
+            resolver: raw.resolver,
             geoip: None,
         }
     }
@@ -595,14 +741,18 @@ impl From<raw::Service> for Service {
 
 impl Backend {
     fn from_raw(b: raw::Backend, tm: bool) -> Self {
-        let endpoint = match b.target_service {
-            Some(service) => Endpoint::Nested(Nested {
+        let endpoint = match (b.target_service, &b.target) {
+            (Some(service), _) => Endpoint::Nested(Nested {
                 service,
                 min_child_endpoints: b.min_child_endpoints,
                 min_child_endpoints_ipv4: b.min_child_endpoints_ipv4,
                 min_child_endpoints_ipv6: b.min_child_endpoints_ipv6,
             }),
-            None => Endpoint::Address(b.address),
+            (None, Some(name)) => Endpoint::Name(NameTarget {
+                name: DnsName::parse(name).expect("validated: target"),
+                resolved: Resolved::default(),
+            }),
+            (None, None) => Endpoint::Address(b.address),
         };
         let role = if tm {
             BackendRole::TrafficManager(TmEndpoint {
@@ -630,9 +780,7 @@ impl Config {
 
     /// Whether the service `key.service` has a backend at `key.address`.
     pub fn has_backend(&self, key: &BackendKey) -> bool {
-        self.services
-            .iter()
-            .any(|s| s.name == key.service && s.backends.iter().any(|b| b.address() == Some(key.address)))
+        self.services.iter().any(|s| s.name == key.service && s.backends.iter().any(|b| b.has_address(key.address)))
     }
 
     /// Read, parse and validate a configuration file. Every error names the file.

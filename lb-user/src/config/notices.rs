@@ -43,6 +43,14 @@ pub fn notices(cfg: &Config) -> Vec<Violation> {
             problem: "has no effect: no service uses routing_method GEOGRAPHIC".into(),
         });
     }
+    let named = cfg.services.iter().any(|s| s.backends.iter().any(|b| b.name_target().is_some()));
+    if cfg.resolver != super::Resolver::default() && !named {
+        out.push(Violation {
+            scope: Scope::Resolver,
+            field: "resolver".into(),
+            problem: "has no effect: no endpoint is given by DNS name (target)".into(),
+        });
+    }
     for (index, s) in cfg.services.iter().enumerate() {
         let scope = || Scope::Service { index, name: s.name.clone() };
         if s.tm().is_some_and(|t| t.dns_name.is_some()) && cfg.dns.is_none() {
@@ -130,6 +138,17 @@ mod tests {
             &fw.replace("destinations = [\"0.0.0.0/0\"]", "destinations = [\"0.0.0.0/0\"]\nsymmetric = false")
         )
         .is_empty());
+    }
+
+    #[test]
+    fn a_resolver_section_without_name_endpoints_is_flagged() {
+        let tm = format!("{WEB}routing_method = \"PRIORITY\"\n[[service.backend]]\n");
+        let resolver = "[resolver]\nservers = [\"198.18.0.53\"]\n";
+        assert_eq!(
+            notes(&format!("{resolver}{tm}address = \"198.18.11.1\"\n")),
+            ["resolver: has no effect: no endpoint is given by DNS name (target)"]
+        );
+        assert!(notes(&format!("{resolver}{tm}target = \"app.example.net\"\n")).is_empty());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use super::Announce;
 use super::{ConnectionDraining, ConnectionTracking, Dataplane, FailoverPolicy, HealthCheck, ZonalAffinity, Zone};
-use super::{DnsFront, GeoEntry, LatencyEntry, Metrics, DEFAULT_IDLE_TIMEOUT_SEC, DEFAULT_MAX_RETURN};
+use super::{DnsFront, GeoEntry, LatencyEntry, Metrics, Resolver, DEFAULT_IDLE_TIMEOUT_SEC, DEFAULT_MAX_RETURN};
 use crate::model::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,9 @@ pub struct Config {
     /// `[metrics]`: the Prometheus endpoint; off without the section.
     #[serde(default)]
     pub metrics: Option<Metrics>,
+    /// `[resolver]`: how the daemon resolves the endpoints given by DNS name (`target`).
+    #[serde(default)]
+    pub resolver: Resolver,
 }
 
 /// `[service.monitor]`: Traffic Manager endpoint monitoring (spec §2.3). Defaults are resolved
@@ -166,8 +169,8 @@ fn default_3() -> u32 {
     3
 }
 
-/// A nested endpoint has no address of its own; the unspecified address stands for "absent"
-/// (validation rejects it on every other backend).
+/// A nested endpoint and an endpoint given by DNS name (`target`) have no address of their own;
+/// the unspecified address stands for "absent" (validation rejects it on every other backend).
 fn unspecified_address() -> IpAddr {
     IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
 }
@@ -175,7 +178,8 @@ fn unspecified_address() -> IpAddr {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
-    /// Required, except on a nested endpoint (`target_service`), which must omit it.
+    /// Required, except on a nested endpoint (`target_service`) or an endpoint given by DNS name
+    /// (`target`), which must omit it.
     #[serde(default = "unspecified_address")]
     // The unspecified address stands for "absent": no default to offer in the schema.
     #[schemars(extend("default" = null))]
@@ -214,6 +218,10 @@ pub struct Backend {
     /// Nested endpoint: the name of a child service (a Traffic Manager method).
     #[serde(default)]
     pub target_service: Option<String>,
+    /// An external endpoint given by DNS name instead of an address (not with MULTIVALUE): the
+    /// DNS front answers a CNAME to it, the per-packet path forwards to its resolved addresses.
+    #[serde(default)]
+    pub target: Option<String>,
     /// Nested only: Online child endpoints needed for this endpoint to be Online (default 1).
     #[serde(default)]
     pub min_child_endpoints: Option<u32>,
@@ -238,12 +246,19 @@ impl Backend {
         self.target_service.is_some()
     }
 
-    /// The name used in messages and status inputs: `name`, else the address.
+    /// True for an endpoint without an address of its own: nested, or given by DNS name.
+    pub fn addressless(&self) -> bool {
+        self.target_service.is_some() || self.target.is_some()
+    }
+
+    /// The name used in messages and status inputs: `name`, else the address (the child
+    /// service, the DNS name).
     pub fn label(&self) -> String {
-        match (&self.name, &self.target_service) {
-            (Some(n), _) => n.clone(),
-            (None, Some(t)) => format!("->{t}"),
-            (None, None) => self.address.to_string(),
+        match (&self.name, &self.target_service, &self.target) {
+            (Some(n), _, _) => n.clone(),
+            (None, Some(t), _) => format!("->{t}"),
+            (None, None, Some(t)) => super::canonical_dns_name(t),
+            (None, None, None) => self.address.to_string(),
         }
     }
 }

@@ -11,6 +11,7 @@ use super::raw::{Backend, Config, Service};
 use super::regions::RegionTree;
 use crate::model::*;
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 
 /// Spec §2.1: `priority` 1..=1000.
 pub const MAX_PRIORITY: u32 = 1000;
@@ -140,6 +141,7 @@ fn check_zonal_has_no_tm_fields(svc: &Service, r: &mut Report) {
             (!b.geo_mapping.is_empty(), "geo_mapping"),
             (!b.subnets.is_empty(), "subnets"),
             (b.target_service.is_some(), "target_service"),
+            (b.target.is_some(), "target"),
             (b.min_child_endpoints.is_some(), "min_child_endpoints"),
             (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
             (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
@@ -224,8 +226,10 @@ fn check_tm_service(cfg: &Config, svc: &Service, r: &mut Report) {
     if method == RoutingMethod::MultiValue {
         // (A Traffic Manager service without a VIP is refused by `check_frontend`.)
         let v4 = svc.vip.is_none_or(|v| v.is_ipv4());
-        let family_ok = svc.backends.iter().any(|b| !b.is_nested() && b.address.is_ipv4() == v4);
-        if !svc.backends.is_empty() && !family_ok {
+        let family_ok = svc.backends.iter().any(|b| !b.addressless() && b.address.is_ipv4() == v4);
+        // (Endpoints given by DNS name are refused under MULTIVALUE already.)
+        let named = svc.backends.iter().any(|b| b.target.is_some());
+        if !svc.backends.is_empty() && !family_ok && !named {
             r.push(
                 "backend",
                 format!(
@@ -430,13 +434,21 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
         _ => {}
     }
     let unspecified = b.address.is_unspecified();
-    match &b.target_service {
-        None => {
+    match (&b.target_service, &b.target) {
+        (Some(_), Some(_)) => r.push(
+            format!("backend[{i}].target"),
+            "not allowed with target_service: an endpoint is an address, a DNS name (target) \
+             or a nested service (target_service), one of them",
+        ),
+        (None, Some(name)) => check_name_endpoint(cfg, svc, b, i, name, r),
+        (Some(child), None) => check_nested_endpoint(cfg, svc, b, i, child, r),
+        (None, None) => {
             if unspecified {
                 r.push(
                     format!("backend[{i}].address"),
                     "required: the endpoint's IP address (0.0.0.0 and :: are not valid \
-                     addresses); or set target_service for a nested endpoint",
+                     addresses); or set target for an endpoint given by DNS name, or \
+                     target_service for a nested endpoint",
                 );
             }
             for (set, field) in [
@@ -449,7 +461,67 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
                 }
             }
         }
-        Some(child) => check_nested_endpoint(cfg, svc, b, i, child, r),
+    }
+}
+
+/// An external endpoint given by DNS name (`target`): a host name (not an address, not a name
+/// this balancer answers for), without an address, not under MULTIVALUE (spec §2.4, vector M4),
+/// and not next to endpoints given by address (spec §2.1: A/AAAA and CNAME addressing are not
+/// mixed in one profile).
+fn check_name_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, name: &str, r: &mut Report) {
+    let field = format!("backend[{i}].target");
+    if name.parse::<IpAddr>().is_ok() {
+        r.push(
+            field.clone(),
+            format!("{name:?} is an IP address: set it as `address`; target is a DNS name, e.g. \"app.example.net\""),
+        );
+    } else if let Err(e) = check_dns_name(name) {
+        r.push(field.clone(), format!("{e}; allowed: a DNS host name the endpoint is reached by"));
+    } else if let Some(owner) = cfg
+        .services
+        .iter()
+        .find(|s| s.dns_name.as_deref().is_some_and(|n| canonical_dns_name(n) == canonical_dns_name(name)))
+    {
+        r.push(
+            field.clone(),
+            format!(
+                "{name:?} is the dns_name of service {:?}, which this balancer answers for: a CNAME to \
+                 it would loop back here; to route to that service use target_service = {:?}",
+                owner.name, owner.name
+            ),
+        );
+    }
+    if !b.address.is_unspecified() {
+        r.push(
+            format!("backend[{i}].address"),
+            "not allowed with target: an endpoint given by DNS name gets its addresses by resolving it",
+        );
+    }
+    if svc.routing_method == RoutingMethod::MultiValue {
+        r.push(
+            field.clone(),
+            "not allowed with routing_method = MULTIVALUE: every endpoint must be an IPv4/IPv6 \
+             address (as Traffic Manager requires); set address instead",
+        );
+    }
+    if let Some(first) = svc.backends.iter().position(|x| !x.addressless()) {
+        r.push(
+            field,
+            format!(
+                "cannot be mixed with endpoints given by address (backend[{first}]) in one service: \
+                 its DNS answers are either CNAMEs or A/AAAA records (as Traffic Manager requires); \
+                 put the name endpoints in a service of their own and nest it (target_service)"
+            ),
+        );
+    }
+    for (set, field) in [
+        (b.min_child_endpoints.is_some(), "min_child_endpoints"),
+        (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
+        (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
+    ] {
+        if set {
+            r.push(format!("backend[{i}].{field}"), "only allowed on a nested endpoint (with target_service)");
+        }
     }
 }
 

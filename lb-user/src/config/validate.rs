@@ -34,6 +34,7 @@ const IDLE_TIMEOUT_AFFINITIES: [SessionAffinity; 3] =
 pub(super) fn check(cfg: &Config, host: Option<&super::HostAddrs>) -> Vec<Violation> {
     let mut out = Sink::default();
     check_dataplane(&cfg.dataplane, &mut out);
+    check_resolver(&cfg.resolver, &mut out);
     if let Some(a) = &cfg.announce {
         super::announce::check(a, &mut out);
     }
@@ -115,6 +116,39 @@ fn check_dataplane(dp: &Dataplane, out: &mut Sink) {
     }
     if let Some(net @ IpNet::V4(_)) = dp.encap_source_v6 {
         r.push("dataplane.encap_source_v6", format!("{net} is IPv4: must be an IPv6 address or prefix"));
+    }
+}
+
+/// Longest `[resolver] max_ttl_sec` and `keep_last_answer_sec`: a day.
+pub const MAX_RESOLVER_SEC: u32 = 86_400;
+
+fn check_resolver(res: &super::Resolver, out: &mut Sink) {
+    let mut r = Report { out, scope: Scope::Resolver };
+    if !(1..=3600).contains(&res.min_ttl_sec) {
+        r.push("resolver.min_ttl_sec", format!("{} is out of range: allowed 1..=3600 seconds", res.min_ttl_sec));
+    }
+    if res.max_ttl_sec < res.min_ttl_sec.max(1) || res.max_ttl_sec > MAX_RESOLVER_SEC {
+        r.push(
+            "resolver.max_ttl_sec",
+            format!(
+                "{} is out of range: allowed min_ttl_sec ({})..={MAX_RESOLVER_SEC} seconds",
+                res.max_ttl_sec, res.min_ttl_sec
+            ),
+        );
+    }
+    if res.keep_last_answer_sec > MAX_RESOLVER_SEC {
+        r.push(
+            "resolver.keep_last_answer_sec",
+            format!("{} is out of range: allowed 0..={MAX_RESOLVER_SEC} seconds", res.keep_last_answer_sec),
+        );
+    }
+    for (i, s) in res.servers.iter().enumerate() {
+        if s.port() == 0 || s.ip().is_unspecified() || s.ip().is_multicast() {
+            r.push(
+                format!("resolver.servers[{i}]"),
+                format!("{s} is not a server address: allowed a unicast address and a port in 1..=65535"),
+            );
+        }
     }
 }
 
@@ -637,8 +671,9 @@ fn check_backends(svc: &Service, zone_names: &[&str], r: &mut Report) {
     }
     let mut seen: HashMap<IpAddr, usize> = HashMap::new();
     for (i, b) in svc.backends.iter().enumerate() {
-        // A nested endpoint has no address (Traffic Manager; checked in tm_validate).
-        if b.is_nested() {
+        // A nested endpoint and one given by DNS name have no address (Traffic Manager; checked
+        // in tm_validate).
+        if b.addressless() {
             check_backend(svc, b, i, zone_names, r);
             continue;
         }
@@ -658,10 +693,10 @@ fn check_backend(svc: &Service, b: &Backend, i: usize, zone_names: &[&str], r: &
     // Encapsulation is IPv4-in-IPv4 or IPv6-in-IPv6 only; L2 DSR keeps the VIP as destination, so
     // a backend of the other family could not own it either.
     // Traffic Manager MULTIVALUE may mix A and AAAA endpoints (spec §2.1); the packet view
-    // uses those of the VIP's family. Nested endpoints have no address.
+    // uses those of the VIP's family. Nested and DNS-name endpoints have no address.
     // A next hop's appliances are reached by MAC: one routes both families.
     let Some(vip) = svc.vip else { return check_backend_address(b, i, zone_names, svc, r) };
-    let mixed_ok = svc.routing_method == RoutingMethod::MultiValue || b.is_nested();
+    let mixed_ok = svc.routing_method == RoutingMethod::MultiValue || b.addressless();
     if !mixed_ok && b.address.is_ipv4() != vip.is_ipv4() {
         let family = |a: &IpAddr| if a.is_ipv4() { "IPv4" } else { "IPv6" };
         r.push(
@@ -857,7 +892,7 @@ fn check_backends_are_not_vips(services: &[Service], out: &mut Sink) {
     }
     for (index, svc) in services.iter().enumerate() {
         let mut r = Report { out, scope: Scope::Service { index, name: svc.name.clone() } };
-        for (i, b) in svc.backends.iter().enumerate().filter(|(_, b)| !b.is_nested()) {
+        for (i, b) in svc.backends.iter().enumerate().filter(|(_, b)| !b.addressless()) {
             if let Some(&owner) = vips.get(&b.address) {
                 let whose = if owner == index {
                     "this service's own vip".to_string()

@@ -6,6 +6,8 @@
 //! - client location = the EDNS Client Subnet address when present, else the query's source;
 //! - one record for PRIORITY/WEIGHTED/PERFORMANCE/GEOGRAPHIC/SUBNET, up to `max_return`
 //!   distinct ones for MULTIVALUE; TTL = the service's `ttl` (default [`DEFAULT_TTL`]);
+//! - an endpoint given by DNS name (`target`) is answered with a CNAME to that name, for every
+//!   query type (A and AAAA included: a resolver follows it to the name's own records);
 //! - NODATA (NOERROR, empty answer) when the method returns nothing or the record type does
 //!   not match; NXDOMAIN for a Disabled profile (O6);
 //! - names that are no service's `dns_name`: REFUSED. This server is authoritative for the
@@ -21,7 +23,7 @@ use crate::policy::tm::{
 };
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsCode, EdnsOption};
-use hickory_proto::rr::rdata::{A, AAAA, SOA};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use ipnet::IpNet;
 use std::collections::HashMap;
@@ -187,6 +189,17 @@ fn respond(view: &RoutingView, req: &Message, source: IpAddr, rng: &mut impl Rng
                 resp.add_answer(Record::from_rdata(q.name().clone(), ttl, data));
             }
         }
+        DnsAnswer::Cname(c) => match Name::from_ascii(c.target.as_str()) {
+            // Absolute: the target is a full name, not one under the query's zone.
+            Ok(mut target) => {
+                target.set_fqdn(true);
+                resp.add_answer(Record::from_rdata(q.name().clone(), ttl, RData::CNAME(CNAME(target))));
+            }
+            // Validated at load (`DnsName`): not reached; SERVFAIL rather than a wrong answer.
+            Err(_) => {
+                resp.metadata.response_code = ResponseCode::ServFail;
+            }
+        },
     }
     resp
 }

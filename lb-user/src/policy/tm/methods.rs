@@ -215,7 +215,8 @@ impl QueryType {
             QueryType::A => addr.is_ipv4(),
             QueryType::Aaaa => addr.is_ipv6(),
             QueryType::Any => true,
-            // Every endpoint of ours is an IP literal (A/AAAA): none answers a CNAME query.
+            // An address (A/AAAA) does not answer a CNAME query (an endpoint given by DNS name
+            // answers every type with its CNAME: `resolve_at`).
             QueryType::Cname => false,
         }
     }
@@ -237,6 +238,17 @@ pub enum DnsAnswer {
     /// The name exists but nothing is returned for this client / record type.
     NoData,
     Records(Vec<Record>),
+    /// The chosen endpoint is given by DNS name: a CNAME to it, whatever the query type (spec
+    /// §2.2: A and AAAA queries accept a CNAME endpoint; a resolver follows it).
+    Cname(CnameRecord),
+}
+
+/// The CNAME answer of an endpoint given by DNS name and the endpoint it comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CnameRecord {
+    pub service: usize,
+    pub backend: usize,
+    pub target: crate::config::DnsName,
 }
 
 /// Answers one query for service `svc` (spec §2.2, §2.4, §2.5).
@@ -299,6 +311,7 @@ fn resolve_at(
             DnsAnswer::Records(vec![Record { service: svc, backend: e, address: *address }])
         }
         Endpoint::Address(_) => DnsAnswer::NoData,
+        Endpoint::Name(t) => DnsAnswer::Cname(CnameRecord { service: svc, backend: e, target: t.name.clone() }),
     }
 }
 
@@ -401,6 +414,22 @@ fn eligible_at(
                 parts.push((w, vec![EligibleBackend { service: svc, backend: e, address: *address, weight: 1 }]))
             }
             Endpoint::Address(_) => {}
+            // Its resolved addresses share the endpoint's weight evenly; none resolved (yet, or
+            // any more): nothing, as an address of the other family.
+            Endpoint::Name(t) => {
+                let set: Vec<EligibleBackend> = t
+                    .resolved
+                    .addresses
+                    .iter()
+                    .filter(|a| Family::of(a) == family)
+                    .map(|a| EligibleBackend { service: svc, backend: e, address: *a, weight: 1 })
+                    .collect();
+                if set.is_empty() {
+                    let fam = if family == Family::V4 { "IPv4" } else { "IPv6" };
+                    reason.push_str(&format!("; {} has no resolved {fam} address", b.label()));
+                }
+                parts.push((w, set));
+            }
         }
     }
     let set = Eligible { backends: mix(parts), reason };
@@ -430,7 +459,10 @@ fn mix(parts: Vec<(u32, Vec<EligibleBackend>)>) -> Vec<EligibleBackend> {
         }
         for b in set {
             let weight = u128::from(w).saturating_mul(u128::from(b.weight)).saturating_mul(lcm / total);
-            match out.iter_mut().find(|(o, _)| o.service == b.service && o.backend == b.backend) {
+            match out
+                .iter_mut()
+                .find(|(o, _)| o.service == b.service && o.backend == b.backend && o.address == b.address)
+            {
                 Some((_, acc)) => *acc = acc.saturating_add(weight),
                 None => out.push((b, weight)),
             }

@@ -23,8 +23,8 @@ pub mod status;
 pub use classes::{compile_classes, compile_service, ClassMap, TmClass, TmServicePlan, DEFAULT_CLASS};
 pub use client::{location_address, Client};
 pub use methods::{
-    effective_priorities, eligible, resolve_dns, select, DnsAnswer, Eligible, EligibleBackend, QueryType, Record,
-    Selection,
+    effective_priorities, eligible, resolve_dns, select, CnameRecord, DnsAnswer, Eligible, EligibleBackend, QueryType,
+    Record, Selection,
 };
 pub use monitor::{nested_endpoint_status, profile_monitor_status, EndpointMonitor, MonitorSettings, ProbeOutcome};
 pub use regions::RegionTree;

@@ -131,6 +131,11 @@ impl<'a> Statuses<'a> {
             }
             return self.nested_status(c, n, family, depth + 1);
         }
+        // An endpoint given by DNS name that no longer resolves has nowhere to go (its last
+        // answer was kept for `[resolver] keep_last_answer_sec`): Degraded, alwaysServe or not.
+        if let Some(crate::config::Resolution::Failed(_)) = b.name_target().map(|t| &t.resolved.state) {
+            return MonitorStatus::Degraded;
+        }
         if b.tm().is_some_and(|t| t.always_serve) {
             return MonitorStatus::Unmonitored;
         }

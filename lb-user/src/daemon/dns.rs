@@ -429,6 +429,58 @@ mod tests {
         assert_eq!((m.metadata.response_code, m.answers.len()), (ResponseCode::NoError, 0), "MX: NODATA");
     }
 
+    /// Issue #34-1: a profile whose chosen endpoint is given by DNS name answers a CNAME to that
+    /// name with the profile's TTL, in the answer section of A, AAAA and CNAME queries alike
+    /// (a resolver follows it to the name's own records); a Degraded name endpoint is passed
+    /// over as an address would be.
+    #[test]
+    fn a_name_endpoint_is_answered_with_a_cname() {
+        let text = r#"
+            [[service]]
+            name = "ext"
+            vip = "198.18.0.9"
+            protocol = "TCP"
+            ports = [80]
+            routing_method = "PRIORITY"
+            dns_name = "ext.tm.example"
+            ttl = 45
+            [[service.backend]]
+            name = "first"
+            target = "App.Example.NET"
+            [[service.backend]]
+            name = "second"
+            target = "backup.example.net."
+        "#;
+        let cfg = Config::parse(text).unwrap();
+        let mut probes = ProbeStatuses::new(&cfg, MonitorStatus::Online);
+        let v = RoutingView::new(cfg.clone(), probes.clone());
+        for qtype in [RecordType::A, RecordType::AAAA, RecordType::CNAME, RecordType::ANY] {
+            let m = ask(&v, &query("ext.tm.example.", qtype, None), "127.0.0.1");
+            assert_eq!(m.metadata.response_code, ResponseCode::NoError, "{qtype}");
+            assert!(m.metadata.authoritative);
+            assert_eq!(m.answers.len(), 1, "{qtype}");
+            let r = &m.answers[0];
+            assert_eq!(r.record_type(), RecordType::CNAME, "{qtype}");
+            assert_eq!(r.name.to_ascii(), "ext.tm.example.");
+            assert_eq!(r.data.to_string(), "app.example.net.");
+            assert_eq!(r.ttl, 45);
+            assert!(m.authorities.is_empty(), "a positive answer: no SOA");
+        }
+        probes.set(&cfg, "ext", "first", MonitorStatus::Degraded).unwrap();
+        let v = RoutingView::new(cfg, probes);
+        let m = ask(&v, &query("ext.tm.example.", RecordType::A, None), "127.0.0.1");
+        assert_eq!(addrs(&m), ["backup.example.net."]);
+        // The wire form round-trips through a UDP answer as well.
+        let out = answer_udp(
+            &v,
+            &query("EXT.tm.example.", RecordType::AAAA, None),
+            "127.0.0.1".parse().unwrap(),
+            &mut SplitMix64(1),
+        );
+        let m = Message::from_vec(&out.unwrap()).unwrap();
+        assert_eq!(addrs(&m), ["backup.example.net."]);
+    }
+
     #[test]
     fn o6_disabled_profile_is_nxdomain() {
         let m = ask(&view(), &query("off.tm.example.", RecordType::A, None), "127.0.0.1");

@@ -416,6 +416,49 @@ fn endpoint_custom_headers_need_an_http_monitor_and_win() {
     reject(&with(http, &nine.join(",")), TM, "backend[0].custom_headers", &["at most 8"]);
 }
 
+/// Issue #34-1: a name endpoint is monitored at each resolved address, with its name as the
+/// HTTP Host (and so the TLS SNI), unless a custom header sets the Host; none resolved, none
+/// probed.
+#[test]
+fn name_endpoints_are_probed_at_each_address_with_their_name_as_host() {
+    use lb_user::config::{Endpoint, Resolution};
+    use lb_user::daemon::health::{probes_for, Probe};
+    let with = |headers: &str| {
+        let text = format!(
+            "{}\n[service.monitor]\nprotocol = \"HTTPS\"\nport = 443\npath = \"/health\"\ncustom_headers = [{headers}]\n{}",
+            svc("tm", "PRIORITY", "", &[]),
+            ep("e1", "", "target = \"App.Example.net\"")
+        );
+        accept(&text)
+    };
+    let probed = |cfg: &lb_user::config::Config| -> Vec<(String, Vec<(String, String)>)> {
+        probes_for(cfg)
+            .into_iter()
+            .map(|p| match p {
+                Probe::Monitor { backend, settings, .. } => (backend.to_string(), settings.custom_headers),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let mut cfg = with("\"X-Env:prod\"");
+    assert!(probed(&cfg).is_empty(), "nothing resolved: nothing to probe");
+    let Endpoint::Name(t) = &mut cfg.services[0].backends[0].endpoint else { panic!() };
+    t.resolved.addresses = vec!["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap()];
+    t.resolved.state = Resolution::Answered;
+    let h = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+    assert_eq!(
+        probed(&cfg),
+        [
+            ("192.0.2.1".to_owned(), vec![h("Host", "app.example.net"), h("X-Env", "prod")]),
+            ("192.0.2.2".to_owned(), vec![h("Host", "app.example.net"), h("X-Env", "prod")]),
+        ]
+    );
+    let mut cfg = with("\"host:www.example.net\"");
+    let Endpoint::Name(t) = &mut cfg.services[0].backends[0].endpoint else { panic!() };
+    t.resolved.addresses = vec!["192.0.2.1".parse().unwrap()];
+    assert_eq!(probed(&cfg), [("192.0.2.1".to_owned(), vec![h("host", "www.example.net")])], "a custom Host wins");
+}
+
 // ---------------------------------------------------------------- method vs. fields
 
 #[test]

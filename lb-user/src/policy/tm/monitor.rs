@@ -95,12 +95,14 @@ pub fn nested_endpoint_status(
 /// profile.
 pub fn endpoint_disabled(svc: &Service, addr: IpAddr) -> bool {
     svc.profile_status() == AdminStatus::Disabled
-        || svc.backends.iter().any(|b| b.address() == Some(addr) && b.endpoint_status() == AdminStatus::Disabled)
+        || svc.backends.iter().any(|b| b.has_address(addr) && b.endpoint_status() == AdminStatus::Disabled)
 }
 
-/// The endpoints of Traffic Manager service `svc` its monitor probes, each with the profile's
-/// settings and its own custom headers: none when the profile is Disabled; not the nested,
-/// alwaysServe or Disabled ones.
+/// The addresses of Traffic Manager service `svc` its monitor probes, each with the profile's
+/// settings and its endpoint's custom headers: none when the profile is Disabled; not those of
+/// nested, alwaysServe or Disabled endpoints. An endpoint given by DNS name is probed at each
+/// of its resolved addresses with its name as HTTP `Host` (and so TLS SNI), unless a custom
+/// header sets another.
 pub fn monitored_endpoints(svc: &Service) -> Vec<(IpAddr, MonitorSettings)> {
     if svc.profile_status() == AdminStatus::Disabled {
         return Vec::new();
@@ -108,10 +110,19 @@ pub fn monitored_endpoints(svc: &Service) -> Vec<(IpAddr, MonitorSettings)> {
     let Some(settings) = svc.tm().and_then(|t| t.monitor.as_ref()) else {
         return Vec::new();
     };
-    svc.backends
-        .iter()
-        .filter_map(|b| Some((b.address()?, b.tm()?)))
-        .filter(|(_, t)| !(t.always_serve || t.endpoint_status == AdminStatus::Disabled))
-        .map(|(address, t)| (address, settings.for_endpoint(&t.custom_headers)))
-        .collect()
+    let mut out = Vec::new();
+    for b in &svc.backends {
+        let Some(t) = b.tm() else { continue };
+        if t.always_serve || t.endpoint_status == AdminStatus::Disabled {
+            continue;
+        }
+        let mut s = settings.for_endpoint(&t.custom_headers);
+        if let Some(n) = b.name_target() {
+            if !s.custom_headers.iter().any(|(h, _)| h.eq_ignore_ascii_case("host")) {
+                s.custom_headers.insert(0, ("Host".to_owned(), n.name.to_string()));
+            }
+        }
+        out.extend(b.addresses().iter().map(|a| (*a, s.clone())));
+    }
+    out
 }

@@ -111,7 +111,7 @@ impl Ids {
         let configured: HashSet<(&str, IpAddr)> = cfg
             .services
             .iter()
-            .flat_map(|s| s.backends.iter().filter_map(|b| Some((s.name.as_str(), b.address()?))))
+            .flat_map(|s| s.backends.iter().flat_map(|b| b.addresses().iter().map(|a| (s.name.as_str(), *a))))
             .collect();
         self.backends.retain(|k, _| keep(k) || configured.contains(&(k.service.as_str(), k.address)));
         let named: HashSet<&str> = cfg

@@ -162,24 +162,26 @@ pub fn compile_cached(
         let (mut backend_ids, mut backend_addrs) = (Vec::new(), Vec::new());
         for ep in &routed.endpoints {
             let b = &svc.backends[ep.backend];
-            // Endpoints with records have addresses (a nested one has none: `Routed::endpoints`).
-            let Some(address) = b.address() else { continue };
-            let bid = ids.backend(&svc.name, address);
-            backend_ids.push(bid);
-            backend_addrs.push(address);
-            let (addr, family) = addr_words(address);
-            backends.push((
-                bid,
-                Backend {
-                    addr,
-                    family,
-                    flags: if ep.healthy { backend_flags::HEALTHY } else { 0 },
-                    zone_class: ep.zone_class as u16,
-                    mac: b.mac.unwrap_or_default().0,
-                    generation: ids.backend_generation(bid),
-                    ..Default::default()
-                },
-            ));
+            // One record per address: an endpoint given by DNS name has one per resolved
+            // address (a nested one has none: `Routed::endpoints`).
+            for &address in b.addresses() {
+                let bid = ids.backend(&svc.name, address);
+                backend_ids.push(bid);
+                backend_addrs.push(address);
+                let (addr, family) = addr_words(address);
+                backends.push((
+                    bid,
+                    Backend {
+                        addr,
+                        family,
+                        flags: if ep.healthy { backend_flags::HEALTHY } else { 0 },
+                        zone_class: ep.zone_class as u16,
+                        mac: b.mac.unwrap_or_default().0,
+                        generation: ids.backend_generation(bid),
+                        ..Default::default()
+                    },
+                ));
+            }
         }
         // A member's id is its owner's ((service, address) in [`Ids`]): a nested Traffic
         // Manager endpoint's set holds its child's leaf backends, one record per real endpoint,

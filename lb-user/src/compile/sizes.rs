@@ -11,7 +11,7 @@ use anyhow::Result;
 /// a restart with a similar configuration can adopt the pinned maps.
 pub fn sizes_for(cfg: &Config) -> DataplaneSizes {
     let services = cfg.services.len() as u32;
-    let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
+    let backends: u32 = cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| b.record_room())).sum();
     let classes = super::classes_per_service(cfg);
     let classes_per_service = classes.max(8).next_power_of_two();
     // The service table holds 16 keys (ports) per service id and CLIENT_CLASS 16 prefixes per
@@ -52,7 +52,7 @@ pub fn fits_in(now: &DataplaneSizes, cfg: &Config) -> Result<()> {
     }
     let services = cfg.services.len() as u32;
     let classes = super::classes_per_service(cfg);
-    let backends: u32 = cfg.services.iter().map(|s| s.backends.len() as u32).sum();
+    let backends: u32 = cfg.services.iter().flat_map(|s| s.backends.iter().map(|b| b.record_room())).sum();
     if services > now.max_services
         || classes > now.classes_per_service
         || backends * 2 > now.max_backends

@@ -463,8 +463,11 @@ pub enum Resolution {
     /// Not resolved yet (and outside the daemon, never): no address, CheckingEndpoint.
     #[default]
     Pending,
-    /// The last answer (possibly kept while resolution fails, within `keep_last_answer_sec`).
+    /// The last answer, current.
     Answered,
+    /// Resolution fails (why), and the last good answer is kept in use: for at most
+    /// `[resolver] keep_last_answer_sec` from the first failure.
+    Kept(String),
     /// Resolution failed for longer than `keep_last_answer_sec` (or failed from the start):
     /// no address, the endpoint is Degraded. Why.
     Failed(String),

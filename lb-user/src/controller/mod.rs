@@ -7,7 +7,7 @@
 //! then removals. Pure logic plus the sink: unit-testable without BPF.
 
 use crate::compile::{self, tables_to_write, Compiled, CompiledService, Ids};
-use crate::config::Config;
+use crate::config::{Config, DnsName, Endpoint, Resolved};
 use crate::dataplane::Tables;
 use crate::model::{keyed_triples, BackendKey, MonitorStatus};
 use crate::policy::tm::ProbeStatuses;
@@ -109,6 +109,9 @@ pub struct Controller {
     local_addrs: Vec<IpAddr>,
     /// The next-hop routes as last written (the host's exemptions included).
     routes_written: Vec<(IpNet, u32)>,
+    /// What the daemon's resolver last found for each name of the endpoints given by DNS name
+    /// (every family; each endpoint takes its VIP's), filled into `cfg` (`fill_resolutions`).
+    resolutions: BTreeMap<DnsName, Resolved>,
 }
 
 impl Controller {
@@ -126,7 +129,62 @@ impl Controller {
             table_cache: compile::TableCache::default(),
             local_addrs: Vec::new(),
             routes_written: Vec::new(),
+            resolutions: BTreeMap::new(),
         }
+    }
+
+    /// The names of the endpoints given by DNS name (each once), which the daemon resolves.
+    pub fn endpoint_names(&self) -> Vec<DnsName> {
+        let mut names: Vec<DnsName> = self
+            .cfg
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().filter_map(|b| b.name_target().map(|t| t.name.clone())))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// What the resolver found for `name` now: its endpoints take the addresses of their VIP's
+    /// family (a changed set is a table change at the next reconcile, as a reload's would be:
+    /// the addresses that left depart with their service's draining time, their verdicts go).
+    /// Whether any endpoint changed.
+    pub fn set_resolved(&mut self, name: &DnsName, resolved: Resolved) -> bool {
+        // A late result of a name a reload removed.
+        if !self.endpoint_names().contains(name) {
+            return false;
+        }
+        self.resolutions.insert(name.clone(), resolved);
+        let mut cfg = self.cfg.clone();
+        if !self.fill_resolutions(&mut cfg) {
+            return false;
+        }
+        self.replace_config(cfg);
+        true
+    }
+
+    /// Fills every endpoint given by DNS name in `cfg` from the last resolutions (of the
+    /// endpoint's VIP family, at most `MAX_NAME_ADDRESSES`, sorted); a name not resolved yet
+    /// is Pending. Whether anything changed.
+    fn fill_resolutions(&self, cfg: &mut Config) -> bool {
+        let mut changed = false;
+        for svc in &mut cfg.services {
+            let v4 = svc.vip().is_none_or(|v| v.is_ipv4());
+            for b in &mut svc.backends {
+                let Endpoint::Name(t) = &mut b.endpoint else { continue };
+                let mut want = self.resolutions.get(&t.name).cloned().unwrap_or_default();
+                want.addresses.retain(|a| a.is_ipv4() == v4);
+                want.addresses.sort();
+                want.addresses.dedup();
+                want.addresses.truncate(crate::config::MAX_NAME_ADDRESSES);
+                if t.resolved != want {
+                    t.resolved = want;
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     /// The host's own addresses, which the next-hop routes leave to the host (written with the
@@ -274,13 +332,23 @@ impl Controller {
         }
     }
 
-    /// The monitor statuses of every endpoint of `cfg` (indexed like `cfg`).
+    /// The monitor statuses of every endpoint of `cfg` (indexed like `cfg`). An endpoint given
+    /// by DNS name is probed at each of its addresses: Online while one of them is, else
+    /// CheckingEndpoint while one has no result yet, else Degraded (with none resolved yet:
+    /// CheckingEndpoint; its resolution failing for good makes it Degraded, `tm::Statuses`).
     pub fn probe_statuses(&self, cfg: &Config) -> ProbeStatuses {
         let mut probes = ProbeStatuses::new(cfg, MonitorStatus::CheckingEndpoint);
         for (si, svc) in cfg.services.iter().enumerate() {
             // A nested endpoint's status is its child's (`tm::Statuses`): it has no probe.
-            for (bi, address) in svc.backends.iter().enumerate().filter_map(|(bi, b)| Some((bi, b.address()?))) {
-                probes.set_index(si, bi, self.monitor_status(&svc.name, address));
+            for (bi, b) in svc.backends.iter().enumerate() {
+                let statuses: Vec<MonitorStatus> =
+                    b.addresses().iter().map(|a| self.monitor_status(&svc.name, *a)).collect();
+                let best = [MonitorStatus::Online, MonitorStatus::CheckingEndpoint, MonitorStatus::Degraded]
+                    .into_iter()
+                    .find(|s| statuses.contains(s));
+                if let Some(status) = best {
+                    probes.set_index(si, bi, status);
+                }
             }
         }
         probes
@@ -313,7 +381,7 @@ impl Controller {
             .iter()
             .find(|s| s.name == service)
             .ok_or_else(|| anyhow::anyhow!("no service named {service:?}"))?;
-        if !svc.backends.iter().any(|b| b.address() == Some(addr)) {
+        if !svc.backends.iter().any(|b| b.has_address(addr)) {
             anyhow::bail!("service {service:?} has no backend {addr}");
         }
         Ok(())
@@ -375,8 +443,16 @@ impl Controller {
     /// Replace the configuration (already validated). State of backends that remain is kept,
     /// except the probe verdict of a Traffic Manager endpoint that was Disabled (itself or its
     /// profile) and is enabled now: it starts over as CheckingEndpoint (spec §2.3, "new/just
-    /// enabled endpoints are CheckingEndpoint until the first result").
-    pub fn replace_config(&mut self, cfg: Config) {
+    /// enabled endpoints are CheckingEndpoint until the first result"). Endpoints given by DNS
+    /// name keep the addresses their name resolved to.
+    pub fn replace_config(&mut self, mut cfg: Config) {
+        self.fill_resolutions(&mut cfg);
+        let names: std::collections::BTreeSet<&DnsName> = cfg
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().filter_map(|b| b.name_target().map(|t| &t.name)))
+            .collect();
+        self.resolutions.retain(|n, _| names.contains(n));
         let still = |k: &BackendKey| cfg.has_backend(k);
         let disabled = |c: &Config, k: &BackendKey| {
             c.services
@@ -391,12 +467,24 @@ impl Controller {
         self.cfg = cfg;
     }
 
-    /// The configuration the policy sees: drained backends are no longer members.
+    /// The configuration the policy sees: drained backends are no longer members. Of an
+    /// endpoint given by DNS name, drained addresses are left out, and so are the Degraded ones
+    /// while another address is Online or not checked yet (the endpoint's status is its best
+    /// address's; its traffic goes to those).
     fn effective_config(&self) -> Config {
         let mut cfg = self.cfg.clone();
         for svc in &mut cfg.services {
             let name = svc.name.clone();
             svc.backends.retain(|b| b.address().is_none_or(|a| !self.drained.contains(&BackendKey::new(&name, a))));
+            for b in &mut svc.backends {
+                let Endpoint::Name(t) = &mut b.endpoint else { continue };
+                let addrs = &mut t.resolved.addresses;
+                addrs.retain(|a| !self.drained.contains(&BackendKey::new(&name, *a)));
+                let routable = |a: &IpAddr| self.monitor_status(&name, *a) != MonitorStatus::Degraded;
+                if addrs.iter().any(routable) {
+                    addrs.retain(routable);
+                }
+            }
         }
         cfg
     }
@@ -1053,6 +1141,95 @@ mod tests {
         assert!(members(&r, 1).contains(&1));
         assert_eq!((r.backends[&1].flags, r.backends[&1].generation), (backend_flags::HEALTHY, b.generation));
         assert!(c.undrain("web", ip("198.18.11.2")).unwrap_err().to_string().contains("not drained"));
+    }
+
+    /// Issue #34-1: the addresses a name endpoint resolves to are its backends; a changed
+    /// answer is a table change (the address that left departs with the draining time and
+    /// keeps its id reserved; the one that stays keeps its id); the monitors' verdicts of the
+    /// addresses leave the Degraded ones out while another is up; a name that stopped
+    /// resolving has none.
+    #[test]
+    fn a_name_endpoint_forwards_to_its_resolved_addresses() {
+        use crate::config::{Resolution, Resolved};
+        let cfg = r#"
+            [dataplane]
+            maglev_table_size = 251
+            [[service]]
+            name = "ext"
+            vip = "198.18.0.100"
+            protocol = "TCP"
+            ports = [80]
+            routing_method = "PRIORITY"
+            [service.connection_draining]
+            draining_timeout_sec = 60
+            [service.monitor]
+            protocol = "TCP"
+            port = 80
+            [[service.backend]]
+            target = "app.example.net"
+        "#;
+        let mut c = Controller::new(Config::parse(cfg).unwrap());
+        let mut r = Recorder { now: 5, ..Default::default() };
+        let name = crate::config::DnsName::parse("app.example.net").unwrap();
+        assert_eq!(c.endpoint_names(), std::slice::from_ref(&name));
+        c.reconcile(&mut r).unwrap();
+        assert!(r.tables.values().all(|(_, e)| e.iter().all(|b| *b == BACKEND_DROP)), "nothing resolved yet");
+        let answer =
+            |addrs: &[&str]| Resolved { addresses: addrs.iter().map(|a| ip(a)).collect(), state: Resolution::Answered };
+        // An IPv6 address of the name is not a backend of an IPv4 VIP.
+        assert!(c.set_resolved(&name, answer(&["198.18.21.2", "198.18.21.1", "2001:db8::21"])));
+        assert!(!c.set_resolved(&name, answer(&["198.18.21.1", "198.18.21.2"])), "same set: no change");
+        c.reconcile(&mut r).unwrap();
+        let id = |c: &Controller, a: &str| c.ids.backend_id("ext", ip(a)).unwrap();
+        let (one, two) = (id(&c, "198.18.21.1"), id(&c, "198.18.21.2"));
+        let table = |r: &Recorder| -> BTreeSet<u32> {
+            r.tables.values().flat_map(|(_, e)| e.iter().copied()).filter(|b| *b != BACKEND_DROP).collect()
+        };
+        assert_eq!(table(&r), BTreeSet::from([one, two]));
+        assert_eq!(r.backends[&one].addr[0], u32::from_be_bytes([198, 18, 21, 1]).to_be());
+        // The answer changes: .1 departs (draining), .2 keeps its id, .3 is new.
+        assert!(c.set_resolved(&name, answer(&["198.18.21.2", "198.18.21.3"])));
+        let rep = c.reconcile(&mut r).unwrap();
+        assert_eq!(rep.backends_departed, 1);
+        let three = id(&c, "198.18.21.3");
+        assert_eq!(id(&c, "198.18.21.2"), two);
+        assert_eq!(table(&r), BTreeSet::from([two, three]));
+        assert_eq!(r.backends[&one].flags & backend_flags::REMOVED, backend_flags::REMOVED);
+        assert_eq!(r.backends[&one].drain_deadline_ns, 5 + 60 * 1_000_000_000);
+        // Probed at each address: a Degraded one leaves while the other is Online.
+        c.set_checked("ext", ip("198.18.21.2"), false);
+        c.set_checked("ext", ip("198.18.21.3"), true);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(table(&r), BTreeSet::from([three]));
+        let (eff, probes) = c.routing_view();
+        assert_eq!(probes.get(0, 0), MonitorStatus::Online);
+        assert_eq!(eff.services[0].backends[0].addresses(), [ip("198.18.21.3")]);
+        // Both Degraded: the endpoint is Degraded, and best effort keeps both.
+        c.set_checked("ext", ip("198.18.21.3"), false);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(table(&r), BTreeSet::from([two, three]));
+        assert_eq!(c.routing_view().1.get(0, 0), MonitorStatus::Degraded);
+        // The last answer kept while resolution fails: nothing changes in the tables.
+        let kept = Resolved {
+            addresses: vec![ip("198.18.21.2"), ip("198.18.21.3")],
+            state: Resolution::Kept("SERVFAIL".into()),
+        };
+        assert!(c.set_resolved(&name, kept));
+        assert_eq!(c.reconcile(&mut r).unwrap().tables_written, 0);
+        // Then the name has no address: nothing to forward to; the verdicts of the addresses go.
+        assert!(c.set_resolved(&name, Resolved { addresses: vec![], state: Resolution::Failed("SERVFAIL".into()) }));
+        c.reconcile(&mut r).unwrap();
+        assert!(table(&r).is_empty());
+        assert_eq!(c.checker_verdict("ext", ip("198.18.21.2")), None);
+        // A reload keeps what the name resolved to; one without the name forgets it.
+        assert!(c.set_resolved(&name, answer(&["198.18.21.4"])));
+        c.replace_config(
+            Config::parse(&cfg.replace("draining_timeout_sec = 60", "draining_timeout_sec = 30")).unwrap(),
+        );
+        assert_eq!(c.config().services[0].backends[0].addresses(), [ip("198.18.21.4")]);
+        c.replace_config(Config::parse(&cfg.replace("app.example.net", "other.example.net")).unwrap());
+        assert!(c.config().services[0].backends[0].addresses().is_empty());
+        assert!(!c.set_resolved(&name, answer(&["198.18.21.5"])), "a late answer for a name no longer configured");
     }
 
     #[test]

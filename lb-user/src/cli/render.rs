@@ -130,6 +130,14 @@ pub fn status(v: &Status) -> String {
             backends.add_row(cells.to_vec());
         }
         push_table(&mut out, &backends);
+        for n in &svc.names {
+            let addrs = n.addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            let _ = writeln!(
+                out,
+                "  endpoint {} -> {}: {} [{addrs}], {}",
+                n.endpoint, n.target, n.resolution, n.monitor_status
+            );
+        }
         if let Some(classes) = &svc.classes {
             let _ = writeln!(out, "  routing method {}", svc.routing_method);
             for c in classes {
@@ -403,6 +411,7 @@ mod tests {
             zones,
             routing_method: RoutingMethod::Zonal,
             classes: None,
+            names: vec![],
         }
     }
 
@@ -430,6 +439,7 @@ mod tests {
                 backends: vec![],
                 zones: vec![],
                 routing_method: RoutingMethod::Subnet,
+                names: vec![],
                 classes: Some(vec![
                     ClassView {
                         class: 1,

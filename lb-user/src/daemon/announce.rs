@@ -40,13 +40,14 @@ pub fn servable_vips(
     usable: &dyn Fn(&str, IpAddr) -> bool,
     unchecked: &dyn Fn(&str, IpAddr) -> bool,
 ) -> BTreeSet<IpAddr> {
-    let checked =
-        |s: &crate::config::Service| !s.backends.iter().filter_map(|b| b.address()).any(|a| unchecked(&s.name, a));
+    let checked = |s: &crate::config::Service| {
+        !s.backends.iter().flat_map(|b| b.addresses().iter().copied()).any(|a| unchecked(&s.name, a))
+    };
     cfg.services
         .iter()
         .filter(|s| applied.contains(&s.name.as_str()))
         .filter(|s| {
-            s.backends.iter().filter_map(|b| b.address()).any(|a| usable(&s.name, a))
+            s.backends.iter().flat_map(|b| b.addresses().iter().copied()).any(|a| usable(&s.name, a))
                 || (!require_healthy_backend && checked(s))
         })
         // A next-hop service has no VIP: routers send it traffic by their routes.

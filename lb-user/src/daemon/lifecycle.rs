@@ -73,6 +73,11 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
              inside a routed prefix would be balanced)"
         ),
     }
+    // The endpoints given by DNS name: their first answers (a few seconds at most) go into the
+    // first tables; later ones come to the loop.
+    let (name_events, mut names_rx) = mpsc::channel(256);
+    let mut names = names::Names::new(name_events);
+    first_resolutions(&mut ctl, &mut names, &mut names_rx).await;
     let (found, carried) = adopt(&args, &mut ctl, &sizes)?;
     let fail = |e: anyhow::Error| (e, found);
     let (mut dp, initial) = load_tables(&args, &mut ctl, sizes, found, carried).map_err(fail)?;
@@ -109,13 +114,45 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
         compiles: CompileSchedule { epoch: 0, running: false, again: false, done: compiled },
         reloads,
         geoip: Default::default(),
+        names,
     };
     d.announce();
     d.keep_neighbours();
     d.save_state();
     d.start_checkers();
-    let receivers = Receivers { health: health_rx, snapshots: snapshot_rx, compiled: compiled_rx, reloads: reload_rx };
+    let receivers = Receivers {
+        health: health_rx,
+        snapshots: snapshot_rx,
+        compiled: compiled_rx,
+        reloads: reload_rx,
+        names: names_rx,
+    };
     Ok((d, Started { _tasks: tasks, receivers }))
+}
+
+/// How long a start waits for the first answers of the endpoints given by DNS name.
+const FIRST_RESOLUTIONS: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Starts resolving the endpoints given by DNS name and takes their first answers into `ctl`
+/// (for [`FIRST_RESOLUTIONS`] at most: a name that has none by then has no address in the
+/// first tables, and gets its addresses when its answer comes).
+async fn first_resolutions(ctl: &mut Controller, names: &mut names::Names, rx: &mut mpsc::Receiver<names::NameEvent>) {
+    let wanted = ctl.endpoint_names();
+    if wanted.is_empty() {
+        return;
+    }
+    names.follow(&wanted, &ctl.config().resolver);
+    let mut pending: BTreeSet<_> = wanted.into_iter().collect();
+    let deadline = tokio::time::Instant::now() + FIRST_RESOLUTIONS;
+    while !pending.is_empty() {
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, rx.recv()).await else { break };
+        pending.remove(&ev.name);
+        names::log_result(&ev);
+        ctl.set_resolved(&ev.name, ev.resolved);
+    }
+    for name in pending {
+        tracing::warn!("endpoint name {name}: no answer yet; its endpoints get addresses when it resolves");
+    }
 }
 
 /// What the pin directory holds for a data plane of `sizes`: adopted as it is (with the state

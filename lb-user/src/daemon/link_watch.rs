@@ -112,8 +112,13 @@ impl Daemon {
 
     /// Hands the configured backends to the neighbour keeper (see `neighbours`).
     pub(super) fn keep_neighbours(&self) {
-        let backends =
-            self.ctl.config().services.iter().flat_map(|s| s.backends.iter().filter_map(|b| b.address())).collect();
+        let backends = self
+            .ctl
+            .config()
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().flat_map(|b| b.addresses().iter().copied()))
+            .collect();
         self.neighbours.keep(backends);
     }
 }

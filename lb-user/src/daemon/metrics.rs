@@ -51,6 +51,7 @@ pub struct Metrics {
     reloads: Family<Labels, Counter>,
     table_swaps: Counter,
     dns_answers: Family<Labels, Counter>,
+    name_resolutions: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -64,6 +65,12 @@ impl Metrics {
                 ("to", to.to_owned()),
             ])
             .inc();
+    }
+
+    /// The daemon resolved the name of endpoints given by DNS name, or failed to.
+    pub fn name_resolution(&self, name: &str, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.name_resolutions.get_or_create(&vec![("name", name.to_owned()), ("result", result.to_owned())]).inc();
     }
 
     /// A reload (SIGHUP or `lb reload`) was applied or refused.
@@ -100,6 +107,11 @@ impl Metrics {
             self.table_swaps.clone(),
         );
         r.register("dns_answers", "Answers of the DNS front, by response code", self.dns_answers.clone());
+        r.register(
+            "name_resolutions",
+            "Resolutions of the endpoints given by DNS name, by name and result: ok or failed",
+            self.name_resolutions.clone(),
+        );
     }
 }
 

@@ -18,6 +18,7 @@ mod link_watch;
 pub mod links;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod neighbours;
 mod netlink;
 pub mod notify;
@@ -101,6 +102,8 @@ struct Daemon {
     reloads: reload::Reloads,
     /// Rewrites of the GeoIP database, which reload the configuration.
     geoip: geoip_watch::GeoIpWatch,
+    /// The resolution of the endpoints given by DNS name (`names`).
+    names: names::Names,
 }
 
 /// The interfaces and pins as the daemon last saw them (`link_watch`).
@@ -136,6 +139,7 @@ struct Receivers {
     snapshots: mpsc::Receiver<metrics::SnapshotRequest>,
     compiled: mpsc::UnboundedReceiver<(u64, CompileOutput)>,
     reloads: mpsc::UnboundedReceiver<reload::ConfigRead>,
+    names: mpsc::Receiver<names::NameEvent>,
 }
 
 /// The signals the loop handles: SIGHUP reloads, SIGTERM and SIGINT stop.
@@ -225,6 +229,7 @@ async fn serve(
     loop {
         tokio::select! {
             Some(ev) = rx.health.recv() => d.on_health(ev),
+            Some(ev) = rx.names.recv() => d.on_name(ev),
             Some((epoch, out)) = rx.compiled.recv() => d.on_compiled(epoch, out),
             Some(ev) = link_rx.recv() => d.on_link(ev),
             Some(reply) = rx.snapshots.recv() => {

@@ -95,6 +95,24 @@ pub struct ServiceStatus {
     pub routing_method: RoutingMethod,
     /// Traffic Manager services: the routing method's client classes; None for zonal ones.
     pub classes: Option<Vec<ClassView>>,
+    /// The endpoints given by DNS name and what their name resolved to (absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<NameView>,
+}
+
+/// An endpoint given by DNS name (`lb status`): its name's addresses (of the VIP's family) and
+/// whether the name resolves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NameView {
+    /// The endpoint's label (`name`, else the DNS name).
+    pub endpoint: String,
+    pub target: String,
+    pub addresses: Vec<IpAddr>,
+    /// `pending` (no answer yet), `resolved`, `kept: <why>` (resolution fails, the last
+    /// answer is in use), `failed: <why>` (no address: Degraded).
+    pub resolution: String,
+    /// The endpoint's monitor status (Traffic Manager's: Online, Degraded, ...).
+    pub monitor_status: String,
 }
 
 /// What a next-hop service balances.

@@ -126,6 +126,7 @@ impl Daemon {
         let result = self.ctl.reload(cfg, &mut self.dp);
         self.after_reconcile(result.as_ref().ok());
         result.context("applying the new configuration")?;
+        self.names.follow(&self.ctl.endpoint_names(), &self.ctl.config().resolver);
         self.start_checkers();
         tracing::info!("configuration reloaded from {}", self.args.config.display());
         Ok(reply::Reloaded { reloaded: self.args.config.display().to_string() })

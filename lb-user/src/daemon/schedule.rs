@@ -148,6 +148,23 @@ impl Daemon {
         self.checkers = running;
     }
 
+    /// A resolution of an endpoint name: counted; a changed answer (or state) is logged and
+    /// written at once, and the monitors follow the addresses.
+    pub(super) fn on_name(&mut self, ev: names::NameEvent) {
+        self.metrics.name_resolution(ev.name.as_str(), ev.error.is_none());
+        if !self.ctl.set_resolved(&ev.name, ev.resolved.clone()) {
+            if let Some(e) = &ev.error {
+                tracing::debug!("endpoint name {}: resolution failed again ({e})", ev.name);
+            }
+            return;
+        }
+        names::log_result(&ev);
+        if let Err(e) = self.reconcile() {
+            tracing::error!("error applying the new addresses of endpoint name {}: {e:#}", ev.name);
+        }
+        self.start_checkers();
+    }
+
     pub(super) fn on_health(&mut self, ev: HealthEvent) {
         // A report of a probe stopped since (a reload changed it) is stale: its replacement
         // started from the verdict known then and reports changes from there.

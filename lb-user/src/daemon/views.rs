@@ -80,14 +80,46 @@ pub(super) fn class_views(c: &crate::compile::CompiledService) -> Option<Vec<Cla
     Some(tm.classes.iter().map(view).collect())
 }
 
+/// The endpoints of `svc` (service `si`) given by DNS name, with their resolution and monitor
+/// status (from `statuses`, over the effective configuration, whose endpoints are found by
+/// label).
+fn name_views(svc: &crate::config::Service, statuses: &crate::policy::tm::Statuses, si: usize) -> Vec<reply::NameView> {
+    use crate::config::Resolution;
+    svc.backends
+        .iter()
+        .filter_map(|b| Some((b, b.name_target()?)))
+        .map(|(b, t)| {
+            let label = b.label();
+            let monitor = statuses.cfg.services.get(si).and_then(|s| s.backend_index(&label));
+            reply::NameView {
+                endpoint: label,
+                target: t.name.to_string(),
+                addresses: t.resolved.addresses.clone(),
+                resolution: match &t.resolved.state {
+                    Resolution::Pending => "pending".to_owned(),
+                    Resolution::Answered => "resolved".to_owned(),
+                    Resolution::Kept(why) => format!("kept: {why}"),
+                    Resolution::Failed(why) => format!("failed: {why}"),
+                },
+                monitor_status: monitor
+                    .map_or_else(|| "-".to_owned(), |bi| statuses.endpoint_status(si, bi).to_string()),
+            }
+        })
+        .collect()
+}
+
 impl Daemon {
     pub(super) fn status(&self) -> reply::Status {
         let cfg = self.ctl.config();
         let applied = self.ctl.applied();
+        // The endpoints' monitor statuses as the DNS front and the tables see them.
+        let (eff, probes) = self.ctl.routing_view();
+        let statuses = crate::policy::tm::Statuses::new(&eff, &probes);
         let services = cfg
             .services
             .iter()
-            .map(|svc| {
+            .enumerate()
+            .map(|(si, svc)| {
                 let compiled = applied.and_then(|a| a.services.iter().find(|s| s.name == svc.name));
                 let zonal = compiled.and_then(|c| c.plan.zonal());
                 // A nested endpoint has no address of its own: its child service lists its
@@ -95,7 +127,7 @@ impl Daemon {
                 let backends = svc
                     .backends
                     .iter()
-                    .filter_map(|b| Some((b, b.address()?)))
+                    .flat_map(|b| b.addresses().iter().map(move |a| (b, *a)))
                     .map(|(b, address)| {
                         let unchecked = self.ctl.unchecked(&svc.name, address);
                         let source = if self.ctl.override_of(&svc.name, address).is_some() {
@@ -138,6 +170,7 @@ impl Daemon {
                     routing_method: svc.routing_method(),
                     // Traffic Manager services: the routing method's client classes.
                     classes: compiled.and_then(class_views),
+                    names: name_views(svc, &statuses, si),
                 }
             })
             .collect();
@@ -227,7 +260,7 @@ impl Daemon {
         let cfg = self.ctl.config();
         cfg.services
             .iter()
-            .flat_map(|svc| svc.backends.iter().filter_map(|b| Some((svc.name.as_str(), b.address()?))))
+            .flat_map(|svc| svc.backends.iter().flat_map(|b| b.addresses().iter().map(|a| (svc.name.as_str(), *a))))
             .filter_map(|(service, address)| {
                 let p = super::probe::last_probe(service, address)?;
                 let last = reply::ProbeResult {

@@ -2,6 +2,7 @@
 //! hands their paths to the crate (embedded with `include_bytes_aligned!`):
 //! - `LB_EBPF_OBJ`: the balancer's production object (`lb`, `clock_probe`);
 //! - `LB_EBPF_DECAP_OBJ`: the decapsulator's object (`lb_decap`, for `lb decap attach`);
+//! - `LB_EBPF_PROBE_OBJ`: the health prober's object (`lb_probe`, probes through the data path);
 //! - `LB_EBPF_BENCH_OBJ`: the bench build of the balancer's object (feature `bench`: `lb` plus
 //!   the bench programs), not embedded, only its path: lb-tests' `dp_bench` loads it.
 //!
@@ -85,6 +86,7 @@ fn main() {
     let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
     println!("cargo:rustc-env=LB_EBPF_OBJ={}", production.display());
     println!("cargo:rustc-env=LB_EBPF_DECAP_OBJ={}", obj(&production_dir, "lb-decap").display());
+    println!("cargo:rustc-env=LB_EBPF_PROBE_OBJ={}", obj(&production_dir, "lb-probe").display());
     println!("cargo:rustc-env=LB_EBPF_BENCH_OBJ={}", obj(&bench_dir, "lb").display());
     println!("cargo:rustc-env=LB_EBPF_SHA256={sha256}");
     println!("cargo:rustc-env=LB_GIT_COMMIT={}", git_commit(&root));

@@ -338,6 +338,41 @@ pub struct AddrKey {
     pub _pad: [u8; 3],
 }
 
+/// Health probes through the data path (the probe object `lb_probe`, a TC egress program on
+/// the daemon's probe device): a probe socket's mark is `PROBE_MARK_BASE | slot`, its policy
+/// route leads to the probe device, and the program delivers the packet (addressed to the
+/// VIP) to `PROBE_TARGETS[mark]`'s backend the way the balancer delivers that backend's client
+/// packets.
+pub mod probe {
+    /// The bits of a socket mark that say "health probe" ([`MARK_BASE`]); the rest is the slot.
+    pub const MARK_MASK: u32 = 0xffff_0000;
+    /// "LB" in the high half: marks in `MARK_BASE..MARK_BASE + SLOTS` are probes.
+    pub const MARK_BASE: u32 = 0x4c42_0000;
+    /// Probes in flight at once (entries of `PROBE_TARGETS`).
+    pub const SLOTS: u32 = 16384;
+    /// [`super::ProbeTarget::forward`]: IPIP / IP6IP6 to the backend.
+    pub const FORWARD_ENCAP: u8 = 1;
+    /// [`super::ProbeTarget::forward`]: the packet as it is, to the backend's MAC (L2 DSR).
+    pub const FORWARD_L2: u8 = 2;
+}
+
+/// Value of `PROBE_TARGETS` (key: the probe socket's mark): where one health probe goes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The backend's address (network-order words; IPv4 in word 0).
+    pub backend: [u32; 4],
+    /// The outer source of an encapsulation (IPv4 in word 0); unused by L2.
+    pub outer_source: [u32; 4],
+    /// The device the route to the backend leaves by.
+    pub ifindex: u32,
+    /// `FAMILY_V4` or `FAMILY_V6`: of the VIP, the backend and an outer header alike.
+    pub family: u8,
+    /// `probe::FORWARD_ENCAP` or `probe::FORWARD_L2`.
+    pub forward: u8,
+    pub _pad: [u8; 2],
+}
+
 /// Key of the `BACKEND_SOURCES` hash map: a backend's address within one service. A new flow of
 /// that service from that address is a martian (lb-ebpf `main`): a backend reaches its own
 /// service's VIP locally, so only a spoofer sends such packets.
@@ -506,6 +541,14 @@ pub mod stat {
         /// A packet to a routed prefix (`NEXT_HOP_ROUTES`) with no next-hop service for its
         /// protocol, or to an address exempted inside one: passed to the host untouched.
         PASS_NEXT_HOP_NO_SERVICE = "pass_next_hop_no_service",
+        /// A health probe (`lb_probe`) encapsulated or readdressed and sent to its backend.
+        PROBE_SENT = "probe_sent",
+        /// A packet on the probe device without a probe mark, or whose mark has no
+        /// `PROBE_TARGETS` entry (its probe ended), or not of its target's family: dropped.
+        DROP_PROBE_NO_TARGET = "drop_probe_no_target",
+        /// A health probe the probe program could not encapsulate or hand to the neighbour
+        /// layer: dropped (the probe then fails by timeout).
+        DROP_PROBE_SEND = "drop_probe_send",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
@@ -626,6 +669,7 @@ mod pod {
         NextHopKey,
         TableRef,
         AddrKey,
+        ProbeTarget,
         GlobalStats,
         ClassCounters,
         LocalMac,
@@ -647,6 +691,7 @@ const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<Search>() == 24);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
+const _: () = assert!(core::mem::size_of::<ProbeTarget>() == 40);
 const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);

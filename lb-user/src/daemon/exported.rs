@@ -70,6 +70,10 @@ pub fn export(name: &'static str) -> Option<Export> {
             "conntrack_unconfirmed_evictions",
             "Connection-table entries of flows that had shown one packet only, replaced by a new flow",
         ),
+        "probe_sent" => own(
+            "data_path_probe_packets",
+            "Health-probe packets lb_probe delivered to their backend through the data path (path = VIP)",
+        ),
         "icmp_too_big_sent" => own(
             "icmp_too_big_sent_packets",
             "ICMP fragmentation-needed / packet-too-big replies sent to clients whose packet would exceed the MTU",

@@ -117,6 +117,13 @@ api_enum!(
     HealthProtocol { #[default] Tcp = "TCP", Ssl = "SSL", Http = "HTTP", Https = "HTTPS", Http2 = "HTTP2" }
 );
 
+api_enum!(
+    /// Where a health check's probes go: `VIP` = to the VIP, delivered to the one backend
+    /// checked the way its client packets are (encapsulated or MAC-rewritten), so a backend
+    /// that does not serve the VIP fails; `DIRECT` = to the backend's own address.
+    HealthPath { Vip = "VIP", Direct = "DIRECT" }
+);
+
 // ---------------------------------------------------------------- Azure Traffic Manager (spec §2)
 // Serialized names are Traffic Manager's own strings, except the routing-method selector, which
 // follows this file's upper-case style because it also names the Google Cloud pipeline (ZONAL).

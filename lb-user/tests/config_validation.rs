@@ -1093,6 +1093,7 @@ fn health_check_request_path_with_control_characters_rejected() {
             host: None,
             port_specification: None,
             proxy_header: Default::default(),
+            path: None,
             check_interval_sec: 5,
             timeout_sec: 5,
             healthy_threshold: 2,
@@ -1280,4 +1281,39 @@ fn health_check_port_specification() {
     );
     let all_ports = web("port_specification = \"USE_SERVING_PORT\"\n").replace("ports = [80]\n", "");
     reject_text(&all_ports, WEB, "health_check.port_specification", &["needs a serving port"]);
+}
+
+/// `[service.health_check] path`: VIP by default for a VIP service (delivered by its
+/// forwarding), DIRECT for a next-hop service, where VIP is refused naming the field.
+#[test]
+fn a_health_check_path_follows_the_frontend() {
+    use lb_user::daemon::health::{ProbeSpec, Route};
+    use lb_user::daemon::probe_path::Delivery;
+    let check = "[service.health_check]\nprotocol = \"TCP\"\nport = 80\n";
+    let web = |keys: &str, path: &str| {
+        format!(
+            "[dataplane]\nencap_source_v4 = \"198.18.0.1\"\n[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\n\
+             protocol = \"TCP\"\nports = [80]\n{keys}{check}{path}[[service.backend]]\naddress = \"198.18.3.9\"\n"
+        )
+    };
+    let route = |text: &str| {
+        let cfg = Config::parse(text).unwrap();
+        let s = &cfg.services[0];
+        ProbeSpec::from_config(s.health_check().unwrap(), 80, Route::of(s, s.health_check().unwrap(), &cfg.dataplane))
+            .route
+    };
+    let vip = "198.18.0.100".parse().unwrap();
+    let encap = Delivery::Encap { outer_source: "198.18.0.1".parse().unwrap() };
+    assert_eq!(route(&web("", "")), Route::Vip { vip, delivery: encap });
+    assert_eq!(route(&web("forwarding = \"L2_DSR\"\n", "")), Route::Vip { vip, delivery: Delivery::L2 });
+    assert_eq!(route(&web("", "path = \"DIRECT\"\n")), Route::Direct);
+    let fw = FIREWALLS.replace(
+        "[[service.backend]]\naddress = \"198.18.3.1\"",
+        &format!("{check}[[service.backend]]\naddress = \"198.18.3.1\""),
+    );
+    assert_eq!(route(&fw), Route::Direct, "a next hop has no VIP");
+    let fw_vip = fw.replace("port = 80\n", "port = 80\npath = \"VIP\"\n");
+    reject_text(&fw_vip, FW, "health_check.path", &["VIP is not allowed for a next-hop service", "allowed DIRECT"]);
+    let err = Config::parse(&web("", "path = \"direct\"\n")).unwrap_err().to_string();
+    assert!(err.contains("health_check.path") && err.contains("`VIP` or `DIRECT`"), "{err}");
 }

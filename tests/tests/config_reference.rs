@@ -170,6 +170,7 @@ fn schema_enumerations_are_the_validators() {
         ("Persistence", (Persistence::ALLOWED, takes::<Persistence>)),
         ("Subsetting", (Subsetting::ALLOWED, takes::<Subsetting>)),
         ("HealthProtocol", (HealthProtocol::ALLOWED, takes::<HealthProtocol>)),
+        ("HealthPath", (HealthPath::ALLOWED, takes::<HealthPath>)),
         ("PortSpecification", (PortSpecification::ALLOWED, takes::<PortSpecification>)),
         ("ProxyHeader", (ProxyHeader::ALLOWED, takes::<ProxyHeader>)),
         ("RoutingMethod", (RoutingMethod::ALLOWED, takes::<RoutingMethod>)),

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 fn stalled_oversized_and_non_utf8_clients() {
     let topo = Topology::build(&TopologySpec { prefix: "ctl".into(), zones: vec![(1, 2)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-ctl-decap")).unwrap();
     let mut servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let mut d =
         Daemon::start(&topo, "ctl", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false)))
@@ -101,6 +103,8 @@ fn stalled_oversized_and_non_utf8_clients() {
 fn slow_clients_do_not_lock_the_operator_out() {
     let topo = Topology::build(&TopologySpec { prefix: "ctlx".into(), zones: vec![(1, 1)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-ctlx-decap")).unwrap();
     let d = Daemon::start(&topo, "ctlx", &(zones_toml(1) + &service_toml(&topo, "web", false, "", "", 80, &|_| false)))
         .unwrap();
     let mut slow: Vec<UnixStream> = (0..80).map(|_| UnixStream::connect(&d.socket).unwrap()).collect();

@@ -54,6 +54,8 @@ fn ask_tcp(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
 fn tcp_flood_leaves_health_and_the_dns_front_alone() {
     let topo = Topology::build(&TopologySpec { prefix: "dfl".into(), zones: vec![(1, 2)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-dfl-decap")).unwrap();
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     // Health checks every second, unhealthy after 2 failures (`service_toml`).
     let cfg = format!("[dns]\nlisten = \"{DNS}\"\n")

@@ -34,6 +34,8 @@ fn config(topo: &Topology) -> String {
 fn a_drain_that_cannot_be_saved_is_refused() {
     let topo = Topology::build(&TopologySpec { prefix: "dur".into(), zones: vec![(1, 2)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-dur-decap")).unwrap();
     let mut d = Daemon::start(&topo, "dur", &config(&topo)).unwrap();
     d.stop().unwrap();
     let _tmpfs = Tmpfs::mount(&d.dir, "256k");
@@ -68,6 +70,8 @@ fn a_drain_that_cannot_be_saved_is_refused() {
 fn a_removed_run_directory_is_noticed_and_the_socket_comes_back() {
     let topo = Topology::build(&TopologySpec { prefix: "rund".into(), zones: vec![(1, 1)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-rund-decap")).unwrap();
     let d = Daemon::start(&topo, "rund", &config(&topo)).unwrap();
     let pid = d.pid().unwrap();
     std::fs::remove_dir_all(&d.dir).unwrap();

@@ -25,6 +25,8 @@ fn offline(config: &std::path::Path, args: &[&str], unhealthy: &[String]) -> Str
 fn offline_explain_agrees_with_the_daemon() {
     let topo = Topology::build(&TopologySpec { prefix: "exo".into(), zones: vec![(1, 3), (2, 2)], outside_clients: 1 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-exo-decap")).unwrap();
     let config = zones_toml(2)
         + &service_toml(&topo, "web", false, "", SPILL, HC_PORT, &|_| false)
         + &service_toml(&topo, "web6", true, "session_affinity = \"CLIENT_IP\"", "", HC_PORT, &|_| false);

@@ -249,6 +249,12 @@ pub struct HealthCheck {
     /// for backends behind which a proxy expects one.
     #[serde(default)]
     pub proxy_header: ProxyHeader,
+    /// `VIP` (the default of a VIP service): probes are addressed to the VIP and delivered to
+    /// the backend checked the way its client packets are, so a backend that does not hold
+    /// the VIP or cannot decapsulate fails. `DIRECT`: to the backend's own address (the only
+    /// choice, and the default, of a next-hop service).
+    #[serde(default)]
+    pub path: Option<HealthPath>,
     #[serde(default = "default_5")]
     pub check_interval_sec: u32,
     #[serde(default = "default_5")]

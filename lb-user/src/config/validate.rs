@@ -608,6 +608,12 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
             format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
         );
     }
+    if hc.path == Some(HealthPath::Vip) && svc.next_hop.is_some() {
+        r.push(
+            "health_check.path",
+            "VIP is not allowed for a next-hop service (it has no VIP to probe through): allowed DIRECT",
+        );
+    }
     for (field, value) in [("health_check.request", &hc.request), ("health_check.response", &hc.response)] {
         if value.as_ref().is_some_and(|v| v.len() > 1024) {
             r.push(field, "longer than 1024 bytes: allowed at most 1024");

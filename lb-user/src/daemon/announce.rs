@@ -19,12 +19,12 @@
 //! routes back (a liveness timer would have to), and the daemon would need BIRD's control
 //! socket. Kernel routes need nothing from BIRD, and survive a BIRD restart.
 
+use super::iproute::ip;
 use crate::config::{Announce, Config};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::process::Command;
 
 /// The VIPs this host can serve now: of the services whose tables are written (`applied`),
 /// those with a `usable` backend (passed its health check or has none, not drained); without
@@ -168,19 +168,6 @@ impl Drop for Announcer {
             tracing::warn!("announce: withdrawing on stop: {e:#} (the routes go with the device)");
         }
     }
-}
-
-/// Run `ip ARGS` (iproute2; /usr/sbin may be missing from a service's PATH).
-fn ip(args: &[&str]) -> Result<()> {
-    let prog = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or("ip");
-    let out = Command::new(prog).args(args).output().with_context(|| format!("running ip {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!("ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,10 +7,12 @@
 //! only *changes* of its verdict to the reconcile loop, which recomputes the tables.
 
 use super::probe::{
-    self, HealthEvent, HttpProber, Judge, Judged, LocalError, Observation, Prober, StreamProber, TcpProber,
+    self, HealthEvent, HttpProber, Judge, Judged, LocalError, Observation, Path, Prober, StreamProber, Target,
+    TcpProber,
 };
-use crate::config::{Config, HealthCheck};
-use crate::model::{HealthProtocol, MonitorProtocol, MonitorStatus};
+use super::probe_path::{Delivery, Lane};
+use crate::config::{Config, Dataplane, HealthCheck, Service};
+use crate::model::{Forwarding, HealthPath, HealthProtocol, MonitorProtocol, MonitorStatus};
 use crate::policy::tm::{EndpointMonitor, MonitorSettings, ProbeOutcome};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -37,13 +39,45 @@ pub struct ProbeSpec {
     pub timeout: Duration,
     pub healthy_threshold: u32,
     pub unhealthy_threshold: u32,
+    /// Where the probes go.
+    pub route: Route,
+}
+
+/// Where a health check's probes go (`path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// To the backend's own address.
+    Direct,
+    /// To `vip`, delivered to the backend checked as its client packets are.
+    Vip { vip: IpAddr, delivery: Delivery },
+}
+
+impl Route {
+    /// The route of service `svc`'s checks: `path`, by default VIP for a VIP service
+    /// (delivered by the service's forwarding: encapsulated from `dataplane`'s outer source of
+    /// the VIP's family, or L2) and DIRECT for a next-hop service (validation refuses VIP there).
+    pub fn of(svc: &Service, hc: &HealthCheck, dataplane: &Dataplane) -> Self {
+        let (Some(vip), false) = (svc.vip(), hc.path == Some(HealthPath::Direct)) else { return Route::Direct };
+        let delivery = match svc.forwarding {
+            Forwarding::L2Dsr => Delivery::L2,
+            Forwarding::Ipip => {
+                let source = if vip.is_ipv4() { dataplane.encap_source_v4 } else { dataplane.encap_source_v6 };
+                // The daemon fills an unset source from the interface before anything runs;
+                // without one (an offline computation), the unspecified address.
+                let unspecified = if vip.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u8; 16]) };
+                Delivery::Encap { outer_source: source.map_or(unspecified, |net| net.network()) }
+            }
+        };
+        Route::Vip { vip, delivery }
+    }
 }
 
 impl ProbeSpec {
     /// `default_port` is the service's first port (config validation guarantees one exists
     /// when the health check names none).
-    pub fn from_config(hc: &HealthCheck, default_port: u16) -> Self {
+    pub fn from_config(hc: &HealthCheck, default_port: u16, route: Route) -> Self {
         Self {
+            route,
             protocol: hc.protocol,
             port: hc.port.unwrap_or(default_port),
             request_path: hc.request_path.clone().unwrap_or_else(|| "/".into()),
@@ -107,9 +141,9 @@ fn checked(seen: Observation, spec: &ProbeSpec) -> Checked {
     }
 }
 
-/// One probe of `addr`.
+/// One probe of `addr` itself (whatever the spec's route).
 pub async fn check(addr: SocketAddr, spec: &ProbeSpec) -> Checked {
-    match probe::observe(prober(spec).as_ref(), addr, spec.timeout).await {
+    match probe::observe(prober(spec).as_ref(), &Target::direct(addr), spec.timeout).await {
         Ok(seen) => checked(seen, spec),
         Err(LocalError(e)) => Checked::Local(e),
     }
@@ -202,7 +236,18 @@ pub fn spawn_checker(
         offset: spec.interval.mul_f64(spread.slot as f64 / spread.of.max(1) as f64),
     };
     let judge = Box::new(CheckJudge { verdict: Verdict::new(initially), spec: spec.clone() });
-    probe::run(service, addr, prober(&spec), judge, schedule, events, probe)
+    let path = match spec.route {
+        Route::Direct => Path::Direct,
+        Route::Vip { vip, delivery } => match Lane::new(vip, addr.ip(), delivery) {
+            Ok(lane) => Path::Vip(Arc::new(lane)),
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::error!("service {service} backend {}: {why}", addr.ip());
+                Path::Unavailable(why)
+            }
+        },
+    };
+    probe::run(service, Target { addr, path }, prober(&spec), judge, schedule, events, probe)
 }
 
 // ---------------------------------------------------------------- Traffic Manager monitors
@@ -251,7 +296,7 @@ pub async fn monitor_probe_once(addr: SocketAddr, m: &MonitorSettings) -> ProbeO
 /// [`monitor_probe_once`], with a local error (this host out of descriptors or memory) told
 /// apart as `Err`: it says nothing about the endpoint.
 pub async fn monitor_check(addr: SocketAddr, m: &MonitorSettings) -> Result<ProbeOutcome, String> {
-    match probe::observe(monitor_prober(m).as_ref(), addr, monitor_timeout(m)).await {
+    match probe::observe(monitor_prober(m).as_ref(), &Target::direct(addr), monitor_timeout(m)).await {
         Ok(seen) => Ok(outcome(&seen)),
         Err(LocalError(e)) => Err(e),
     }
@@ -313,7 +358,7 @@ pub fn spawn_monitor(
     let schedule = probe::Schedule { interval, timeout: monitor_timeout(&settings), offset: Duration::ZERO };
     let prober = monitor_prober(&settings);
     let judge = Box::new(MonitorJudge { monitor, settings, reported });
-    probe::run(service, addr, prober, judge, schedule, events, probe)
+    probe::run(service, Target::direct(addr), prober, judge, schedule, events, probe)
 }
 
 /// Monitor tasks for every probed endpoint of the Traffic Manager services with a
@@ -390,7 +435,7 @@ pub fn probes_for(cfg: &Config) -> Vec<Probe> {
     let mut probes = Vec::new();
     for svc in &cfg.services {
         let (Some(hc), Some(port)) = (svc.health_check(), svc.health_check_port()) else { continue };
-        let spec = ProbeSpec::from_config(hc, port);
+        let spec = ProbeSpec::from_config(hc, port, Route::of(svc, hc, &cfg.dataplane));
         let of = svc.backends.len() as u32;
         for (i, address) in svc.backends.iter().filter_map(|b| b.address()).enumerate() {
             probes.push(Probe::Check {
@@ -430,6 +475,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             healthy_threshold: 2,
             unhealthy_threshold: 3,
+            route: Route::Direct,
         }
     }
 

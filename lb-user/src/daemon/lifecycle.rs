@@ -388,6 +388,7 @@ impl Daemon {
         for (_, h, _) in self.checkers.drain(..) {
             h.abort();
         }
+        super::probe_path::tear_down();
         let _ = std::fs::remove_file(&self.args.socket);
         if self.args.keep_dataplane {
             self.save_state();

@@ -210,6 +210,7 @@ pub fn snapshot(ctl: &Controller, dp: &Dataplane) -> Result<Snapshot> {
     let st = dp.stats()?;
     let cfg = ctl.config();
     let mut snap = Snapshot { global: st.global.clone(), ..Default::default() };
+    super::probe_path::add_counters(&mut snap.global);
     for s in ctl.applied().map(|a| a.services.as_slice()).unwrap_or_default() {
         for t in &s.tables {
             let c = st.class(s.id, t.class);

@@ -46,11 +46,38 @@ pub enum Observation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalError(pub String);
 
+/// What a probe connects to.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The backend's own address and the check's port.
+    pub addr: SocketAddr,
+    /// How the probe's packets reach that backend.
+    pub path: Path,
+}
+
+/// How a probe's packets reach its backend.
+#[derive(Clone, Debug)]
+pub enum Path {
+    /// To the backend's own address (`path = "DIRECT"`, Traffic Manager monitors).
+    Direct,
+    /// To the VIP, delivered to the backend as its client packets are (`path = "VIP"`).
+    Vip(Arc<super::probe_path::Lane>),
+    /// `path = "VIP"`, but the probe path could not be set up: every probe fails with this.
+    Unavailable(String),
+}
+
+impl Target {
+    /// A probe of `addr` itself.
+    pub fn direct(addr: SocketAddr) -> Self {
+        Self { addr, path: Path::Direct }
+    }
+}
+
 /// How one protocol probes a target.
 pub trait Prober: Send + Sync + std::fmt::Debug {
     fn observe<'a>(
         &'a self,
-        addr: SocketAddr,
+        to: &'a Target,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>>;
 }
 
@@ -60,8 +87,13 @@ pub fn is_local_error(e: &std::io::Error) -> bool {
 }
 
 /// Connects for a probe: Ok(Err(observation)) when the target refused or was unreachable.
-async fn connect(addr: SocketAddr) -> Result<Result<TcpStream, Observation>, LocalError> {
-    match TcpStream::connect(addr).await {
+async fn connect(to: &Target) -> Result<Result<TcpStream, Observation>, LocalError> {
+    let connected = match &to.path {
+        Path::Direct => TcpStream::connect(to.addr).await,
+        Path::Vip(lane) => lane.connect(to.addr.port()).await,
+        Path::Unavailable(why) => return Ok(Err(Observation::Failed(why.clone()))),
+    };
+    match connected {
         Ok(s) => Ok(Ok(s)),
         Err(e) if is_local_error(&e) => Err(LocalError(format!("local error, not the backend's: connect: {e}"))),
         Err(e) => Ok(Err(Observation::Failed(format!("connect: {e}")))),
@@ -76,27 +108,29 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// does the TLS handshake, without verifying the certificate: Ok(Err(observation)) when the
 /// target failed any of them.
 async fn open(
-    addr: SocketAddr,
+    to: &Target,
     proxy: bool,
     tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
 ) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
-    open_with(addr, proxy, tls, false).await
+    open_with(to, proxy, tls, false).await
 }
 
 /// [`open`], offering HTTP/2 by ALPN with `h2` (and failing when the server does not take it).
 async fn open_with(
-    addr: SocketAddr,
+    to: &Target,
     proxy: bool,
     tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,
     h2: bool,
 ) -> Result<Result<Box<dyn Io>, Observation>, LocalError> {
-    let mut stream = match connect(addr).await? {
+    let mut stream = match connect(to).await? {
         Ok(s) => s,
         Err(failed) => return Ok(Err(failed)),
     };
     if proxy {
         use tokio::io::AsyncWriteExt;
         let local = stream.local_addr().map_err(|e| LocalError(format!("local address: {e}")))?;
+        // The address the probe connected to: the VIP through the data path.
+        let addr = stream.peer_addr().map_err(|e| LocalError(format!("peer address: {e}")))?;
         let family = if addr.is_ipv4() { "TCP4" } else { "TCP6" };
         let line = format!("PROXY {family} {} {} {} {}\r\n", local.ip(), addr.ip(), local.port(), addr.port());
         if let Err(e) = stream.write_all(line.as_bytes()).await {
@@ -122,9 +156,9 @@ pub struct TcpProber;
 impl Prober for TcpProber {
     fn observe<'a>(
         &'a self,
-        addr: SocketAddr,
+        to: &'a Target,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
-        Box::pin(async move { Ok(connect(addr).await?.map(|_| Observation::Connected).unwrap_or_else(|f| f)) })
+        Box::pin(async move { Ok(connect(to).await?.map(|_| Observation::Connected).unwrap_or_else(|f| f)) })
     }
 }
 
@@ -161,11 +195,11 @@ pub struct StreamProber {
 impl Prober for StreamProber {
     fn observe<'a>(
         &'a self,
-        addr: SocketAddr,
+        to: &'a Target,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let name = self.tls.then(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(addr.ip().into()));
-            Ok(match open(addr, self.proxy, name).await? {
+            let name = self.tls.then(|| tokio_rustls::rustls::pki_types::ServerName::IpAddress(to.addr.ip().into()));
+            Ok(match open(to, self.proxy, name).await? {
                 Ok(stream) => self.converse(stream).await,
                 Err(failed) => failed,
             })
@@ -205,15 +239,15 @@ impl StreamProber {
 impl Prober for HttpProber {
     fn observe<'a>(
         &'a self,
-        addr: SocketAddr,
+        to: &'a Target,
     ) -> Pin<Box<dyn Future<Output = Result<Observation, LocalError>> + Send + 'a>> {
         Box::pin(async move {
-            let name = self.tls.then(|| self.server_name(addr));
-            let stream = match open_with(addr, self.proxy, name, self.http2).await? {
+            let name = self.tls.then(|| self.server_name(to.addr));
+            let stream = match open_with(to, self.proxy, name, self.http2).await? {
                 Ok(stream) => stream,
                 Err(failed) => return Ok(failed),
             };
-            Ok(self.get(stream, addr).await.map_or_else(Observation::Failed, Observation::HttpStatus))
+            Ok(self.get(stream, to.addr).await.map_or_else(Observation::Failed, Observation::HttpStatus))
         })
     }
 }
@@ -368,9 +402,9 @@ pub struct Schedule {
     pub offset: Duration,
 }
 
-/// One probe of `addr` within `timeout`: a timeout is the target's failure.
-pub async fn observe(prober: &dyn Prober, addr: SocketAddr, timeout: Duration) -> Result<Observation, LocalError> {
-    tokio::time::timeout(timeout, prober.observe(addr))
+/// One probe of `to` within `timeout`: a timeout is the target's failure.
+pub async fn observe(prober: &dyn Prober, to: &Target, timeout: Duration) -> Result<Observation, LocalError> {
+    tokio::time::timeout(timeout, prober.observe(to))
         .await
         .unwrap_or_else(|_| Ok(Observation::Failed(format!("timeout after {timeout:?}"))))
 }
@@ -379,13 +413,14 @@ pub async fn observe(prober: &dyn Prober, addr: SocketAddr, timeout: Duration) -
 /// change of `judge` as task number `id`.
 pub fn run(
     service: String,
-    addr: SocketAddr,
+    to: Target,
     prober: Arc<dyn Prober>,
     mut judge: Box<dyn Judge>,
     schedule: Schedule,
     events: mpsc::Sender<HealthEvent>,
     id: u64,
 ) -> JoinHandle<()> {
+    let addr = to.addr;
     tokio::spawn(async move {
         tokio::time::sleep(schedule.offset).await;
         let mut local = LocalErrors::default();
@@ -394,7 +429,7 @@ pub fn run(
         loop {
             ticker.tick().await;
             let started = std::time::Instant::now();
-            let seen = match observe(prober.as_ref(), addr, schedule.timeout).await {
+            let seen = match observe(prober.as_ref(), &to, schedule.timeout).await {
                 Ok(seen) => seen,
                 Err(LocalError(e)) => {
                     local.seen(&service, addr, &e);

@@ -199,7 +199,8 @@ impl Daemon {
     }
 
     pub(super) fn stats(&self) -> Result<reply::Stats> {
-        let st = self.dp.stats()?;
+        let mut st = self.dp.stats()?;
+        super::probe_path::add_counters(&mut st.global);
         let global = Counters(
             lb_common::maps::stat::NAMES.iter().enumerate().map(|(i, n)| (n.to_string(), st.get(i as u32))).collect(),
         );

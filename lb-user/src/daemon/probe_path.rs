@@ -1,0 +1,294 @@
+//! Health probes through the data path (`[service.health_check] path = "VIP"`, the default of a
+//! VIP service): a probe connects to the VIP and the service's (or the check's) port, and its
+//! packets reach one named backend the way that backend's client packets do (IPIP / IP6IP6
+//! from the service's outer source, or L2 rewrite to the backend's MAC). The backend answers
+//! from the VIP straight to the probe's socket (direct server return). So a backend that does
+//! not hold the VIP, cannot decapsulate or is not on the segment fails its check, where a probe
+//! of its own address would pass while every client packet is lost.
+//!
+//! How a packet gets there, without touching the host's own routing:
+//! - each probe task owns a *lane*: a socket mark `probe::MARK_BASE | slot` and the entry
+//!   `PROBE_TARGETS[mark]` (backend, outer source, device towards the backend);
+//! - a policy rule sends marked packets to a routing table of ours whose default route is the
+//!   probe device `lb-probe` (one end of a veth pair, ARP off: no neighbour to resolve);
+//! - `lb_probe`, a TC egress program on that device, encapsulates (or leaves) the packet, clears
+//!   the mark and hands it to the kernel's neighbour layer on the backend's device
+//!   (`bpf_redirect_neigh`). It leaves by the egress path: the balancer's XDP program, on
+//!   ingress, never chooses for it.
+//!
+//! The lane lives as long as its probe task, so late packets of a probe (the last ACK, a FIN)
+//! still find their backend. The table also holds an unreachable route of the lowest
+//! priority: with the device gone, a marked probe fails instead of going to the VIP by the
+//! host's routes (where any balancer, this one included, would choose its backend).
+
+use super::iproute::ip;
+use super::netlink::{self, attrs, Request};
+use crate::dataplane::{self, addr_words, take};
+use anyhow::{anyhow, Context, Result};
+use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::programs::{tc, SchedClassifier, TcAttachType};
+use aya::Ebpf;
+use lb_common::maps::{probe, GlobalStats, ProbeTarget, FAMILY_V4};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// The prober's TC object (built by `build.rs`): `lb_probe` and its maps.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LB_EBPF_PROBE_OBJ"));
+
+/// The probe device (its veth peer is `lb-probe-peer`).
+pub const DEVICE: &str = "lb-probe";
+const PEER: &str = "lb-probe-peer";
+/// The routing table of marked probes and the priority of the rule that leads to it (before
+/// the main table's 32766). "LB" = 0x4c42.
+pub const TABLE: u32 = 0x4c42;
+const RULE_PRIORITY: u32 = 0x4c42;
+
+/// How a probe reaches its backend, as the service's client packets do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// IPIP / IP6IP6 from this outer source.
+    Encap { outer_source: IpAddr },
+    /// The packet as it is, to the backend's MAC (L2 DSR).
+    L2,
+}
+
+/// The probe device, its program and policy route: set up at the first lane, for the
+/// daemon's life; torn down when the process ends cleanly.
+pub struct ProbePath {
+    _ebpf: Ebpf,
+    targets: Mutex<HashMap<MapData, u32, ProbeTarget>>,
+    stats: PerCpuArray<MapData, GlobalStats>,
+    /// Free slots (a stack); a lane takes one and gives it back when it drops.
+    free: Mutex<Vec<u32>>,
+    /// For route lookups towards backends.
+    netlink: Mutex<(OwnedFd, u32)>,
+}
+
+/// The one [`ProbePath`] of this process, once set up.
+static SHARED: OnceLock<Mutex<Option<Arc<ProbePath>>>> = OnceLock::new();
+
+/// The [`ProbePath`], set up on first use. A failed set-up is retried at the next lane (and
+/// reported to every probe that needed it).
+fn shared() -> Result<Arc<ProbePath>> {
+    let mut slot = SHARED.get_or_init(Default::default).lock().map_err(|_| anyhow!("probe path lock poisoned"))?;
+    if let Some(path) = slot.as_ref() {
+        return Ok(path.clone());
+    }
+    let path = Arc::new(ProbePath::install()?);
+    *slot = Some(path.clone());
+    Ok(path)
+}
+
+/// Adds the probe program's counters (`probe_sent`, `drop_probe_*`, summed over CPUs) to the
+/// balancer's `global` ones, if the probe path is set up (reading them never sets it up).
+pub fn add_counters(global: &mut [u64]) {
+    let Some(path) = SHARED.get().and_then(|s| s.lock().ok()?.clone()) else { return };
+    match dataplane::global_counters(&path.stats) {
+        Ok(ours) => global.iter_mut().zip(ours).for_each(|(sum, v)| *sum += v),
+        Err(e) => tracing::warn!("reading the probe program's counters: {e:#}"),
+    }
+}
+
+/// A clean stop: takes the rule, the table's routes and the device away (the program goes
+/// with the device), if this process set them up.
+pub fn tear_down() {
+    let Some(Ok(mut slot)) = SHARED.get().map(|s| s.lock()) else { return };
+    if slot.take().is_some() {
+        remove_setup();
+    }
+}
+
+fn remove_setup() {
+    let (table, priority) = (TABLE.to_string(), RULE_PRIORITY.to_string());
+    for family in ["-4", "-6"] {
+        let _ = ip(&[family, "rule", "del", "priority", &priority]);
+        let _ = ip(&[family, "route", "flush", "table", &table]);
+    }
+    let _ = ip(&["link", "del", "dev", DEVICE]);
+}
+
+impl ProbePath {
+    fn install() -> Result<Self> {
+        let what = "setting up probes through the data path (set `path = \"DIRECT\"` in \
+                    [service.health_check] to probe backends at their own address instead)";
+        Self::setup().context(what)
+    }
+
+    fn setup() -> Result<Self> {
+        // A device left by a process that did not end cleanly goes first.
+        let _ = ip(&["link", "del", "dev", DEVICE]);
+        ip(&["link", "add", DEVICE, "type", "veth", "peer", "name", PEER])?;
+        ip(&["link", "set", "dev", DEVICE, "arp", "off", "up"])?;
+        ip(&["link", "set", "dev", PEER, "up"])?;
+        let mut ebpf = aya::EbpfLoader::new()
+            .load(EBPF_OBJECT)
+            .context("loading the probe program (root, or CAP_BPF + CAP_NET_ADMIN, is required)")?;
+        let program: &mut SchedClassifier = ebpf
+            .program_mut("lb_probe")
+            .ok_or_else(|| anyhow!("program lb_probe missing from the probe object"))?
+            .try_into()?;
+        program.load().context("verifying lb_probe")?;
+        if program.attach(DEVICE, TcAttachType::Egress).is_err() {
+            // Kernels before 6.6 (no TCX): through a clsact qdisc.
+            let _ = tc::qdisc_add_clsact(DEVICE);
+            program.attach(DEVICE, TcAttachType::Egress).context("attaching lb_probe to lb-probe's egress")?;
+        }
+        let targets = take(&mut ebpf, "PROBE_TARGETS")?;
+        let stats = take(&mut ebpf, "STATS")?;
+        let (table, priority, mark) =
+            (TABLE.to_string(), RULE_PRIORITY.to_string(), format!("{:#x}/{:#x}", probe::MARK_BASE, probe::MARK_MASK));
+        for family in ["-4", "-6"] {
+            // Rules left by an earlier run first (deleting one that is not there fails).
+            while ip(&[family, "rule", "del", "priority", &priority]).is_ok() {}
+            ip(&[family, "rule", "add", "priority", &priority, "fwmark", &mark, "lookup", &table])?;
+            ip(&[family, "route", "replace", "default", "dev", DEVICE, "table", &table])?;
+            ip(&[family, "route", "replace", "unreachable", "default", "table", &table, "metric", "4294967295"])?;
+        }
+        let (fd, seq) = (netlink::open(0, 0)?, 0);
+        tracing::info!(
+            "health probes through the data path: device {DEVICE}, rule fwmark {mark} lookup {table} \
+             (priority {priority})"
+        );
+        Ok(Self {
+            _ebpf: ebpf,
+            targets: Mutex::new(targets),
+            stats,
+            free: Mutex::new((0..probe::SLOTS).rev().collect()),
+            netlink: Mutex::new((fd, seq)),
+        })
+    }
+
+    /// The device towards `backend` and the source address the kernel would use for it.
+    fn route_to(&self, backend: IpAddr) -> std::io::Result<(u32, Option<IpAddr>)> {
+        const RTM_NEWROUTE: u16 = 24;
+        const RTM_GETROUTE: u16 = 26;
+        const RTA_DST: u16 = 1;
+        const RTA_OIF: u16 = 4;
+        const RTA_PREFSRC: u16 = 7;
+        const RTMSG_LEN: usize = 12;
+        let (family, dst): (u8, Vec<u8>) = match backend {
+            IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
+            IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+        };
+        let mut rtmsg = [0u8; RTMSG_LEN];
+        (rtmsg[0], rtmsg[1]) = (family, dst.len() as u8 * 8);
+        let mut guard = self.netlink.lock().map_err(|_| std::io::Error::other("netlink lock poisoned"))?;
+        guard.1 = guard.1.wrapping_add(1);
+        let seq = guard.1;
+        let routes =
+            netlink::request(&guard.0, Request::new(RTM_GETROUTE, 0, &rtmsg).attr(RTA_DST, &dst), RTM_NEWROUTE, seq)?;
+        let route = routes.first().filter(|r| r.len() >= RTMSG_LEN).ok_or_else(|| no_route(backend))?;
+        let (mut oif, mut src) = (None, None);
+        for (kind, v) in attrs(&route[RTMSG_LEN..]) {
+            match (kind, v.len()) {
+                (RTA_OIF, 4) => oif = Some(u32::from_ne_bytes(v.try_into().expect("4 bytes"))),
+                (RTA_PREFSRC, 4) => src = Some(IpAddr::from(<[u8; 4]>::try_from(v).expect("4 bytes"))),
+                (RTA_PREFSRC, 16) => src = Some(IpAddr::from(<[u8; 16]>::try_from(v).expect("16 bytes"))),
+                _ => {}
+            }
+        }
+        Ok((oif.ok_or_else(|| no_route(backend))?, src))
+    }
+}
+
+fn no_route(backend: IpAddr) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NetworkUnreachable, format!("no route to backend {backend}"))
+}
+
+/// One probe task's way to its backend through the data path: a mark and its target entry,
+/// for the task's life.
+#[derive(Debug)]
+pub struct Lane {
+    path: Arc<ProbePath>,
+    slot: u32,
+    vip: IpAddr,
+    backend: IpAddr,
+    delivery: Delivery,
+    /// The entry last written (rewritten when the route to the backend moves).
+    written: Mutex<Option<ProbeTarget>>,
+}
+
+impl std::fmt::Debug for ProbePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbePath")
+    }
+}
+
+impl Lane {
+    /// A lane to `backend` of a service at `vip` (the same family), delivered as `delivery`.
+    pub fn new(vip: IpAddr, backend: IpAddr, delivery: Delivery) -> Result<Self> {
+        if vip.is_ipv4() != backend.is_ipv4() {
+            return Err(anyhow!("backend {backend} is not of the VIP {vip}'s family"));
+        }
+        let path = shared()?;
+        let slot = path
+            .free
+            .lock()
+            .map_err(|_| anyhow!("probe slots lock poisoned"))?
+            .pop()
+            .ok_or_else(|| anyhow!("all {} probe slots are in use", probe::SLOTS))?;
+        Ok(Self { path, slot, vip, backend, delivery, written: Mutex::new(None) })
+    }
+
+    fn mark(&self) -> u32 {
+        probe::MARK_BASE | self.slot
+    }
+
+    /// Connects to the VIP at `port` through this lane. Errors are the kernel's (no route to
+    /// the backend, refused, unreachable...).
+    pub async fn connect(&self, port: u16) -> std::io::Result<TcpStream> {
+        let (ifindex, source) = self.path.route_to(self.backend)?;
+        self.write(ifindex)?;
+        let socket = if self.vip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        let mark = self.mark();
+        // SAFETY: setsockopt reads one u32 of the size given from a live local.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                &mark as *const u32 as *const libc::c_void,
+                std::mem::size_of::<u32>() as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The source the backend's answer comes back to: the host's address towards it.
+        if let Some(source) = source.filter(|s| s.is_ipv4() == self.vip.is_ipv4()) {
+            socket.bind(SocketAddr::new(source, 0))?;
+        }
+        socket.connect(SocketAddr::new(self.vip, port)).await
+    }
+
+    /// Writes this lane's target entry if it changed.
+    fn write(&self, ifindex: u32) -> std::io::Result<()> {
+        let (backend, family) = addr_words(self.backend);
+        let (forward, outer_source) = match self.delivery {
+            Delivery::Encap { outer_source } => (probe::FORWARD_ENCAP, addr_words(outer_source).0),
+            Delivery::L2 => (probe::FORWARD_L2, [0; 4]),
+        };
+        let target = ProbeTarget { backend, outer_source, ifindex, family, forward, _pad: [0; 2] };
+        debug_assert!(family == FAMILY_V4 || self.backend.is_ipv6());
+        let mut written = self.written.lock().map_err(|_| std::io::Error::other("lane lock poisoned"))?;
+        if *written != Some(target) {
+            let mut targets = self.path.targets.lock().map_err(|_| std::io::Error::other("probe map lock poisoned"))?;
+            targets.insert(self.mark(), target, 0).map_err(|e| std::io::Error::other(format!("PROBE_TARGETS: {e}")))?;
+            *written = Some(target);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let Ok(mut targets) = self.path.targets.lock() {
+            let _ = targets.remove(&self.mark());
+        }
+        if let Ok(mut free) = self.path.free.lock() {
+            free.push(self.slot);
+        }
+    }
+}

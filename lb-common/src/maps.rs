@@ -543,8 +543,9 @@ pub mod stat {
         PASS_NEXT_HOP_NO_SERVICE = "pass_next_hop_no_service",
         /// A health probe (`lb_probe`) encapsulated or readdressed and sent to its backend.
         PROBE_SENT = "probe_sent",
-        /// A packet on the probe device without a probe mark, or whose mark has no
-        /// `PROBE_TARGETS` entry (its probe ended), or not of its target's family: dropped.
+        /// A probe-marked packet on the probe device whose mark has no `PROBE_TARGETS` entry
+        /// (its probe task ended: a late packet of its last connection), or that is not of its
+        /// target's family: dropped.
         DROP_PROBE_NO_TARGET = "drop_probe_no_target",
         /// A health probe the probe program could not encapsulate or hand to the neighbour
         /// layer: dropped (the probe then fails by timeout).

@@ -51,8 +51,15 @@ const OUTER_TTL: u8 = 64;
 
 #[classifier]
 pub fn lb_probe(ctx: TcContext) -> i32 {
+    // SAFETY: the context's `__sk_buff` is valid for the program's run.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    // Not a probe: the kernel's own traffic on the device (IPv6 neighbour discovery, MLD),
+    // which goes nowhere, uncounted.
+    if mark & probe::MARK_MASK != probe::MARK_BASE {
+        return TC_ACT_SHOT;
+    }
     let counters = Counters::get(&STATS);
-    match run(&ctx) {
+    match run(&ctx, mark) {
         Ok(action) => {
             counters.inc(stat::PROBE_SENT);
             action
@@ -65,12 +72,7 @@ pub fn lb_probe(ctx: TcContext) -> i32 {
 }
 
 #[inline(always)]
-fn run(ctx: &TcContext) -> Result<i32, u32> {
-    // SAFETY: the context's `__sk_buff` is valid for the program's run.
-    let mark = unsafe { (*ctx.skb.skb).mark };
-    if mark & probe::MARK_MASK != probe::MARK_BASE {
-        return Err(stat::DROP_PROBE_NO_TARGET);
-    }
+fn run(ctx: &TcContext, mark: u32) -> Result<i32, u32> {
     // SAFETY: a hash map value read, copied out at once.
     let target = match unsafe { PROBE_TARGETS.get(mark) } {
         Some(t) => *t,

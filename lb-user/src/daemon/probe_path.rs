@@ -120,6 +120,10 @@ impl ProbePath {
         // A device left by a process that did not end cleanly goes first.
         let _ = ip(&["link", "del", "dev", DEVICE]);
         ip(&["link", "add", DEVICE, "type", "veth", "peer", "name", PEER])?;
+        // No IPv6 link-local address either: the device stays quiet (no DAD, RS or MLD).
+        for end in [DEVICE, PEER] {
+            let _ = ip(&["link", "set", "dev", end, "addrgenmode", "none"]);
+        }
         ip(&["link", "set", "dev", DEVICE, "arp", "off", "up"])?;
         ip(&["link", "set", "dev", PEER, "up"])?;
         let mut ebpf = aya::EbpfLoader::new()
@@ -140,11 +144,19 @@ impl ProbePath {
         let (table, priority, mark) =
             (TABLE.to_string(), RULE_PRIORITY.to_string(), format!("{:#x}/{:#x}", probe::MARK_BASE, probe::MARK_MASK));
         for family in ["-4", "-6"] {
-            // Rules left by an earlier run first (deleting one that is not there fails).
-            while ip(&[family, "rule", "del", "priority", &priority]).is_ok() {}
-            ip(&[family, "rule", "add", "priority", &priority, "fwmark", &mark, "lookup", &table])?;
-            ip(&[family, "route", "replace", "default", "dev", DEVICE, "table", &table])?;
-            ip(&[family, "route", "replace", "unreachable", "default", "table", &table, "metric", "4294967295"])?;
+            let routed = || -> Result<()> {
+                // Rules left by an earlier run first (deleting one that is not there fails).
+                while ip(&[family, "rule", "del", "priority", &priority]).is_ok() {}
+                ip(&[family, "rule", "add", "priority", &priority, "fwmark", &mark, "lookup", &table])?;
+                ip(&[family, "route", "replace", "default", "dev", DEVICE, "table", &table])?;
+                ip(&[family, "route", "replace", "unreachable", "default", "table", &table, "metric", "4294967295"])
+            };
+            match routed() {
+                Ok(()) => {}
+                // A host without IPv6 has no IPv6 service to probe: IPv4 goes on.
+                Err(e) if family == "-6" => tracing::warn!("IPv6 probes through the data path unavailable: {e:#}"),
+                Err(e) => return Err(e),
+            }
         }
         let (fd, seq) = (netlink::open(0, 0)?, 0);
         tracing::info!(

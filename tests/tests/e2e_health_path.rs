@@ -118,7 +118,7 @@ fn run(prefix: &str, v6: bool, forwarding: &str) {
 
     // `path = "DIRECT"`: the same backends stay healthy, and clients sent to them are lost.
     assert_eq!(healthy(&d, &topo, "direct", v6), all, "DIRECT probes the backends' own addresses");
-    let (answered, lost) = attempts(client, vip(v6, DIRECT_PORT), 30);
+    let (answered, lost) = attempts(client, vip(v6, DIRECT_PORT), 15);
     assert_eq!(answered, broken, "only the working backends answer");
     assert!(lost > 0, "the black hole: connections to the broken but healthy backends fail");
 

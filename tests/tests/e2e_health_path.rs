@@ -132,6 +132,19 @@ fn run(prefix: &str, v6: bool, forwarding: &str) {
     })
     .unwrap_or_else(|e| fail(e));
     assert_eq!(attempts(client, vip(v6, 80), 30), (all, 0), "{}", d.diagnostics());
+
+    // A clean stop takes the probe device, its rule and its routes away.
+    let lb = &topo.lb.ns;
+    assert!(lb.ip(&["link", "show", "lb-probe"]).is_ok(), "the probe device while running");
+    let mut d = d;
+    d.stop().unwrap();
+    assert!(lb.ip(&["link", "show", "lb-probe"]).is_err(), "no probe device after a clean stop");
+    for family in ["-4", "-6"] {
+        let rules = lb.ip(&[family, "rule", "show"]).unwrap();
+        assert!(!rules.contains("0x4c42"), "no probe rule after a clean stop: {rules}");
+        let routes = lb.ip(&[family, "route", "show", "table", "19522"]).unwrap_or_default();
+        assert!(routes.trim().is_empty(), "no probe routes after a clean stop: {routes}");
+    }
 }
 
 #[test]

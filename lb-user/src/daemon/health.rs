@@ -241,9 +241,8 @@ pub fn spawn_checker(
         Route::Vip { vip, delivery } => match Lane::new(vip, addr.ip(), delivery) {
             Ok(lane) => Path::Vip(Arc::new(lane)),
             Err(e) => {
-                let why = format!("{e:#}");
-                tracing::error!("service {service} backend {}: {why}", addr.ip());
-                Path::Unavailable(why)
+                // Logged once per set-up attempt (`probe_path`); each probe reports it.
+                Path::Unavailable(format!("{e:#}"))
             }
         },
     };

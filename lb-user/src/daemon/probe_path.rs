@@ -32,6 +32,7 @@ use lb_common::maps::{probe, GlobalStats, ProbeTarget, FAMILY_V4};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// The prober's TC object (built by `build.rs`): `lb_probe` and its maps.
@@ -66,25 +67,54 @@ pub struct ProbePath {
     netlink: Mutex<(OwnedFd, u32)>,
 }
 
-/// The one [`ProbePath`] of this process, once set up.
-static SHARED: OnceLock<Mutex<Option<Arc<ProbePath>>>> = OnceLock::new();
+/// The one [`ProbePath`] of this process, once set up; or the last failed set-up (when, why).
+#[derive(Default)]
+enum Shared {
+    #[default]
+    None,
+    Ready(Arc<ProbePath>),
+    Failed(Instant, String),
+}
 
-/// The [`ProbePath`], set up on first use. A failed set-up is retried at the next lane (and
-/// reported to every probe that needed it).
+static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
+
+/// A failed set-up is tried again after this long, not at every lane (a reload starting a
+/// thousand probe tasks would run `ip` thousands of times on the event loop).
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The [`ProbePath`], set up on first use. A failed set-up is reported to every probe that
+/// needed it, and tried again once `RETRY_AFTER` has passed.
 fn shared() -> Result<Arc<ProbePath>> {
     let mut slot = SHARED.get_or_init(Default::default).lock().map_err(|_| anyhow!("probe path lock poisoned"))?;
-    if let Some(path) = slot.as_ref() {
-        return Ok(path.clone());
+    match &*slot {
+        Shared::Ready(path) => return Ok(path.clone()),
+        Shared::Failed(at, why) if at.elapsed() < RETRY_AFTER => return Err(anyhow!("{why}")),
+        _ => {}
     }
-    let path = Arc::new(ProbePath::install()?);
-    *slot = Some(path.clone());
-    Ok(path)
+    match ProbePath::install() {
+        Ok(path) => {
+            let path = Arc::new(path);
+            *slot = Shared::Ready(path.clone());
+            Ok(path)
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            tracing::error!("{why}");
+            *slot = Shared::Failed(Instant::now(), why);
+            Err(e)
+        }
+    }
 }
 
 /// Adds the probe program's counters (`probe_sent`, `drop_probe_*`, summed over CPUs) to the
 /// balancer's `global` ones, if the probe path is set up (reading them never sets it up).
 pub fn add_counters(global: &mut [u64]) {
-    let Some(path) = SHARED.get().and_then(|s| s.lock().ok()?.clone()) else { return };
+    let Some(path) = SHARED.get().and_then(|s| match &*s.lock().ok()? {
+        Shared::Ready(path) => Some(path.clone()),
+        _ => None,
+    }) else {
+        return;
+    };
     match dataplane::global_counters(&path.stats) {
         Ok(ours) => global.iter_mut().zip(ours).for_each(|(sum, v)| *sum += v),
         Err(e) => tracing::warn!("reading the probe program's counters: {e:#}"),
@@ -95,7 +125,7 @@ pub fn add_counters(global: &mut [u64]) {
 /// with the device), if this process set them up.
 pub fn tear_down() {
     let Some(Ok(mut slot)) = SHARED.get().map(|s| s.lock()) else { return };
-    if slot.take().is_some() {
+    if matches!(std::mem::take(&mut *slot), Shared::Ready(_)) {
         remove_setup();
     }
 }
@@ -104,7 +134,9 @@ fn remove_setup() {
     let (table, priority) = (TABLE.to_string(), RULE_PRIORITY.to_string());
     for family in ["-4", "-6"] {
         let _ = ip(&[family, "rule", "del", "priority", &priority]);
-        let _ = ip(&[family, "route", "flush", "table", &table]);
+        let _ = ip(&[family, "route", "del", "default", "dev", DEVICE, "table", &table]);
+        // By name: `ip -6 route flush` leaves unreachable routes.
+        let _ = ip(&[family, "route", "del", "unreachable", "default", "table", &table, "metric", "4294967295"]);
     }
     let _ = ip(&["link", "del", "dev", DEVICE]);
 }

@@ -772,6 +772,33 @@ mod tests {
         assert_eq!(monitor_probe_once(plain, &https).await, ProbeOutcome::Failed);
     }
 
+    /// A name endpoint's monitor (issue 34): its name as TLS SNI and HTTP Host, at each
+    /// address (`policy::monitored_endpoints` puts the Host first; the prober takes SNI from it).
+    #[tokio::test]
+    async fn https_monitor_sends_the_host_as_sni() {
+        let acceptor = tls_acceptor();
+        let (tx, mut rx) = mpsc::channel::<(Option<String>, String)>(4);
+        let addr = spawn_server(move |s| {
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            async move {
+                let Ok(mut s) = acceptor.accept(s).await else { return };
+                let sni = s.get_ref().1.server_name().map(str::to_owned);
+                let mut buf = [0u8; 1024];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send((sni, String::from_utf8_lossy(&buf[..n]).to_string())).await;
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+                let _ = s.shutdown().await;
+            }
+        })
+        .await;
+        let mut https = monitor(MonitorProtocol::Https, addr.port(), vec![(200, 299)]);
+        https.custom_headers.insert(0, ("Host".into(), "app.example.net".into()));
+        assert!(https.probe_succeeded(monitor_probe_once(addr, &https).await));
+        let (sni, request) = rx.recv().await.unwrap();
+        assert_eq!(sni.as_deref(), Some("app.example.net"), "the name as SNI");
+        assert!(request.to_ascii_lowercase().contains("\r\nhost: app.example.net\r\n"), "{request}");
+    }
+
     #[tokio::test]
     async fn monitor_reports_online_then_degraded_after_tolerated_failures() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -718,7 +718,8 @@ mod tests {
         assert_eq!((stat::DROP_TOO_BIG_NO_DF, stat::PASS_FRAGMENT, stat::DROP_MARTIAN), (29, 30, 31));
         assert_eq!((stat::CT_FULL_STATELESS, stat::CT_EVICT_UNCONFIRMED), (32, 33));
         assert_eq!((stat::DROP_LOOP, stat::PASS_NEXT_HOP_NO_SERVICE), (34, 35));
-        assert_eq!(stat::NAMES.len(), 36);
+        assert_eq!((stat::PROBE_SENT, stat::DROP_PROBE_NO_TARGET, stat::DROP_PROBE_SEND), (36, 37, 38));
+        assert_eq!(stat::NAMES.len(), 39);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

@@ -114,7 +114,15 @@ api_enum!(
 api_enum!(
     /// Health check protocol.
     #[derive(Default)]
-    HealthProtocol { #[default] Tcp = "TCP", Ssl = "SSL", Http = "HTTP", Https = "HTTPS", Http2 = "HTTP2" }
+    HealthProtocol {
+        #[default] Tcp = "TCP",
+        Ssl = "SSL",
+        Http = "HTTP",
+        Https = "HTTPS",
+        Http2 = "HTTP2",
+        Grpc = "GRPC",
+        GrpcWithTls = "GRPC_WITH_TLS",
+    }
 );
 
 api_enum!(
@@ -185,6 +193,11 @@ impl HealthProtocol {
     /// its status (and body).
     pub fn is_http(self) -> bool {
         matches!(self, Self::Http | Self::Https | Self::Http2)
+    }
+
+    /// `grpc.health.v1.Health/Check`, over plain HTTP/2 or TLS.
+    pub fn is_grpc(self) -> bool {
+        matches!(self, Self::Grpc | Self::GrpcWithTls)
     }
 }
 

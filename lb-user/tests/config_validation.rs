@@ -1093,6 +1093,7 @@ fn health_check_request_path_with_control_characters_rejected() {
             host: None,
             port_specification: None,
             proxy_header: Default::default(),
+            grpc_service_name: None,
             path: None,
             check_interval_sec: 5,
             timeout_sec: 5,
@@ -1316,4 +1317,41 @@ fn a_health_check_path_follows_the_frontend() {
     reject_text(&fw_vip, FW, "health_check.path", &["VIP is not allowed for a next-hop service", "allowed DIRECT"]);
     let err = Config::parse(&web("", "path = \"direct\"\n")).unwrap_err().to_string();
     assert!(err.contains("health_check.path") && err.contains("`VIP` or `DIRECT`"), "{err}");
+}
+
+/// GRPC health checks: `grpc_service_name` with GRPC / GRPC_WITH_TLS only; the fields of other
+/// protocols refused with GRPC, each naming itself.
+#[test]
+fn grpc_health_checks_take_their_own_fields_only() {
+    let web = |check: &str| {
+        format!(
+            "[[service]]\nname = \"web\"\nvip = \"198.18.0.100\"\nprotocol = \"TCP\"\nports = [80]\n\
+             [service.health_check]\n{check}\n[[service.backend]]\naddress = \"198.18.3.9\"\n"
+        )
+    };
+    let cfg = Config::parse(&web("protocol = \"GRPC\"\ngrpc_service_name = \"shop.v1\"")).unwrap();
+    let hc = cfg.services[0].health_check().unwrap();
+    assert_eq!((hc.protocol, hc.grpc_service_name.as_deref()), (HealthProtocol::Grpc, Some("shop.v1")));
+    Config::parse(&web("protocol = \"GRPC_WITH_TLS\"")).unwrap();
+    let svc = "service \"web\"";
+    reject_text(
+        &web("protocol = \"TCP\"\ngrpc_service_name = \"shop\""),
+        svc,
+        "health_check.grpc_service_name",
+        &["only allowed with health_check.protocol = GRPC or GRPC_WITH_TLS"],
+    );
+    reject_text(&web("protocol = \"GRPC\"\nrequest_path = \"/\""), svc, "health_check.request_path", &["HTTP"]);
+    reject_text(&web("protocol = \"GRPC\"\nresponse = \"ok\""), svc, "health_check.response", &["not allowed"]);
+    reject_text(
+        &web("protocol = \"GRPC\"\nproxy_header = \"PROXY_V1\""),
+        svc,
+        "health_check.proxy_header",
+        &["not allowed", "TCP, SSL or HTTP(S)"],
+    );
+    reject_text(
+        &web("protocol = \"GRPC\"\ngrpc_service_name = \"a b\""),
+        svc,
+        "health_check.grpc_service_name",
+        &["printable ASCII"],
+    );
 }

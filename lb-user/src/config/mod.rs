@@ -245,6 +245,10 @@ pub struct HealthCheck {
     /// HTTP and HTTPS: the Host header (and the TLS name); default the backend's address.
     #[serde(default)]
     pub host: Option<String>,
+    /// GRPC and GRPC_WITH_TLS: the service whose health `grpc.health.v1.Health/Check` asks
+    /// for; absent: the server's overall health (the empty name).
+    #[serde(default)]
+    pub grpc_service_name: Option<String>,
     /// `PROXY_V1`: a PROXY protocol v1 line (the probe's own addresses) before anything else,
     /// for backends behind which a proxy expects one.
     #[serde(default)]

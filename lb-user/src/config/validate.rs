@@ -608,6 +608,37 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
             format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
         );
     }
+    if hc.grpc_service_name.is_some() && !hc.protocol.is_grpc() {
+        r.push(
+            "health_check.grpc_service_name",
+            format!("only allowed with health_check.protocol = GRPC or GRPC_WITH_TLS (here {})", hc.protocol),
+        );
+    }
+    if let Some(name) = &hc.grpc_service_name {
+        if name.len() > 1024 || !name.bytes().all(|c| c.is_ascii_graphic()) {
+            r.push(
+                "health_check.grpc_service_name",
+                format!("{name:?}: allowed at most 1024 printable ASCII characters without spaces"),
+            );
+        }
+    }
+    if hc.protocol.is_grpc() {
+        for (field, set) in [
+            ("health_check.request", hc.request.is_some()),
+            ("health_check.response", hc.response.is_some()),
+            ("health_check.proxy_header", hc.proxy_header != ProxyHeader::None),
+        ] {
+            if set {
+                r.push(
+                    field,
+                    format!(
+                        "not allowed with health_check.protocol = {} (the health service's answer is judged);                          allowed with TCP, SSL or HTTP(S)",
+                        hc.protocol
+                    ),
+                );
+            }
+        }
+    }
     if hc.path == Some(HealthPath::Vip) && svc.next_hop.is_some() {
         r.push(
             "health_check.path",

@@ -10,6 +10,7 @@ use super::probe::{
     self, HealthEvent, HttpProber, Judge, Judged, LocalError, Observation, Path, Prober, StreamProber, Target,
     TcpProber,
 };
+use super::probe_grpc::GrpcProber;
 use super::probe_path::{Delivery, Lane};
 use crate::config::{Config, Dataplane, HealthCheck, Service};
 use crate::model::{Forwarding, HealthPath, HealthProtocol, MonitorProtocol, MonitorStatus};
@@ -35,6 +36,8 @@ pub struct ProbeSpec {
     pub host: Option<String>,
     /// A PROXY protocol v1 line first (`proxy_header = "PROXY_V1"`).
     pub proxy_header: bool,
+    /// GRPC: the service name asked for (empty: the server).
+    pub grpc_service_name: String,
     pub interval: Duration,
     pub timeout: Duration,
     pub healthy_threshold: u32,
@@ -86,6 +89,7 @@ impl ProbeSpec {
             response: hc.response.clone(),
             host: hc.host.clone(),
             proxy_header: hc.proxy_header == crate::model::ProxyHeader::ProxyV1,
+            grpc_service_name: hc.grpc_service_name.clone().unwrap_or_default(),
             interval: Duration::from_secs(hc.check_interval_sec.max(1) as u64),
             timeout: Duration::from_secs(hc.timeout_sec.max(1) as u64),
             healthy_threshold: hc.healthy_threshold.max(1),
@@ -107,7 +111,7 @@ pub enum Checked {
 
 /// The prober of a health check's protocol (Google Cloud's: TCP and SSL with an optional
 /// request and expected response; HTTP, HTTPS and HTTP2 with a path, Host and expected body
-/// prefix).
+/// prefix; GRPC and GRPC_WITH_TLS, the standard health service).
 /// TLS probes do not verify the backend's certificate, as Google Cloud's do not.
 pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
     let proxy = spec.proxy_header;
@@ -128,6 +132,10 @@ pub fn prober(spec: &ProbeSpec) -> Arc<dyn Prober> {
         HealthProtocol::Http => http(false, false),
         HealthProtocol::Https => http(true, false),
         HealthProtocol::Http2 => http(true, true),
+        HealthProtocol::Grpc | HealthProtocol::GrpcWithTls => Arc::new(GrpcProber {
+            tls: spec.protocol == HealthProtocol::GrpcWithTls,
+            service: spec.grpc_service_name.clone(),
+        }),
     }
 }
 
@@ -470,6 +478,7 @@ mod tests {
             response: None,
             host: None,
             proxy_header: false,
+            grpc_service_name: String::new(),
             interval: Duration::from_millis(50),
             timeout: Duration::from_secs(5),
             healthy_threshold: 2,

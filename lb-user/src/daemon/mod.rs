@@ -24,6 +24,7 @@ pub mod neighbours;
 mod netlink;
 pub mod notify;
 pub mod probe;
+pub mod probe_grpc;
 pub mod probe_path;
 pub mod reload;
 pub mod reply;

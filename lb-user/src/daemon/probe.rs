@@ -116,7 +116,7 @@ async fn open(
 }
 
 /// [`open`], offering HTTP/2 by ALPN with `h2` (and failing when the server does not take it).
-async fn open_with(
+pub(super) async fn open_with(
     to: &Target,
     proxy: bool,
     tls: Option<tokio_rustls::rustls::pki_types::ServerName<'static>>,

@@ -365,6 +365,9 @@ fn refused_reloads_leave_status_and_tables_byte_for_byte() {
     eprintln!("hostile reload: LB_FUZZ_SEED={seed:#x}");
     let topo = Topology::build(&TopologySpec { prefix: "hc1".into(), zones: vec![(1, 2), (1, 2)], outside_clients: 0 })
         .expect("topology (needs root)");
+    // Backends decapsulate: health probes reach them through the data path (IPIP).
+    let _decap =
+        lb_tests::e2e::DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-hc1-decap")).unwrap();
     let _servers: Vec<_> = topo.backends.iter().map(|b| start_server(b, 80).unwrap()).collect();
     let stay = "[service.zonal_affinity]\nspillover = \"ZONAL_AFFINITY_STAY_WITHIN_ZONE\"\n";
     let good = zones_toml(2) + &service_toml(&topo, "web", false, "", stay, 80, &|_| false);

@@ -1,7 +1,8 @@
 //! `lb unload`: the explicit end of a data plane that `lb run --keep-dataplane` left
 //! forwarding (the packaged service always keeps it, so that restarts, reloads and upgrades
 //! keep every flow): detaches the balancer from every interface it has a pinned link on and
-//! removes the map pins, the pin directory and the daemon's state file. Refused while a daemon
+//! removes the map pins, the pin directory and the daemon's state file (and a probe device a
+//! daemon that did not stop cleanly left). Refused while a daemon
 //! runs on the pin directory (stop it first: `systemctl stop lb`). The package's `prerm` runs
 //! it when the package is removed.
 
@@ -27,6 +28,9 @@ pub struct Unloaded {
     pub detached: Vec<String>,
     /// Whether a pin directory was there.
     pub pins: bool,
+    /// Whether a probe device (with its policy rule and routes) left by a daemon that did not
+    /// stop cleanly was removed.
+    pub probe_device: bool,
 }
 
 pub fn unload(args: &UnloadArgs) -> Result<Unloaded> {
@@ -37,6 +41,7 @@ pub fn unload(args: &UnloadArgs) -> Result<Unloaded> {
     }
     done.pins = true;
     let _lock = pinning::lock_pin_dir(&args.pin_dir).context("stop the daemon first (systemctl stop lb)")?;
+    done.probe_device = crate::daemon::probe_path::remove_leftovers();
     for ifname in link_pins(&args.pin_dir)? {
         if pinning::detach_pinned(&pinning::link_pin(&args.pin_dir, &ifname))? {
             done.detached.push(ifname);
@@ -69,6 +74,9 @@ pub fn run(args: &UnloadArgs) -> Result<()> {
         println!("removed the pins in {} (no interface had the balancer attached)", args.pin_dir.display());
     } else {
         println!("detached from {}; removed the pins in {}", done.detached.join(", "), args.pin_dir.display());
+    }
+    if done.probe_device {
+        println!("removed the health probes' device {} and its rule", crate::daemon::probe_path::DEVICE);
     }
     Ok(())
 }

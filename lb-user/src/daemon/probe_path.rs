@@ -130,6 +130,16 @@ pub fn tear_down() {
     }
 }
 
+/// `lb unload` with the daemon stopped: removes a probe device, rule and routes that a daemon
+/// which did not stop cleanly left. Whether there was a device.
+pub fn remove_leftovers() -> bool {
+    let present = ip(&["link", "show", "dev", DEVICE]).is_ok();
+    if present {
+        remove_setup();
+    }
+    present
+}
+
 fn remove_setup() {
     let (table, priority) = (TABLE.to_string(), RULE_PRIORITY.to_string());
     for family in ["-4", "-6"] {

@@ -27,8 +27,9 @@ use lb_ebpf::packet::{parse_eth, ptr_at, read};
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
 
 /// This host's tunnel endpoint addresses (`lb decap attach --address`, or the interface's).
+/// Room for a host with many addresses (a backend serving on a thousand of them).
 #[map]
-static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(64, 0);
+static DECAP_ADDRS: HashMap<AddrKey, u32> = HashMap::with_max_entries(4096, 0);
 /// The counters, as the balancer's `STATS` record; only `stat::DECAP` and
 /// `stat::DECAP_DROP_MALFORMED` are used here.
 #[map]

@@ -451,15 +451,7 @@ fn check_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, r: &mut Re
                      target_service for a nested endpoint",
                 );
             }
-            for (set, field) in [
-                (b.min_child_endpoints.is_some(), "min_child_endpoints"),
-                (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),
-                (b.min_child_endpoints_ipv6.is_some(), "min_child_endpoints_ipv6"),
-            ] {
-                if set {
-                    r.push(format!("backend[{i}].{field}"), "only allowed on a nested endpoint (with target_service)");
-                }
-            }
+            refuse_child_thresholds(b, i, r);
         }
     }
 }
@@ -514,6 +506,11 @@ fn check_name_endpoint(cfg: &Config, svc: &Service, b: &Backend, i: usize, name:
             ),
         );
     }
+    refuse_child_thresholds(b, i, r);
+}
+
+/// The Online thresholds of a nested endpoint, refused on any other endpoint.
+fn refuse_child_thresholds(b: &Backend, i: usize, r: &mut Report) {
     for (set, field) in [
         (b.min_child_endpoints.is_some(), "min_child_endpoints"),
         (b.min_child_endpoints_ipv4.is_some(), "min_child_endpoints_ipv4"),

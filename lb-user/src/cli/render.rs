@@ -111,6 +111,9 @@ pub fn status(v: &Status) -> String {
             svc.rule.map_or("-", |r| r.id()),
             or_dash(&svc.active_pool)
         );
+        if let Some(check) = &svc.health_check {
+            let _ = writeln!(out, "  health check: {check}");
+        }
         let mut backends = table(
             &["BACKEND", "ZONE", "ROLE", "HEALTH", "SOURCE", "WEIGHT", "DRAINING", "LAST PROBE"],
             &[40, 10, 9, 10, 13, 6, 8],
@@ -412,6 +415,7 @@ mod tests {
             routing_method: RoutingMethod::Zonal,
             classes: None,
             names: vec![],
+            health_check: Some("TCP port 80, through the VIP 198.18.0.100 (IPIP)".into()),
         }
     }
 
@@ -440,6 +444,7 @@ mod tests {
                 zones: vec![],
                 routing_method: RoutingMethod::Subnet,
                 names: vec![],
+                health_check: None,
                 classes: Some(vec![
                     ClassView {
                         class: 1,
@@ -460,6 +465,7 @@ mod tests {
         assert!(out.contains("zone-a             REFINED         198.18.11.1"), "{out}");
         assert!(out.contains("(non-compatible)   NOT_COMPATIBLE  DROP"), "{out}");
         assert!(out.contains("routing method SUBNET"), "{out}");
+        assert!(out.contains("  health check: TCP port 80, through the VIP 198.18.0.100 (IPIP)\n"), "{out}");
         assert!(out.contains("class 1 198.18.1.0/24: 198.18.21.1\n    why: SUBNET: mapped"), "{out}");
         assert!(out.contains("class 0 (no prefix): DROP"), "{out}");
     }

@@ -75,6 +75,25 @@ impl Route {
     }
 }
 
+impl Route {
+    /// Where the probes go, for `lb status`: "through the VIP 198.18.0.100 (IPIP)", "at the
+    /// backends' own addresses".
+    pub fn describe(&self) -> String {
+        match self {
+            Route::Direct => "at the backends' own addresses (path DIRECT)".into(),
+            Route::Vip { vip, delivery: Delivery::L2 } => format!("through the VIP {vip} (L2_DSR)"),
+            Route::Vip { vip, delivery: Delivery::Encap { .. } } => format!("through the VIP {vip} (IPIP)"),
+        }
+    }
+}
+
+/// Service `svc`'s health check for `lb status` ("TCP port 80, through the VIP ... (IPIP)"); None
+/// without one.
+pub fn describe_check(svc: &Service, dataplane: &Dataplane) -> Option<String> {
+    let (hc, port) = (svc.health_check()?, svc.health_check_port()?);
+    Some(format!("{} port {port}, {}", hc.protocol, Route::of(svc, hc, dataplane).describe()))
+}
+
 impl ProbeSpec {
     /// `default_port` is the service's first port (config validation guarantees one exists
     /// when the health check names none).

@@ -98,6 +98,9 @@ pub struct ServiceStatus {
     /// The endpoints given by DNS name and what their name resolved to (absent: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<NameView>,
+    /// The health check: protocol, port and where its probes go (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<String>,
 }
 
 /// An endpoint given by DNS name (`lb status`): its name's addresses (of the VIP's family) and

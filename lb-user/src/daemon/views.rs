@@ -171,6 +171,7 @@ impl Daemon {
                     // Traffic Manager services: the routing method's client classes.
                     classes: compiled.and_then(class_views),
                     names: name_views(svc, &statuses, si),
+                    health_check: super::health::describe_check(svc, &cfg.dataplane),
                 }
             })
             .collect();

@@ -1146,7 +1146,12 @@ fn health_check_fields_of_another_protocol_rejected() {
         "health_check.request",
         &["TCP or SSL", "HTTP"],
     );
-    reject_text(&with_health_check("host = \"app.example\"\n"), WEB, "health_check.host", &["HTTP or HTTPS", "TCP"]);
+    reject_text(
+        &with_health_check("host = \"app.example\"\n"),
+        WEB,
+        "health_check.host",
+        &["HTTP, HTTPS or HTTP2", "TCP"],
+    );
     let ok = Config::parse(&with_health_check("protocol = \"SSL\"\nrequest = \"PING\"\nresponse = \"PONG\"\n"));
     ok.expect("SSL with a request and a response is valid");
     Config::parse(&with_health_check("protocol = \"HTTPS\"\nhost = \"app.example\"\nresponse = \"ok\"\n"))
@@ -1338,16 +1343,44 @@ fn grpc_health_checks_take_their_own_fields_only() {
         &web("protocol = \"TCP\"\ngrpc_service_name = \"shop\""),
         svc,
         "health_check.grpc_service_name",
-        &["only allowed with health_check.protocol = GRPC or GRPC_WITH_TLS"],
+        &["only allowed with health_check.protocol = GRPC or GRPC_WITH_TLS", "here TCP"],
     );
-    reject_text(&web("protocol = \"GRPC\"\nrequest_path = \"/\""), svc, "health_check.request_path", &["HTTP"]);
-    reject_text(&web("protocol = \"GRPC\"\nresponse = \"ok\""), svc, "health_check.response", &["not allowed"]);
-    reject_text(
-        &web("protocol = \"GRPC\"\nproxy_header = \"PROXY_V1\""),
-        svc,
-        "health_check.proxy_header",
-        &["not allowed", "TCP, SSL or HTTP(S)"],
-    );
+    // Each field refused with GRPC names exactly the protocols that take it.
+    for (check, field, problem) in [
+        (
+            "request_path = \"/\"",
+            "health_check.request_path",
+            "only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here GRPC)",
+        ),
+        (
+            "expected_status = 200",
+            "health_check.expected_status",
+            "only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here GRPC)",
+        ),
+        (
+            "host = \"shop\"",
+            "health_check.host",
+            "only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here GRPC)",
+        ),
+        (
+            "request = \"PING\"",
+            "health_check.request",
+            "not allowed with health_check.protocol = GRPC: allowed with TCP or SSL",
+        ),
+        (
+            "response = \"ok\"",
+            "health_check.response",
+            "not allowed with health_check.protocol = GRPC: allowed with TCP, SSL, HTTP, HTTPS or HTTP2",
+        ),
+        (
+            "proxy_header = \"PROXY_V1\"",
+            "health_check.proxy_header",
+            "not allowed with health_check.protocol = GRPC: allowed with TCP, SSL, HTTP, HTTPS or HTTP2",
+        ),
+    ] {
+        let v = reject_text(&web(&format!("protocol = \"GRPC\"\n{check}")), svc, field, &[]);
+        assert_eq!(v.problem, problem, "{check}");
+    }
     reject_text(
         &web("protocol = \"GRPC\"\ngrpc_service_name = \"a b\""),
         svc,

@@ -569,7 +569,7 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         if !hc.protocol.is_http() {
             r.push(
                 "health_check.request_path",
-                format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
+                format!("only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here {})", hc.protocol),
             );
         } else if !path.starts_with('/') {
             r.push("health_check.request_path", format!("{path:?} must start with '/'"));
@@ -587,7 +587,7 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         if !hc.protocol.is_http() {
             r.push(
                 "health_check.expected_status",
-                format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
+                format!("only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here {})", hc.protocol),
             );
         } else if !(100..=599).contains(&status) {
             r.push("health_check.expected_status", format!("{status} is out of range: allowed 100..=599"));
@@ -605,7 +605,7 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
     if hc.host.is_some() && !hc.protocol.is_http() {
         r.push(
             "health_check.host",
-            format!("only allowed with health_check.protocol = HTTP or HTTPS (here {})", hc.protocol),
+            format!("only allowed with health_check.protocol = HTTP, HTTPS or HTTP2 (here {})", hc.protocol),
         );
     }
     if hc.grpc_service_name.is_some() && !hc.protocol.is_grpc() {
@@ -623,18 +623,17 @@ fn check_health_check(svc: &Service, hc: &HealthCheck, r: &mut Report) {
         }
     }
     if hc.protocol.is_grpc() {
-        for (field, set) in [
-            ("health_check.request", hc.request.is_some()),
-            ("health_check.response", hc.response.is_some()),
-            ("health_check.proxy_header", hc.proxy_header != ProxyHeader::None),
+        // The health service's answer is judged: no conversation, no PROXY line (Google
+        // Cloud's gRPC checks have neither). Each field names the protocols that take it.
+        for (field, set, allowed) in [
+            ("health_check.request", hc.request.is_some(), "TCP or SSL"),
+            ("health_check.response", hc.response.is_some(), "TCP, SSL, HTTP, HTTPS or HTTP2"),
+            ("health_check.proxy_header", hc.proxy_header != ProxyHeader::None, "TCP, SSL, HTTP, HTTPS or HTTP2"),
         ] {
             if set {
                 r.push(
                     field,
-                    format!(
-                        "not allowed with health_check.protocol = {} (the health service's answer is judged);                          allowed with TCP, SSL or HTTP(S)",
-                        hc.protocol
-                    ),
+                    format!("not allowed with health_check.protocol = {}: allowed with {allowed}", hc.protocol),
                 );
             }
         }

@@ -139,6 +139,62 @@ mod tests {
         assert!(why.contains("NotFound"), "{why}");
     }
 
+    /// A plain relay to `inner`: its address, and a signal each time a relayed connection ends
+    /// (both sides closed).
+    async fn relay(inner: SocketAddr) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ended, ends) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let ended = ended.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut plain) = tokio::net::TcpStream::connect(inner).await {
+                        let _ = tokio::io::copy_bidirectional(&mut s, &mut plain).await;
+                    }
+                    let _ = ended.send(());
+                });
+            }
+        });
+        (addr, ends)
+    }
+
+    /// A probe leaves no connection behind, passed or cut by the runner's timeout: tonic's
+    /// connection task must not outlive the probe (a probe every few seconds per backend).
+    #[tokio::test]
+    async fn a_probe_leaves_no_connection_behind() {
+        use std::time::Duration;
+        let (reporter, server) = health_server().await;
+        reporter.set_service_status("shop", tonic_health::ServingStatus::Serving).await;
+        let (addr, mut ends) = relay(server).await;
+        assert_eq!(probe(addr, false, "shop").await, Observation::Connected);
+        tokio::time::timeout(Duration::from_secs(5), ends.recv())
+            .await
+            .expect("a passed probe's connection stayed open");
+
+        // A server that accepts and never answers: the runner's timeout cuts the probe.
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let (closed, mut closes) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = silent.accept().await {
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = [0u8; 4096];
+                    while let Ok(1..) = s.read(&mut buf).await {}
+                    let _ = closed.send(());
+                });
+            }
+        });
+        let prober = GrpcProber { tls: false, service: "shop".into() };
+        let seen = super::super::probe::observe(&prober, &Target::direct(addr), Duration::from_millis(300)).await;
+        assert_eq!(seen, Ok(Observation::Failed("timeout after 300ms".into())));
+        tokio::time::timeout(Duration::from_secs(5), closes.recv())
+            .await
+            .expect("a timed-out probe's connection stayed open");
+    }
+
     #[tokio::test]
     async fn a_server_that_is_not_grpc_fails() {
         // Plain TCP that answers text and closes; and TLS expected where there is none.

@@ -3,11 +3,14 @@
 //! tonic's client; SERVING passes, anything else fails with what was answered. The connection is
 //! the probe's own (`probe::open_with`, so it follows the probe's path, to the VIP by default),
 //! handed to tonic by a connector: plain HTTP/2 (prior knowledge) or over TLS with ALPN h2.
+//! The request's `:authority` is the backend's address and the check's port (as the HTTP2
+//! check's, and as a gRPC client dialling that address sends it), `:scheme` `https` over TLS.
 //! The TLS probe does not verify the backend's certificate, as Google Cloud's does not.
 
 use super::probe::{open_with, LocalError, Observation, Prober, Target};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Mutex;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -33,20 +36,34 @@ impl Prober for GrpcProber {
                 Ok(stream) => stream,
                 Err(failed) => return Ok(failed),
             };
-            Ok(self.check(stream).await.map_or_else(Observation::Failed, |()| Observation::Connected))
+            Ok(self.check(stream, to.addr).await.map_or_else(Observation::Failed, |()| Observation::Connected))
         })
     }
 }
 
 impl GrpcProber {
-    async fn check(&self, stream: Box<dyn super::probe::Io>) -> Result<(), String> {
+    /// The request's origin: the scheme, and the backend's address and port as the authority
+    /// (an IPv6 address without its scope, which an authority cannot carry).
+    fn origin(&self, addr: SocketAddr) -> Result<tonic::transport::Uri, String> {
+        let scheme = if self.tls { "https" } else { "http" };
+        let authority = match addr {
+            SocketAddr::V4(a) => a.to_string(),
+            SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+        };
+        format!("{scheme}://{authority}").parse().map_err(|e| format!("gRPC origin {authority}: {e}"))
+    }
+
+    async fn check(&self, stream: Box<dyn super::probe::Io>, addr: SocketAddr) -> Result<(), String> {
         // One connection, made already: the connector hands it over once.
         let stream = Mutex::new(Some(stream));
         let connector = tower::service_fn(move |_: tonic::transport::Uri| {
             let taken = stream.lock().ok().and_then(|mut s| s.take());
             async move { taken.map(TokioIo::new).ok_or_else(|| std::io::Error::other("the probe's connection was used")) }
         });
+        // The endpoint's URI only reaches the connector, which ignores it (plain `http`: tonic
+        // never adds its own TLS); the origin names the backend in each request.
         let channel = tonic::transport::Endpoint::from_static("http://probe")
+            .origin(self.origin(addr)?)
             .connect_with_connector(connector)
             .await
             .map_err(|e| format!("gRPC connection: {e}"))?;
@@ -65,18 +82,30 @@ impl GrpcProber {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::SocketAddr;
+    use std::sync::Arc;
     use tokio::net::TcpListener;
     use tonic_health::server::{health_reporter, HealthReporter};
 
     /// A real gRPC health server (tonic-health's) on a loopback port: its reporter, its address.
     async fn health_server() -> (HealthReporter, SocketAddr) {
+        let (reporter, addr, _) = recording_health_server().await;
+        (reporter, addr)
+    }
+
+    /// [`health_server`], recording each request's URI (scheme and authority included).
+    async fn recording_health_server() -> (HealthReporter, SocketAddr, Arc<Mutex<Vec<String>>>) {
         let (reporter, service) = health_reporter();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
-        (reporter, addr)
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let mut server = tonic::transport::Server::builder().trace_fn(move |req| {
+            record.lock().unwrap().push(req.uri().to_string());
+            tracing::Span::none()
+        });
+        tokio::spawn(server.add_service(service).serve_with_incoming(incoming));
+        (reporter, addr, seen)
     }
 
     /// TLS (self-signed, ALPN h2) in front of the plain server at `inner`.
@@ -137,6 +166,21 @@ mod tests {
         // A service the server does not know: NotFound.
         let Observation::Failed(why) = probe(plain, false, "nope").await else { panic!("an unknown service passed") };
         assert!(why.contains("NotFound"), "{why}");
+    }
+
+    /// The request names the backend (its address and the check's port) as its authority, and
+    /// its scheme is `https` over TLS.
+    #[tokio::test]
+    async fn the_request_names_the_backend() {
+        let (_reporter, plain, seen) = recording_health_server().await;
+        let tls = tls_front(plain).await;
+        assert_eq!(probe(plain, false, "").await, Observation::Connected);
+        assert_eq!(probe(tls, true, "").await, Observation::Connected);
+        let check = "/grpc.health.v1.Health/Check";
+        assert_eq!(*seen.lock().unwrap(), [format!("http://{plain}{check}"), format!("https://{tls}{check}")]);
+        let v6 = GrpcProber { tls: false, service: String::new() };
+        let scoped = SocketAddr::V6(std::net::SocketAddrV6::new("fe80::1".parse().unwrap(), 50051, 0, 2));
+        assert_eq!(v6.origin(scoped).unwrap(), "http://[fe80::1]:50051");
     }
 
     /// A plain relay to `inner`: its address, and a signal each time a relayed connection ends

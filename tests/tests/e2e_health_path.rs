@@ -79,6 +79,13 @@ fn run(prefix: &str, v6: bool, forwarding: &str) {
     .unwrap_or_else(|e| fail(e));
     let client = topo.clients_in_zone(1).next().unwrap();
     assert_eq!(attempts(client, vip(v6, 80), 30), (all.clone(), 0), "{}", d.diagnostics());
+    // `lb status` says where each service's probes go.
+    let text = d.cli(&["status"]).unwrap_or_else(|e| fail(e));
+    let via = if forwarding == "L2_DSR" { "L2_DSR" } else { "IPIP" };
+    let vip_ip = vip(v6, 80).ip();
+    assert!(text.contains(&format!("health check: TCP port 80, through the VIP {vip_ip} ({via})")), "{text}");
+    let direct_line = format!("health check: TCP port {DIRECT_PORT}, at the backends' own addresses (path DIRECT)");
+    assert!(text.contains(&direct_line), "{text}");
     // The probes went through lb_probe (counted), not to the backends' own addresses.
     let sent = d.cli(&["stats"]).unwrap_or_else(|e| fail(e));
     assert!(sent.lines().any(|l| l.contains("probe_sent") && !l.trim_end().ends_with(" 0")), "{sent}");

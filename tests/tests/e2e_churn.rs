@@ -55,7 +55,7 @@ fn reloads_requests_and_interface_loss_leak_neither_descriptors_nor_memory() {
     let reload = |i: usize| {
         d.rewrite_config(&config(&topo, i.is_multiple_of(2))).unwrap();
         let r = d.raw(b"{\"request\":\"reload\"}\n").unwrap_or_else(|e| fail(e));
-        assert_eq!(r["ok"], true, "reload {i}: {r}");
+        assert_eq!(r["ok"], true, "reload {i}: {r}\n{}", d.diagnostics());
     };
     let ask = |i: usize| {
         let (req, accepted) = request(i, &b1);

@@ -131,7 +131,7 @@ fn run(prefix: &str, v6: bool, forwarding: &str) {
     // verdicts above are checked.
     if encap {
         let (answered, lost) = attempts(client, vip(v6, DIRECT_PORT), 15);
-        assert_eq!(answered, broken, "only the working backends answer");
+        assert!(answered.is_subset(&broken), "only the working backends answer: {answered:?}");
         assert!(
             lost > 0,
             "the black hole: connections to the broken but healthy backends fail\n{}\n{}",

@@ -296,6 +296,11 @@ impl Lane {
         let (ifindex, source) = self.path.route_to(self.backend)?;
         self.write(ifindex)?;
         let socket = if self.vip.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        // Closed with a reset, leaving no TIME_WAIT: the bind below takes its port for as long
+        // as the socket lives, and every probe of every lane shares the source address, so at
+        // 1,000 probes a second 60 s of TIME_WAIT would want 60,000 of the 28,232 ephemeral
+        // ports (binds slow down, then fail). A probe is over when it closes: nothing is lost.
+        socket.set_zero_linger()?;
         let mark = self.mark();
         // SAFETY: setsockopt reads one u32 of the size given from a live local.
         let rc = unsafe {

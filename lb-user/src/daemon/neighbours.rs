@@ -40,6 +40,7 @@ const RTN_UNICAST: u8 = 1;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
+const RTA_PREFSRC: u16 = 7;
 /// `struct rtvia`: an IPv6 gateway of an IPv4 route.
 const RTA_VIA: u16 = 18;
 const NDA_DST: u16 = 1;
@@ -245,6 +246,23 @@ pub fn next_hop(route: &[u8], addr: IpAddr) -> Option<(IpAddr, u32)> {
     Some((via.unwrap_or(addr), oif?))
 }
 
+/// The kernel's route to `addr` (RTM_GETROUTE on `fd`, request number `seq`): the RTM_NEWROUTE
+/// payloads it answered with.
+pub fn route_get(fd: &OwnedFd, addr: IpAddr, seq: u32) -> std::io::Result<Vec<Vec<u8>>> {
+    let (family, dst) = family_and_bytes(addr);
+    let mut rtmsg = [0u8; RTMSG_LEN];
+    (rtmsg[0], rtmsg[1]) = (family, dst.len() as u8 * 8);
+    netlink::request(fd, Request::new(RTM_GETROUTE, 0, &rtmsg).attr(RTA_DST, &dst), RTM_NEWROUTE, seq)
+}
+
+/// The source address the kernel would use on a route (`route`, as [`next_hop`] takes it).
+pub fn preferred_source(route: &[u8]) -> Option<IpAddr> {
+    if route.len() < RTMSG_LEN {
+        return None;
+    }
+    attrs(&route[RTMSG_LEN..]).find(|(kind, _)| *kind == RTA_PREFSRC).and_then(|(_, v)| ip_from(route[0], v))
+}
+
 /// Whether a neighbour entry (RTM_NEWNEIGH payload) is permanent or managed already.
 fn permanent_or_managed(entry: &[u8]) -> bool {
     entry.len() >= NDMSG_LEN
@@ -263,11 +281,7 @@ fn keep(fd: &OwnedFd, addr: IpAddr, seq: &mut u32) -> Result<Option<IpAddr>> {
         *seq = seq.wrapping_add(1);
         *seq
     };
-    let (family, dst) = family_and_bytes(addr);
-    let mut rtmsg = [0u8; RTMSG_LEN];
-    (rtmsg[0], rtmsg[1]) = (family, dst.len() as u8 * 8);
-    let get = Request::new(RTM_GETROUTE, 0, &rtmsg).attr(RTA_DST, &dst);
-    let routes = netlink::request(fd, get, RTM_NEWROUTE, next_seq()).with_context(|| format!("route to {addr}"))?;
+    let routes = route_get(fd, addr, next_seq()).with_context(|| format!("route to {addr}"))?;
     let Some((nh, ifindex)) = routes.first().and_then(|r| next_hop(r, addr)) else {
         return Ok(None);
     };

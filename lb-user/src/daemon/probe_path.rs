@@ -22,13 +22,13 @@
 //! host's routes (where any balancer, this one included, would choose its backend).
 
 use super::iproute::ip;
-use super::netlink::{self, attrs, Request};
+use super::{neighbours, netlink};
 use crate::dataplane::{self, addr_words, take};
 use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use aya::programs::{tc, SchedClassifier, TcAttachType};
 use aya::Ebpf;
-use lb_common::maps::{probe, GlobalStats, ProbeTarget, FAMILY_V4};
+use lb_common::maps::{probe, GlobalStats, ProbeTarget};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -216,34 +216,12 @@ impl ProbePath {
 
     /// The device towards `backend` and the source address the kernel would use for it.
     fn route_to(&self, backend: IpAddr) -> std::io::Result<(u32, Option<IpAddr>)> {
-        const RTM_NEWROUTE: u16 = 24;
-        const RTM_GETROUTE: u16 = 26;
-        const RTA_DST: u16 = 1;
-        const RTA_OIF: u16 = 4;
-        const RTA_PREFSRC: u16 = 7;
-        const RTMSG_LEN: usize = 12;
-        let (family, dst): (u8, Vec<u8>) = match backend {
-            IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
-            IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
-        };
-        let mut rtmsg = [0u8; RTMSG_LEN];
-        (rtmsg[0], rtmsg[1]) = (family, dst.len() as u8 * 8);
         let mut guard = self.netlink.lock().map_err(|_| std::io::Error::other("netlink lock poisoned"))?;
         guard.1 = guard.1.wrapping_add(1);
-        let seq = guard.1;
-        let routes =
-            netlink::request(&guard.0, Request::new(RTM_GETROUTE, 0, &rtmsg).attr(RTA_DST, &dst), RTM_NEWROUTE, seq)?;
-        let route = routes.first().filter(|r| r.len() >= RTMSG_LEN).ok_or_else(|| no_route(backend))?;
-        let (mut oif, mut src) = (None, None);
-        for (kind, v) in attrs(&route[RTMSG_LEN..]) {
-            match (kind, v.len()) {
-                (RTA_OIF, 4) => oif = Some(u32::from_ne_bytes(v.try_into().expect("4 bytes"))),
-                (RTA_PREFSRC, 4) => src = Some(IpAddr::from(<[u8; 4]>::try_from(v).expect("4 bytes"))),
-                (RTA_PREFSRC, 16) => src = Some(IpAddr::from(<[u8; 16]>::try_from(v).expect("16 bytes"))),
-                _ => {}
-            }
-        }
-        Ok((oif.ok_or_else(|| no_route(backend))?, src))
+        let routes = neighbours::route_get(&guard.0, backend, guard.1)?;
+        let route = routes.first().ok_or_else(|| no_route(backend))?;
+        let (_, ifindex) = neighbours::next_hop(route, backend).ok_or_else(|| no_route(backend))?;
+        Ok((ifindex, neighbours::preferred_source(route)))
     }
 }
 
@@ -330,7 +308,6 @@ impl Lane {
             Delivery::L2 => (probe::FORWARD_L2, [0; 4]),
         };
         let target = ProbeTarget { backend, outer_source, ifindex, family, forward, _pad: [0; 2] };
-        debug_assert!(family == FAMILY_V4 || self.backend.is_ipv6());
         let mut written = self.written.lock().map_err(|_| std::io::Error::other("lane lock poisoned"))?;
         if *written != Some(target) {
             let mut targets = self.path.targets.lock().map_err(|_| std::io::Error::other("probe map lock poisoned"))?;

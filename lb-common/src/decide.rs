@@ -112,14 +112,17 @@ pub fn is_new_flow(is_tcp_syn: bool, tracking_mode: u8, session_affinity: u8) ->
 pub fn syn_keeps_entry(entry: &CtEntry, backend: Option<&Backend>, service: &ServiceInfo, now_ns: u64) -> bool {
     let fresh = service.idle_timeout_ns == 0 || now_ns.saturating_sub(entry.last_seen_ns) <= service.idle_timeout_ns;
     let usable = match backend {
-        Some(b) => {
-            b.family != 0
-                && b.generation == entry.backend_gen
-                && b.flags & (backend_flags::REMOVED | backend_flags::HEALTHY) == backend_flags::HEALTHY
-        }
+        Some(b) => b.generation == entry.backend_gen && takes_new_flows(b),
         None => false,
     };
     fresh && entry.pool_gen == service.pool_gen && usable
+}
+
+/// Whether a backend takes new connections: present, not REMOVED (neither gone nor draining)
+/// and HEALTHY.
+#[inline(always)]
+pub fn takes_new_flows(b: &Backend) -> bool {
+    b.family != 0 && b.flags & (backend_flags::REMOVED | backend_flags::HEALTHY) == backend_flags::HEALTHY
 }
 
 /// [`ServiceInfo::flags`] persistence bits from the persistence option, tracking mode and

@@ -446,6 +446,29 @@ pub struct TableRef {
     /// Index of the Maglev table in `TABLES` (entries `slot * M .. slot * M + M`).
     pub slot: u32,
     pub flags: u32,
+    /// The table this one replaced, kept intact until `prev_until_ns` (issue 35): a TCP packet
+    /// after the SYN that misses before then (the first ACK of a handshake whose SYN went by
+    /// the stateless choice) takes the backend the previous table gave it, if that backend
+    /// still takes new connections, so a handshake that straddles a change reaches one backend.
+    pub prev_slot: u32,
+    pub _pad: u32,
+    /// Data-plane clock (ns): the previous table is used before this instant (0: none).
+    pub prev_until_ns: u64,
+}
+
+/// The `CLEAN_SLOTS` bitmap of a Maglev table: bit `i` of table slot `s` is word
+/// `s * clean_words(m) + i / 64`, bit `i % 64`. A set bit says no live connection-table entry
+/// of the table's service and Maglev slot `i` names another backend than the table does (the
+/// controller's scan verified it; a table change clears every bit whose entry changed before
+/// the table is published). A SYN whose slot is clean needs no entry: the stateless choice is
+/// what any entry would say, so it is forwarded without reading the connection table, and its
+/// flow is inserted at its first non-SYN packet (issue 35).
+pub mod clean_slots {
+    /// Words of one table's bitmap.
+    #[inline(always)]
+    pub const fn words(m: u32) -> u32 {
+        m.div_ceil(64)
+    }
 }
 
 /// Defines the counters from one list, in index order: each `NAME = "name"` becomes the index
@@ -550,10 +573,18 @@ pub mod stat {
         /// A health probe the probe program could not encapsulate or hand to the neighbour
         /// layer: dropped (the probe then fails by timeout).
         DROP_PROBE_SEND = "drop_probe_send",
+        /// A SYN new by rule whose Maglev slot is clean (`CLEAN_SLOTS`): forwarded by the
+        /// stateless choice without reading or writing the connection table; its flow is
+        /// inserted at its first non-SYN packet.
+        CT_SYN_STATELESS = "ct_syn_stateless",
+        /// A flow without an entry that took the backend its table's previous version gave (a
+        /// handshake straddling a table change, `TableRef::prev_until_ns`) instead of the
+        /// current table's.
+        CT_PREV_TABLE = "ct_prev_table",
     }
 
     /// Counters in the global record ([`GlobalStats::counters`]); indices past `NAMES` are spare.
-    pub const GLOBAL_COUNT: u32 = 40;
+    pub const GLOBAL_COUNT: u32 = 48;
     const _: () = assert!(NAMES.len() <= GLOBAL_COUNT as usize);
 }
 
@@ -697,10 +728,10 @@ const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<Backend>() == 40);
 const _: () = assert!(core::mem::size_of::<ClassKey>() == 20);
 const _: () = assert!(core::mem::size_of::<NextHopKey>() == 20);
-const _: () = assert!(core::mem::size_of::<TableRef>() == 8);
+const _: () = assert!(core::mem::size_of::<TableRef>() == 24);
 // 40 counters and the search record. A pinned `STATS` of another size (280 bytes before
 // `ct_full_stateless`) is replaced at adoption, as every map whose size changed.
-const _: () = assert!(core::mem::size_of::<GlobalStats>() == 344);
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 408);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 32);
 const _: () = assert!(core::mem::size_of::<LocalMac>() == 12);
 const _: () = assert!(core::mem::size_of::<BackendCounters>() == 24);
@@ -719,7 +750,8 @@ mod tests {
         assert_eq!((stat::CT_FULL_STATELESS, stat::CT_EVICT_UNCONFIRMED), (32, 33));
         assert_eq!((stat::DROP_LOOP, stat::PASS_NEXT_HOP_NO_SERVICE), (34, 35));
         assert_eq!((stat::PROBE_SENT, stat::DROP_PROBE_NO_TARGET, stat::DROP_PROBE_SEND), (36, 37, 38));
-        assert_eq!(stat::NAMES.len(), 39);
+        assert_eq!((stat::CT_SYN_STATELESS, stat::CT_PREV_TABLE), (39, 40));
+        assert_eq!(stat::NAMES.len(), 41);
         assert_eq!(stat::NAMES[stat::DROP_CLASS_UNROUTABLE as usize], "drop_class_unroutable");
         assert_eq!(stat::NAMES[stat::CT_INSERT_BUSY as usize], "ct_insert_busy");
         assert_eq!(stat::NAMES[stat::CT_EVICT_LIVE as usize], "ct_evict_live");

@@ -30,7 +30,7 @@ mod stats;
 mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use lb_common::decide::{directionless, hash_tuple, is_new_flow, track_tuple};
+use lb_common::decide::{directionless, hash_tuple, is_new_flow, takes_new_flows, track_tuple};
 use lb_common::hash::flow_hash;
 use lb_common::maps::{
     forwarding, service_flags, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef,
@@ -184,24 +184,57 @@ struct Choice {
     table: TableRef,
     id: u32,
     hash: u32,
+    /// The Maglev slot of `hash` in `table` (0 without a table).
+    index: u32,
 }
 
 /// The backend of a new flow of `pkt`: the client's class, its table, `table[hash % M]`.
 #[inline(always)]
 fn choose(svc: &ServiceInfo, pkt: &Packet) -> Choice {
     let hash = packet_hash(svc, pkt);
-    let none = |reason, table| Choice { backend: None, reason, class: 0, table, id: 0, hash };
+    let none = |reason, table, index| Choice { backend: None, reason, class: 0, table, id: 0, hash, index };
     let Some((class, table)) = select::class_table(svc.id, select::client_class(svc.id, pkt)) else {
-        return none(stat::DROP_NO_TABLE, TableRef::default());
+        return none(stat::DROP_NO_TABLE, TableRef::default(), 0);
     };
-    let id = match select::table_entry(table.slot, hash) {
+    let Some(index) = select::maglev_index(hash) else {
+        return none(stat::DROP_NO_TABLE, TableRef::default(), 0);
+    };
+    let id = match select::table_entry(table.slot, index) {
         Some(id) if id != BACKEND_DROP => id,
-        _ if table.flags & table_flags::UNROUTABLE != 0 => return none(stat::DROP_CLASS_UNROUTABLE, table),
-        _ => return none(stat::DROP_NO_BACKEND, table),
+        _ if table.flags & table_flags::UNROUTABLE != 0 => return none(stat::DROP_CLASS_UNROUTABLE, table, index),
+        _ => return none(stat::DROP_NO_BACKEND, table, index),
     };
     match BACKENDS.get(id) {
-        Some(b) if b.family != 0 => Choice { backend: Some(b), reason: 0, class, table, id, hash },
-        _ => none(stat::DROP_NO_BACKEND, table),
+        Some(b) if b.family != 0 => Choice { backend: Some(b), reason: 0, class, table, id, hash, index },
+        _ => none(stat::DROP_NO_BACKEND, table, index),
+    }
+}
+
+/// A TCP packet after the SYN without an entry shortly after its table changed
+/// (`TableRef::prev_until_ns`): the backend the previous table gives it if that one still takes
+/// new connections, so that a handshake whose SYN went by the previous table without an entry
+/// (`CLEAN_SLOTS`) reaches one backend. Otherwise `c`. (SYNs never take it: new connections
+/// follow a change at once. A SYN retransmitted across a change re-selects in its now dirty
+/// slot and makes an entry, which its ACK then follows.) `window`: all ones where the flow's
+/// SYN may have gone without an entry, else 0 (no previous table).
+#[inline(always)]
+fn or_previous(c: Choice, now: u64, window: u64, counters: Counters) -> Choice {
+    if now >= c.table.prev_until_ns & window {
+        return c;
+    }
+    let Some(id) = select::table_entry(c.table.prev_slot, c.index) else { return c };
+    // Only where a SYN could have gone without an entry: the slot was clean in that table.
+    // (Elsewhere a miss is a flow from another balancer or from before a restart, which the
+    // current table describes better.)
+    if id == c.id || !select::slot_clean(c.table.prev_slot, c.index) {
+        return c;
+    }
+    match BACKENDS.get(id) {
+        Some(b) if takes_new_flows(b) => {
+            counters.inc(stat::CT_PREV_TABLE);
+            Choice { backend: Some(b), reason: 0, id, ..c }
+        }
+        _ => c,
     }
 }
 
@@ -260,16 +293,31 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
     let now = clock::now_ns();
 
     let new_by_rule = is_new_flow(pkt.is_syn, svc.tracking, svc.affinity);
+    // TCP flows of this service start at their SYN (which may go without an entry).
+    let syn_starts_flows = proto == PROTO_TCP && is_new_flow(true, svc.tracking, svc.affinity);
+    // Err: no entry; the choice, and whether to make one (not for a SYN in a clean slot).
     let tracked = if new_by_rule {
-        // The key's buckets are loaded first and the backend chosen while they come from
-        // memory (a new flow's two cold accesses overlap instead of following each other).
-        // Then the search: it re-selects unless the key's entry has a backend still usable for
-        // a new connection, and chooses the slot the insert below writes.
-        key.prefetch();
         let choice = choose(svc, pkt);
-        conntrack::keep_for_syn(key, svc, now, counters).ok_or(choice)
+        if choice.backend.is_some() && select::slot_clean(choice.table.slot, choice.index) {
+            // No live entry of this Maglev slot names another backend: whatever entry the key
+            // has agrees, so the SYN neither reads nor writes the table (issue 35). Its flow
+            // is inserted at its first non-SYN packet.
+            counters.inc(stat::CT_SYN_STATELESS);
+            Err((choice, false))
+        } else {
+            // The search re-selects unless the key's entry has a backend still usable for a
+            // new connection, and chooses the slot the insert below writes.
+            key.prefetch();
+            conntrack::keep_for_syn(key, svc, now, counters).ok_or((choice, true))
+        }
     } else {
-        conntrack::lookup(key, svc, proto, now, pkt.quoted, counters).ok_or_else(|| choose(svc, pkt))
+        conntrack::lookup(key, svc, proto, now, pkt.quoted, counters).ok_or_else(|| {
+            // Only where a SYN may have gone without an entry: its first ACK follows it. (A
+            // mask, not a branch: two paths through the rest of the program would cost the
+            // verifier more states than it allows.)
+            let window = 0u64.wrapping_sub(syn_starts_flows as u64);
+            (or_previous(choose(svc, pkt), now, window, counters), true)
+        })
     };
     // (backend id, class, backend, new flows, spills, flow hash) of this packet.
     let (id, class, backend, new_flows, spills, hash) = match tracked {
@@ -277,9 +325,9 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
             counters.inc(stat::CT_HIT);
             (id, class, b, 0u64, 0, hash)
         }
-        Err(choice) => {
+        Err((choice, make_entry)) => {
             counters.inc(stat::CT_MISS);
-            let Choice { backend, reason, class, table, id, hash } = choice;
+            let Choice { backend, reason, class, table, id, hash, .. } = choice;
             let Some(b) = backend else { return drop(reason, counters) };
             // Martians: a new flow from a VIP, or from a backend of this service. Checked here
             // only: a hit's entry was made by a first packet that passed this check.
@@ -299,16 +347,22 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
             // stateless choice: it never makes an entry (a forged one could otherwise pin a
             // flow the client never opened).
             // (What an insert cannot write it counts itself: `conntrack::FlowKey::write`.)
-            if !pkt.quoted {
+            if !pkt.quoted && make_entry {
                 let _written = if new_by_rule {
                     key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
                 } else {
                     key.insert(&entry, svc.idle_timeout_ns, counters)
                 };
             }
-            counters.inc(stat::NEW_FLOW);
-            let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
-            (id, class, b, 1, spill as u64, hash)
+            // A connection is counted once, at its SYN, where SYNs start flows (its first ACK
+            // misses too when the SYN made no entry); elsewhere at its first packet.
+            if new_by_rule || !syn_starts_flows {
+                counters.inc(stat::NEW_FLOW);
+                let spill = table.flags & table_flags::ZONAL != 0 && b.zone_class as u32 != class;
+                (id, class, b, 1, spill as u64, hash)
+            } else {
+                (id, class, b, 0, 0, hash)
+            }
         }
     };
     stop_before!(STOP, 3);

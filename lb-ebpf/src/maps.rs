@@ -55,6 +55,11 @@ pub static TABLE_INDEX: Array<TableRef> = Array::with_max_entries(1, 0);
 /// copy into its mapping instead of a syscall per entry.
 #[map]
 pub static TABLES: Array<u32> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
+/// table slot * clean_slots::words(TABLE_M) + i / 64 -> bit i % 64: Maglev slot i of that table
+/// is clean (`lb_common::maps::clean_slots`); a SYN there needs no connection-table entry.
+/// Zero (dirty) until the controller's scan says otherwise, so a map made afresh is safe.
+#[map]
+pub static CLEAN_SLOTS: Array<u64> = Array::with_max_entries(1, aya_ebpf::bindings::BPF_F_MMAPABLE);
 /// Backend id -> address, MAC, state flags.
 #[map]
 pub static BACKENDS: Array<Backend> = Array::with_max_entries(1, 0);

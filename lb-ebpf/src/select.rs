@@ -5,14 +5,15 @@ use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::programs::XdpContext;
 use lb_common::hash::{find_service, maglev_slot};
 use lb_common::maps::{
-    stat, table_flags, ClassKey, NextHopKey, ServiceInfo, ServiceTableRef, TableRef, CLASS_KEY_SERVICE_BITS,
-    CLASS_NONE, FAMILY_NEXT_HOP, FAMILY_V4, NEXT_HOP_FAMILY_BITS, NEXT_HOP_UNTOUCHED, PROTO_ANY,
+    clean_slots, stat, table_flags, ClassKey, NextHopKey, ServiceInfo, ServiceTableRef, TableRef,
+    CLASS_KEY_SERVICE_BITS, CLASS_NONE, FAMILY_NEXT_HOP, FAMILY_V4, NEXT_HOP_FAMILY_BITS, NEXT_HOP_UNTOUCHED,
+    PROTO_ANY,
 };
 use lb_ebpf::packet::as_key;
 
 use crate::maps::{
-    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLIENT_CLASS, NEXT_HOP_ROUTES, SERVICE_INDEX, SERVICE_SLOTS, SERVICE_TABLE,
-    TABLES, TABLE_INDEX, TABLE_M,
+    CLASSED_SERVICES, CLASSES_PER_SERVICE, CLEAN_SLOTS, CLIENT_CLASS, NEXT_HOP_ROUTES, SERVICE_INDEX, SERVICE_SLOTS,
+    SERVICE_TABLE, TABLES, TABLE_INDEX, TABLE_M,
 };
 use crate::parse::{is_vip, Packet};
 
@@ -142,12 +143,26 @@ pub fn class_table(service_id: u32, class: u32) -> Option<(u32, TableRef)> {
     None
 }
 
-/// Backend id at `hash % M` of table `slot`.
+/// The Maglev slot of `hash` (`hash % M`); None before the load-time size is set.
 #[inline(always)]
-pub fn table_entry(slot: u32, hash: u32) -> Option<u32> {
+pub fn maglev_index(hash: u32) -> Option<u32> {
     let m = TABLE_M.load();
     if m == 0 {
         return None;
     }
-    TABLES.get(slot * m + maglev_slot(hash, m)).copied()
+    Some(maglev_slot(hash, m))
+}
+
+/// Backend id at Maglev slot `index` of table `slot`.
+#[inline(always)]
+pub fn table_entry(slot: u32, index: u32) -> Option<u32> {
+    TABLES.get(slot * TABLE_M.load() + index).copied()
+}
+
+/// Whether Maglev slot `index` of table `slot` is clean (`CLEAN_SLOTS`): no live entry of it
+/// names another backend, so a SYN there needs none.
+#[inline(always)]
+pub fn slot_clean(slot: u32, index: u32) -> bool {
+    let at = slot * clean_slots::words(TABLE_M.load()) + index / 64;
+    matches!(CLEAN_SLOTS.get(at), Some(&w) if w >> (index % 64) & 1 != 0)
 }

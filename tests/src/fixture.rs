@@ -19,8 +19,12 @@ pub fn sizes() -> DataplaneSizes {
     }
 }
 
+/// Table changes take effect at once for every flow without an entry (no handshake window,
+/// `Dataplane::set_handshake_window`): the tests of the window set one themselves.
 pub fn load() -> Dataplane {
-    register_interfaces(Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)"))
+    let mut dp = Dataplane::load(sizes()).expect("loading the data plane (tests must run as root)");
+    dp.set_handshake_window(0);
+    register_interfaces(dp)
 }
 
 /// Registers the interfaces test frames arrive on (`Dataplane::set_local_mac`), as the daemon

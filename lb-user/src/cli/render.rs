@@ -98,6 +98,13 @@ pub fn status(v: &Status) -> String {
     for (name, n) in v.faults.0.iter().filter(|(_, n)| *n > 0) {
         let _ = writeln!(out, "fault {name}: {n}");
     }
+    if let Some(c) = &v.clean_slots {
+        let _ = writeln!(
+            out,
+            "clean Maglev slots: {} of {} (a SYN there makes no connection-table entry; {} entries scanned)",
+            c.clean, c.slots, c.entries
+        );
+    }
     for svc in &v.services {
         let ports = format!("[{}]", svc.ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","));
         let _ = writeln!(
@@ -396,6 +403,7 @@ mod tests {
             reloads: Default::default(),
             faults: Default::default(),
             probes: Vec::new(),
+            clean_slots: None,
         }
     }
 

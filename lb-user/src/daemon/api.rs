@@ -326,6 +326,7 @@ mod tests {
             reloads: Default::default(),
             faults: Default::default(),
             probes: Vec::new(),
+            clean_slots: None,
         }
     }
 

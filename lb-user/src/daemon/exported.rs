@@ -49,7 +49,10 @@ pub fn export(name: &'static str) -> Option<Export> {
         "rx_packets" => own("rx_packets", "Packets the balancer's XDP program received on the attached interfaces"),
         "ct_hit" => own("conntrack_hit_packets", "Packets of a VIP service that found a valid connection-table entry"),
         "ct_miss" => own("conntrack_miss_packets", "Packets of a VIP service with no valid connection-table entry"),
-        "new_flow" => own("new_flows", "New flows: packets that chose a backend from a Maglev table"),
+        "new_flow" => own(
+            "new_flows",
+            "New flows: packets that chose a backend from a Maglev table (a TCP connection once, at its SYN)",
+        ),
         "tx" => own("tx_packets", "Packets forwarded back out of the ingress interface (XDP_TX)"),
         "redirect" => own("redirect_packets", "Packets forwarded out of another interface (bpf_redirect)"),
         "decap" => own("decap_packets", "Encapsulated packets lb_decap stripped for this host"),
@@ -69,6 +72,16 @@ pub fn export(name: &'static str) -> Option<Export> {
         "ct_evict_unconfirmed" => own(
             "conntrack_unconfirmed_evictions",
             "Connection-table entries of flows that had shown one packet only, replaced by a new flow",
+        ),
+        "ct_syn_stateless" => own(
+            "conntrack_stateless_syn_packets",
+            "SYNs forwarded without reading or writing the connection table: no live entry of their Maglev slot \
+             names another backend (the flow is inserted at its first ACK)",
+        ),
+        "ct_prev_table" => own(
+            "conntrack_previous_table_packets",
+            "Packets of flows without an entry sent where the table replaced moments before sent them (a \
+             handshake straddling a table change)",
         ),
         "probe_sent" => own(
             "data_path_probe_packets",

@@ -18,14 +18,17 @@ pub enum Fault {
     ControlEvicted,
     /// The run directory or the control socket vanished and was recreated.
     SocketRecreated,
+    /// The connection-table scan for clean Maglev slots failed (SYNs keep making entries).
+    SlotScanFailed,
 }
 
-const ALL: [(Fault, &str); 5] = [
+const ALL: [(Fault, &str); 6] = [
     (Fault::StateQuarantined, "state_file_quarantined"),
     (Fault::StateSaveFailed, "state_save_failed"),
     (Fault::ControlRefused, "control_refused"),
     (Fault::ControlEvicted, "control_evicted"),
     (Fault::SocketRecreated, "control_socket_recreated"),
+    (Fault::SlotScanFailed, "slot_scan_failed"),
 ];
 
 static COUNTS: [AtomicU64; ALL.len()] = [const { AtomicU64::new(0) }; ALL.len()];

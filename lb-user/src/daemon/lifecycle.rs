@@ -102,6 +102,7 @@ pub(super) async fn start(args: RunArgs, cfg: Config) -> std::result::Result<(Da
         checkers: Vec::new(),
         next_probe: 0,
         tick_error: None,
+        maintain_error: None,
         trace_until: None,
         events: health_events,
         dns_view,

@@ -82,6 +82,8 @@ struct Daemon {
     next_probe: u64,
     /// The last error of the tick's reconcile (logged once).
     tick_error: Option<String>,
+    /// The last error of the table maintenance (logged once).
+    maintain_error: Option<String>,
     events: mpsc::Sender<HealthEvent>,
     /// The DNS front's view, republished after every reconcile (`[dns]`, see `dns`).
     dns_view: crate::daemon::dns::ViewSender,
@@ -211,6 +213,10 @@ async fn serve(
     // checked this often: within seconds of ten minutes is close enough.
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Replaced tables whose handshake window ended are freed, and the connection table scanned
+    // for clean Maglev slots, on this loop: serialized with every table change.
+    let mut table_tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    table_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // Connections are served by tasks of their own (`api::spawn_server`); only well-formed
     // requests reach this loop.
     let (requests, mut request_rx) = mpsc::channel(api::MAX_CONNECTIONS);
@@ -239,6 +245,7 @@ async fn serve(
                 let snap = metrics::snapshot(&d.ctl, &d.dp).map(|s| s.with_status(&d.status()));
                 let _ = reply.send(snap.map_err(|e| format!("{e:#}")));
             }
+            _ = table_tick.tick() => d.maintain_tables(),
             _ = tick.tick() => {
                 d.on_tick();
                 d.check_links();

@@ -41,6 +41,20 @@ pub struct Status {
     /// Each probed backend's last health-check or monitor probe.
     #[serde(default)]
     pub probes: Vec<ProbeStatus>,
+    /// The last scan for clean Maglev slots (SYNs there need no connection-table entry);
+    /// absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean_slots: Option<CleanSlots>,
+}
+
+/// What the last scan of the connection table found (`Dataplane::scan_clean_slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanSlots {
+    /// Maglev slots of the active tables with no live entry that names another backend.
+    pub clean: u64,
+    pub slots: u64,
+    /// Live entries the scan read.
+    pub entries: u64,
 }
 
 /// Reloads applied and refused, and why the last one was refused if no reload was applied

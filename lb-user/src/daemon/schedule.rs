@@ -105,6 +105,36 @@ impl Daemon {
         }
     }
 
+    /// Frees replaced tables past their handshake window and scans the connection table for
+    /// clean Maglev slots when one is due (`Dataplane::maintain_tables`). A failure is logged
+    /// once, counted (`slot_scan_failed` in `lb status`) and retried next second; meanwhile
+    /// SYNs keep making entries, as they do in every slot not known clean.
+    pub(super) fn maintain_tables(&mut self) {
+        match self.dp.maintain_tables() {
+            Ok(report) => {
+                if let Some(r) = report {
+                    tracing::debug!(
+                        "connection-table scan: {} entries, {} of {} Maglev slots clean",
+                        r.entries,
+                        r.slots - r.dirty_slots,
+                        r.slots
+                    );
+                }
+                self.maintain_error = None;
+            }
+            Err(e) => {
+                super::faults::count(super::faults::Fault::SlotScanFailed);
+                let text = format!("{e:#}");
+                if self.maintain_error.as_deref() != Some(text.as_str()) {
+                    tracing::error!(
+                        "scanning the connection table for clean Maglev slots (retried every second): {text}"
+                    );
+                    self.maintain_error = Some(text);
+                }
+            }
+        }
+    }
+
     /// The host's own addresses, followed every tick while a next-hop service routes prefixes:
     /// one added later (DHCP, an operator) must stay the host's inside a routed prefix, one
     /// removed is no longer exempted.

@@ -195,6 +195,11 @@ impl Daemon {
             announce,
             reloads: self.reloads.counts().clone(),
             faults: faults::snapshot(),
+            clean_slots: self.dp.clean_slots_report().map(|r| reply::CleanSlots {
+                clean: r.slots - r.dirty_slots,
+                slots: r.slots,
+                entries: r.entries as u64,
+            }),
             probes: self.probe_statuses(),
         }
     }

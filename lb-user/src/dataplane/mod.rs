@@ -15,6 +15,7 @@
 
 mod admission;
 mod classes;
+pub mod clean_slots;
 mod conntrack;
 pub mod flows;
 mod next_hop;
@@ -100,6 +101,8 @@ pub struct Dataplane {
     /// BPF_MAP_UPDATE_BATCH each where the map cannot be mapped (pinned by an older version).
     tables: aya::maps::Map,
     tables_mmap: Option<TableMmap>,
+    /// `CLEAN_SLOTS` and the replaced tables kept for handshake windows.
+    clean: clean_slots::CleanSlots,
     backends: Array<MapData, Backend>,
     stats: PerCpuArray<MapData, GlobalStats>,
     class_stats: PerCpuArray<MapData, ClassCounters>,
@@ -222,6 +225,11 @@ impl Dataplane {
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: take_raw(&mut ebpf, "TABLES")?,
             tables_mmap: None,
+            clean: clean_slots::CleanSlots::new(
+                &take_raw(&mut ebpf, "CLEAN_SLOTS")?,
+                sizes.table_slots,
+                sizes.table_size_m,
+            )?,
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,
@@ -253,7 +261,17 @@ impl Dataplane {
                 }
             }
         }
-        let used: HashSet<u32> = self.active_slots.values().copied().collect();
+        // Replaced tables still in their handshake window (a restart within it) stay intact.
+        for (&key, &slot) in &self.active_slots {
+            let Ok(r) = self.table_index.get(&self.table_index_of(key.0, key.1).unwrap_or(u32::MAX), 0) else {
+                continue;
+            };
+            if r.prev_until_ns != 0 && r.prev_slot < self.sizes.table_slots && r.prev_slot != slot {
+                self.clean.retiring.insert(key, clean_slots::Retiring { slot: r.prev_slot, until_ns: r.prev_until_ns });
+            }
+        }
+        let mut used: HashSet<u32> = self.active_slots.values().copied().collect();
+        used.extend(self.clean.retiring.values().map(|r| r.slot));
         self.free_slots = (0..self.sizes.table_slots).filter(|s| !used.contains(s)).collect();
         // `services` adopted the active half of SERVICE_TABLE when it was made.
         self.vip_refs = vip_refs(&self.services);

@@ -102,6 +102,7 @@ const RECORD_LAYOUTS: &[(&str, usize, &str)] = &[
     ("STATS", std::mem::size_of::<lb_common::maps::GlobalStats>(), "counter records"),
     ("SERVICE_TABLE", std::mem::size_of::<lb_common::maps::ServiceSlot>(), "service slots"),
     ("BACKENDS", std::mem::size_of::<lb_common::maps::Backend>(), "backend records"),
+    ("TABLE_INDEX", std::mem::size_of::<lb_common::maps::TableRef>(), "table references"),
 ];
 
 /// What `prepare_reuse` found.

@@ -154,6 +154,14 @@ const SIZED_MAPS: &[SizedMap] = &[
         driven_by: "dataplane.maglev_table_size × (services × client classes)",
     },
     SizedMap {
+        name: "CLEAN_SLOTS",
+        pinned: true,
+        per_cpu: false,
+        entry_bytes: 8,
+        max_entries: |s| s.table_slots * lb_common::maps::clean_slots::words(s.table_size_m),
+        driven_by: "dataplane.maglev_table_size × (services × client classes) / 64",
+    },
+    SizedMap {
         name: "BACKENDS",
         pinned: true,
         per_cpu: false,

@@ -6,6 +6,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::{Array, MapData};
 use lb_common::maps::{table_flags, Backend, TableRef, BACKEND_DROP};
 
+use super::clean_slots::Retiring;
 use super::sys::{update_batch, ArrayMmap};
 use super::Dataplane;
 
@@ -39,7 +40,7 @@ impl Dataplane {
         self.set_backend(id, b)
     }
 
-    fn table_index_of(&self, service: u32, class: u32) -> Result<u32> {
+    pub(super) fn table_index_of(&self, service: u32, class: u32) -> Result<u32> {
         if service >= self.sizes.max_services || class >= self.sizes.classes_per_service {
             bail!("(service {service}, class {class}) out of range");
         }
@@ -58,11 +59,13 @@ impl Dataplane {
         if let Some(bad) = entries.iter().find(|&&b| b != BACKEND_DROP && b >= self.sizes.max_backends) {
             bail!("table names backend {bad}, beyond max_backends {}", self.sizes.max_backends);
         }
-        let slot = self
-            .free_slots
-            .pop_front()
-            .ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
-        let written = (|| -> Result<()> {
+        let slot = match self.free_slots.pop_front() {
+            Some(slot) => slot,
+            // Every free slot serves a handshake window: the oldest window ends now.
+            None => self.reclaim_retiring()?,
+        };
+        let old = self.active_slots.get(&(service, class)).copied();
+        let written = (|| -> Result<TableRef> {
             match self.tables_mmap.as_mut() {
                 Some(mapping) => mapping.write(slot as usize * m as usize, entries),
                 None => {
@@ -70,25 +73,57 @@ impl Dataplane {
                     update_batch(&self.tables, &keys, entries)?;
                 }
             }
-            self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
-            Ok(())
+            // Before the flip: a SYN never sees the new table with a bit it does not earn.
+            let moved_clean = self.carry_clean_bits(slot, old, entries)?;
+            // The old table is kept for handshakes only if a SYN may have gone by it without an
+            // entry in a slot this change moves.
+            let r = self.table_ref_replacing(slot, flags | table_flags::ACTIVE, old.filter(|_| moved_clean))?;
+            self.table_index.set(index, r, 0)?;
+            Ok(r)
         })();
-        if let Err(e) = written {
-            self.free_slots.push_front(slot);
-            return Err(e.context("writing a table"));
+        let r = match written {
+            Ok(r) => r,
+            Err(e) => {
+                self.free_slots.push_front(slot);
+                return Err(e.context("writing a table"));
+            }
+        };
+        // A table replaced twice within a window: the older one is done.
+        if let Some(before) = self.clean.retiring.remove(&(service, class)) {
+            self.free_slots.push_back(before.slot);
         }
-        if let Some(old) = self.active_slots.insert((service, class), slot) {
-            self.free_slots.push_back(old);
+        self.active_slots.insert((service, class), slot);
+        if let Some(old) = old {
+            if r.prev_until_ns != 0 {
+                self.clean.retiring.insert((service, class), Retiring { slot: old, until_ns: r.prev_until_ns });
+            } else {
+                self.free_slots.push_back(old);
+            }
         }
         Ok(slot)
+    }
+
+    /// A slot for a table when none is free: the one replaced longest ago, its window ended.
+    fn reclaim_retiring(&mut self) -> Result<u32> {
+        let key = self
+            .clean
+            .retiring
+            .iter()
+            .min_by_key(|(_, r)| r.until_ns)
+            .map(|(k, _)| *k)
+            .ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
+        self.end_window(key)?.ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))
     }
 
     /// Changes the flags of the active table of (service, class) without rewriting it.
     pub fn set_table_flags(&mut self, service: u32, class: u32, flags: u32) -> Result<()> {
         let index = self.table_index_of(service, class)?;
-        let slot =
-            *self.active_slots.get(&(service, class)).ok_or_else(|| anyhow!("no table for ({service}, {class})"))?;
-        self.table_index.set(index, TableRef { slot, flags: flags | table_flags::ACTIVE }, 0)?;
+        if !self.active_slots.contains_key(&(service, class)) {
+            bail!("no table for ({service}, {class})");
+        }
+        // The previous table's window stays as it is.
+        let r = self.table_index.get(&index, 0).context("reading TABLE_INDEX")?;
+        self.table_index.set(index, TableRef { flags: flags | table_flags::ACTIVE, ..r }, 0)?;
         Ok(())
     }
 
@@ -111,9 +146,12 @@ impl Dataplane {
             // The slot stays in the entry, only ACTIVE goes: the kernel reads the flags and the
             // slot as two loads, so one that saw ACTIVE still reads this table's slot (which
             // the FIFO of free slots keeps intact for a long while).
-            self.table_index.set(index, TableRef { slot, flags: 0 }, 0)?;
+            self.table_index.set(index, TableRef { slot, ..TableRef::default() }, 0)?;
             self.active_slots.remove(&(service, class));
             self.free_slots.push_back(slot);
+            if let Some(r) = self.clean.retiring.remove(&(service, class)) {
+                self.free_slots.push_back(r.slot);
+            }
         }
         Ok(())
     }

@@ -301,7 +301,7 @@ impl Bench {
             tables.set(slot * TABLE_M + i as u32, first_id + b, 0)?;
         }
         let mut index: Array<_, TableRef> = Array::try_from(self.map("TABLE_INDEX")?)?;
-        index.set(id * CLASSES_PER_SERVICE, TableRef { slot, flags: table_flags::ACTIVE }, 0)?;
+        index.set(id * CLASSES_PER_SERVICE, TableRef { slot, flags: table_flags::ACTIVE, ..TableRef::default() }, 0)?;
         Ok(())
     }
 

@@ -121,13 +121,15 @@ const QUICK: Params = Params {
 };
 
 /// Counters whose deltas prove the path taken.
-const CHECKED: [(u32, &str); 6] = [
+const CHECKED: [(u32, &str); 8] = [
     (stat::RX_PACKETS, "rx_packets"),
     (stat::CT_HIT, "ct_hit"),
     (stat::CT_MISS, "ct_miss"),
     (stat::NEW_FLOW, "new_flow"),
     (stat::TX, "tx"),
     (stat::PASS_NOT_VIP, "pass_not_vip"),
+    (stat::CT_SYN_STATELESS, "ct_syn_stateless"),
+    (stat::CT_PREV_TABLE, "ct_prev_table"),
 ];
 
 /// What one iteration must do: verdict and, per iteration, the counter increments.
@@ -156,6 +158,9 @@ enum FrameCheck {
 const NOTHING_COUNTED: &[(u32, u64)] = &[];
 const CT_HIT_PATH: &[(u32, u64)] = &[(stat::RX_PACKETS, 1), (stat::CT_HIT, 1), (stat::TX, 1)];
 const NEW_FLOW_PATH: &[(u32, u64)] = &[(stat::RX_PACKETS, 1), (stat::CT_MISS, 1), (stat::NEW_FLOW, 1), (stat::TX, 1)];
+/// A SYN in a clean Maglev slot (`Bench::set_clean`): no connection-table access.
+const STATELESS_SYN_PATH: &[(u32, u64)] =
+    &[(stat::RX_PACKETS, 1), (stat::CT_MISS, 1), (stat::NEW_FLOW, 1), (stat::TX, 1), (stat::CT_SYN_STATELESS, 1)];
 
 struct Bench {
     ebpf: Ebpf,
@@ -302,6 +307,20 @@ impl Bench {
         }
         let mut index: Array<_, TableRef> = Array::try_from(self.map("TABLE_INDEX")?)?;
         index.set(id * CLASSES_PER_SERVICE, TableRef { slot, flags: table_flags::ACTIVE, ..TableRef::default() }, 0)?;
+        Ok(())
+    }
+
+    /// Marks every Maglev slot of the services' tables clean (`CLEAN_SLOTS`), as the daemon's
+    /// scan would: the bench never changes a table, so no entry disagrees with one. SYNs then
+    /// go without the connection table.
+    fn set_clean(&mut self) -> Result<()> {
+        let words = lb_common::maps::clean_slots::words(TABLE_M);
+        let mut clean: Array<_, u64> = Array::try_from(self.map("CLEAN_SLOTS")?)?;
+        for slot in [SVC4, SVC6, SVC4_L2, SVC4_NH] {
+            for w in 0..words {
+                clean.set(slot * words + w, u64::MAX, 0)?;
+            }
+        }
         Ok(())
     }
 

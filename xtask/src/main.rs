@@ -43,8 +43,12 @@ enum Cmd {
         /// Instead: live traffic through `lb` against nftables DNAT in namespaces (BENCHMARKS.md).
         #[arg(long)]
         live: bool,
-        /// Extra arguments for `live_bench` (`--quick`, `--rounds N`, `--secs S`).
-        #[arg(trailing_var_arg = true, requires = "live")]
+        /// Instead: what checking 1,000 backends every second costs the daemon (BENCHMARKS.md).
+        #[arg(long, conflicts_with_all = ["live", "katran"])]
+        health_load: bool,
+        /// Extra arguments for `live_bench` (`--quick`, `--rounds N`, `--secs S`) or
+        /// `health_load` (`--secs S`, `--check TCP|HTTP`, `--path VIP|DIRECT`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
         /// Instead, compare the data plane with Katran's, side by side: the path of a
         /// `balancer.bpf.o` built from Katran's source (BENCHMARKS.md says how to get it).
@@ -84,6 +88,10 @@ fn main() -> Result<()> {
         Cmd::Lint => lint(),
         Cmd::Soak(args) => soak::soak(&args),
         Cmd::Bench { live: true, args, .. } => bench_live(&args),
+        Cmd::Bench { health_load: true, args, .. } => bench_health_load(&args),
+        Cmd::Bench { args, .. } if !args.is_empty() => {
+            bail!("arguments {args:?} are for `bench --live` or `bench --health-load`")
+        }
         Cmd::Bench { katran: Some(object), .. } => bench_katran(&object),
         Cmd::Bench { .. } => bench(),
         Cmd::Package { deb_version } => package::package(&root, deb_version.as_deref()).map(|_| ()),
@@ -217,6 +225,17 @@ fn bench_live(args: &[String]) -> Result<()> {
     run(cargo().args(["build", "-q", "-p", "lb-user", "--bin", "lb"]))?;
     run(cargo().args(["build", "-q", "-p", "lb-tests", "--bin", "live_bench"]))?;
     bpffs::guarded(|| run(Command::new(workspace_root().join("target/debug/live_bench")).args(args)))
+}
+
+/// 1,000 backends checked every second: the daemon's CPU share, descriptors and memory
+/// (`tests/src/bin/health_load.rs`). The dev profile, as the tests run the daemon (and their
+/// build's cache): BENCHMARKS.md's figures are that build's.
+fn bench_health_load(args: &[String]) -> Result<()> {
+    require_root("cargo xtask bench --health-load")?;
+    // The bench starts the `lb` daemon built next to it.
+    run(cargo().args(["build", "-q", "-p", "lb-user", "--bin", "lb"]))?;
+    run(cargo().args(["build", "-q", "-p", "lb-tests", "--bin", "health_load"]))?;
+    bpffs::guarded(|| run(Command::new(workspace_root().join("target/debug/health_load")).args(args)))
 }
 
 /// `dp_bench --katran`: the headline cases and the hot hit, `lb` and Katran side by side.

@@ -257,6 +257,19 @@ pub fn wait_healthy(d: &Daemon, healthy: usize, timeout: Duration) -> Result<()>
     .map(|_| ())
 }
 
+/// TCP sockets in TIME_WAIT in namespace `ns` (/proc/net/sockstat there).
+pub fn time_wait(ns: &Netns) -> Result<u64> {
+    let sockstat = ns.run(|| std::fs::read_to_string("/proc/thread-self/net/sockstat"))??;
+    let tcp = sockstat.lines().find_map(|l| l.strip_prefix("TCP:")).context("no TCP line in sockstat")?;
+    let mut words = tcp.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "tw" {
+            return Ok(words.next().context("sockstat: tw")?.parse()?);
+        }
+    }
+    bail!("no tw in sockstat: {tcp}")
+}
+
 /// Verdict changes the daemon has logged so far (its audit line per change).
 pub fn verdict_changes(d: &Daemon) -> usize {
     d.log().matches(" is now healthy").count() + d.log().matches(" is now unhealthy").count()
@@ -286,6 +299,9 @@ pub struct Figures {
     pub max_fds: usize,
     /// The most resident memory at a sample (VmRSS), KiB.
     pub max_rss_kib: u64,
+    /// The most TCP sockets in TIME_WAIT in the balancer's namespace at a sample (each holds a
+    /// port: the probes through the data path all leave from one source address).
+    pub max_time_wait: u64,
     /// Connections the server accepted per second over the sampling (the probes that reached it).
     pub probes_per_sec: f64,
     /// Verdict changes the daemon logged during the sampling (0: every backend stayed healthy).
@@ -300,28 +316,31 @@ impl Figures {
 }
 
 /// Samples the daemon's usage once a second for `secs` seconds (all backends healthy, the
-/// server running). `each` sees every sample (RSS KiB, descriptors).
+/// server running). `each` sees every sample (RSS KiB, descriptors, TIME_WAIT sockets).
+#[allow(clippy::too_many_arguments)]
 pub fn sample(
+    bed: &Bed,
     d: &Daemon,
     server: &Server,
     check: Check,
     path: &str,
     settled: f64,
     secs: u64,
-    mut each: impl FnMut(u64, usize),
+    mut each: impl FnMut(u64, usize, u64),
 ) -> Result<Figures> {
     let pid = d.pid().context("daemon not running")?;
     let changes0 = verdict_changes(d);
     let (cpu0, accepted0, t0) = (cpu_seconds(pid)?, server.accepted(), Instant::now());
-    let (mut max_rss_kib, mut max_fds) = (0u64, 0usize);
+    let (mut max_rss_kib, mut max_fds, mut max_time_wait) = (0u64, 0usize, 0u64);
     for k in 1..=secs {
         // On the second (not after it): the sampling's own cost does not stretch it.
         if let Some(wait) = (t0 + Duration::from_secs(k)).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
         let (rss, fds) = d.usage()?;
-        each(rss, fds);
-        (max_rss_kib, max_fds) = (max_rss_kib.max(rss), max_fds.max(fds));
+        let tw = time_wait(&bed.topo.lb.ns)?;
+        each(rss, fds, tw);
+        (max_rss_kib, max_fds, max_time_wait) = (max_rss_kib.max(rss), max_fds.max(fds), max_time_wait.max(tw));
     }
     let (cpu, accepted, wall) = (cpu_seconds(pid)?, server.accepted(), t0.elapsed().as_secs_f64());
     Ok(Figures {
@@ -332,6 +351,7 @@ pub fn sample(
         cpu_pct: (cpu - cpu0) / wall * 100.0,
         max_fds,
         max_rss_kib,
+        max_time_wait,
         probes_per_sec: (accepted - accepted0) as f64 / wall,
         changes: verdict_changes(d) - changes0,
     })
@@ -340,12 +360,12 @@ pub fn sample(
 /// The figures as a table (Markdown, as BENCHMARKS.md shows them).
 pub fn table(rows: &[Figures]) -> String {
     let mut s = String::from(
-        "| check | path | all healthy after | probes/s | daemon CPU, % of one core | CPU per probe | descriptors, max | VmRSS, max | verdict changes |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| check | path | all healthy after | probes/s | daemon CPU, % of one core | CPU per probe | descriptors, max | VmRSS, max | TIME_WAIT, max | verdict changes |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | `{}` | {:.1} s | {:.0} | {:.1} | {:.0} µs | {} | {:.0} MiB | {} |\n",
+            "| {} | `{}` | {:.1} s | {:.0} | {:.1} | {:.0} µs | {} | {:.0} MiB | {} | {} |\n",
             r.check.name(),
             r.path,
             r.settled,
@@ -354,6 +374,7 @@ pub fn table(rows: &[Figures]) -> String {
             r.cpu_us_per_probe(),
             r.max_fds,
             r.max_rss_kib as f64 / 1024.0,
+            r.max_time_wait,
             r.changes
         );
     }

@@ -7,7 +7,8 @@
 //! shows all healthy, then samples the daemon once a second for SECS seconds and stops it.
 //! Printed per run: probes per second (connections the backends' server accepted), the daemon's
 //! CPU share (utime + stime over wall time, % of one core) and per probe, its most descriptors and
-//! resident memory at a sample, and the verdict changes it logged meanwhile (0: none lost).
+//! resident memory at a sample, the most TIME_WAIT sockets in its namespace, and the verdict
+//! changes it logged meanwhile (0: none lost).
 //!
 //! Usage: health_load [--secs S] [--check TCP|HTTP] [--path VIP|DIRECT]   (default: 60 s, all four)
 
@@ -47,7 +48,7 @@ fn main() -> Result<()> {
     for &check in &checks {
         for &path in &paths {
             let (mut d, settled) = start(&bed, check, path)?;
-            let f = sample(&d, &server, check, path, settled, secs, |_, _| {})?;
+            let f = sample(&bed, &d, &server, check, path, settled, secs, |_, _, _| {})?;
             d.stop()?;
             println!(
                 "{} {path}: {:.0} probes/s, daemon CPU {:.1} % of one core, at most {} descriptors, {:.0} MiB",

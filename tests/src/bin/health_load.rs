@@ -2,7 +2,7 @@
 //! `cargo xtask bench --health-load`, needs root). Topology, server and sampling:
 //! `lb_tests::health_load`; recorded figures: BENCHMARKS.md, "Health checks: 1,000 backends at 1 s".
 //!
-//! Per run (each check, TCP and HTTP, along each path, `VIP` and `DIRECT`): starts `lb` (the one
+//! Per run (along each path, `VIP` then `DIRECT`, each check, TCP and HTTP): starts `lb` (the one
 //! built next to this binary) with 1,000 backends checked every second, waits until `lb status`
 //! shows all healthy, then samples the daemon once a second for SECS seconds and stops it.
 //! Printed per run: probes per second (connections the backends' server accepted), the daemon's
@@ -45,8 +45,9 @@ fn main() -> Result<()> {
          thresholds 1 / 2); sampled once a second for {secs} s after all are healthy"
     );
     let mut rows = Vec::new();
-    for &check in &checks {
-        for &path in &paths {
+    // The `VIP` runs first: TIME_WAIT sockets of `DIRECT` probes outlive their run by 60 s.
+    for &path in &paths {
+        for &check in &checks {
             let (mut d, settled) = start(&bed, check, path)?;
             let f = sample(&bed, &d, &server, check, path, settled, secs, |_, _, _| {})?;
             d.stop()?;

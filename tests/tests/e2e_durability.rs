@@ -74,7 +74,10 @@ fn a_removed_run_directory_is_noticed_and_the_socket_comes_back() {
     let _decap = DecapGuard::attach(&topo, std::path::Path::new("/sys/fs/bpf/lb-test-rund-decap")).unwrap();
     let d = Daemon::start(&topo, "rund", &config(&topo)).unwrap();
     let pid = d.pid().unwrap();
-    std::fs::remove_dir_all(&d.dir).unwrap();
+    // The daemon may be saving its state into the directory at this instant (its first health
+    // verdicts): a removal that meets the new file is retried.
+    wait_for("the run directory to be removed", Duration::from_secs(30), || std::fs::remove_dir_all(&d.dir).ok())
+        .unwrap_or_else(|e| panic!("{e:#}"));
     wait_for("the control socket to come back", Duration::from_secs(60), || d.cli(&["status"]).ok())
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(d.fault("control_socket_recreated").unwrap(), 1);

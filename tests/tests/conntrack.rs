@@ -829,6 +829,7 @@ fn stats_delta(dp: &Dataplane, before: &lb_user::dataplane::Stats, i: u32) -> u6
 fn a_syn_in_a_clean_slot_writes_nothing_and_its_first_ack_inserts_the_flow() {
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = setup(info);
+    assert!(dp.conntrack_mapped(), "the scan reads the connection tables as memory");
     let report = dp.scan_clean_slots().unwrap();
     assert_eq!((report.dirty_slots, report.slots), (0, u64::from(fixture::TEST_M)), "no entry: all clean");
     let before = dp.stats().unwrap();

@@ -16,8 +16,9 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
+use lb_common::ct_table::{self, Bucket4, Bucket6};
 use lb_common::hash::maglev_slot;
-use lb_common::maps::{clean_slots, Backend, TableRef};
+use lb_common::maps::{clean_slots, Backend, CtEntry, TableRef};
 
 use super::sys::ArrayMmap;
 use super::Dataplane;
@@ -48,6 +49,12 @@ pub(super) struct Retiring {
 pub(super) struct CleanSlots {
     bits: ArrayMmap<u64>,
     words: u32,
+    /// The connection tables, mapped: a scan reads them as memory (a syscall per bucket would
+    /// hold the daemon's loop for a second at 2^18 buckets). None where a table cannot be
+    /// mapped (pinned by an older version): read through the map then.
+    ct4: Option<ArrayMmap<Bucket4>>,
+    ct6: Option<ArrayMmap<Bucket6>>,
+    buckets: usize,
     /// Replaced tables per (service, class), until their window and grace are over.
     pub retiring: HashMap<(u32, u32), Retiring>,
     /// The window given to a replaced table (tests shorten it).
@@ -72,13 +79,24 @@ pub struct ScanReport {
 }
 
 impl CleanSlots {
-    pub fn new(map: &aya::maps::Map, table_slots: u32, m: u32) -> Result<Self> {
+    /// `map`: `CLEAN_SLOTS`; `conntrack`: `CONNTRACK4` and `CONNTRACK` of `buckets` buckets each.
+    pub fn new(
+        map: &aya::maps::Map,
+        conntrack: [Option<&aya::maps::Map>; 2],
+        buckets: u32,
+        table_slots: u32,
+        m: u32,
+    ) -> Result<Self> {
         let words = clean_slots::words(m);
         let bits = ArrayMmap::new(map, table_slots as usize * words as usize)
             .ok_or_else(|| anyhow!("CLEAN_SLOTS cannot be mapped (made without BPF_F_MMAPABLE?)"))?;
+        let buckets = buckets as usize;
         Ok(Self {
             bits,
             words,
+            ct4: conntrack[0].and_then(|m| ArrayMmap::new(m, buckets)),
+            ct6: conntrack[1].and_then(|m| ArrayMmap::new(m, buckets)),
+            buckets,
             retiring: HashMap::new(),
             window_ns: HANDSHAKE_WINDOW_NS,
             next_scan_ns: Some(0),
@@ -109,6 +127,25 @@ struct ScannedTable {
     dirty: Vec<u64>,
 }
 
+/// Calls `f(service, entry)` for each published entry of the mapped table `ct`, a chunk of
+/// buckets at a time.
+fn for_each_mapped<S: ct_table::Slot>(ct: &ArrayMmap<ct_table::Bucket<S>>, buckets: usize, mut f: impl FnMut(&S)) {
+    const CHUNK: usize = 1024;
+    let mut at = 0;
+    while at < buckets {
+        let n = CHUNK.min(buckets - at);
+        for b in ct.read(at, n) {
+            for slot in &b.slots {
+                let bits = ct_table::slot_state(slot);
+                if bits & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE {
+                    f(slot);
+                }
+            }
+        }
+        at += n;
+    }
+}
+
 /// `old` bits kept only where `old_entries` and `new_entries` agree.
 fn carried_bits(old: &[u64], old_entries: &[u32], new_entries: &[u32]) -> Vec<u64> {
     let mut bits = old.to_vec();
@@ -124,7 +161,7 @@ impl Dataplane {
     /// The bits of a new table of `entries` in `slot`, replacing the table in `old` (if any),
     /// written before the new table is published. Whether the change moved a clean slot of the
     /// old table (where a SYN may have gone without an entry: its handshake needs the old table).
-    pub(super) fn carry_clean_bits(&mut self, slot: u32, old: Option<u32>, entries: &[u32]) -> Result<bool> {
+    pub(super) fn carry_clean_bits(&mut self, slot: u32, old: Option<u32>, entries: &[u32], now: u64) -> bool {
         let m = self.sizes.table_size_m as usize;
         let words = self.clean.words as usize;
         let (bits, moved_clean) = match (old, self.tables_mmap.as_ref()) {
@@ -138,19 +175,18 @@ impl Dataplane {
             _ => (vec![0; words], false),
         };
         self.clean.write(slot, &bits);
-        let now = self.now_ns()?;
         self.clean.want_scan(now);
-        Ok(moved_clean)
+        moved_clean
     }
 
     /// The reference that publishes `slot` with `flags`, the replaced table `old` kept for the
     /// handshake window (none if the window is 0).
-    pub(super) fn table_ref_replacing(&self, slot: u32, flags: u32, old: Option<u32>) -> Result<TableRef> {
+    pub(super) fn table_ref_replacing(&self, slot: u32, flags: u32, old: Option<u32>, now: u64) -> TableRef {
         let (prev_slot, prev_until_ns) = match old {
-            Some(o) if self.clean.window_ns > 0 => (o, self.now_ns()? + self.clean.window_ns),
+            Some(o) if self.clean.window_ns > 0 => (o, now + self.clean.window_ns),
             _ => (0, 0),
         };
-        Ok(TableRef { slot, flags, prev_slot, _pad: 0, prev_until_ns })
+        TableRef { slot, flags, prev_slot, _pad: 0, prev_until_ns }
     }
 
     /// Shortens the handshake window of later table changes (0: none); for tests.
@@ -176,6 +212,11 @@ impl Dataplane {
             }
         }
         if !self.clean.retiring.is_empty() || self.clean.next_scan_ns.is_none_or(|t| t > now) {
+            return Ok(None);
+        }
+        // Without a mapping of TABLES (pinned by an older version) no slot is ever marked
+        // clean: SYNs make entries, as they always did.
+        if self.tables_mmap.is_none() {
             return Ok(None);
         }
         self.scan_clean_slots().map(Some)
@@ -213,16 +254,17 @@ impl Dataplane {
         let idle: HashMap<u32, u64> =
             self.installed_services().into_iter().map(|(_, info)| (info.id, info.idle_timeout_ns)).collect();
         let mut backends: HashMap<u32, Option<Backend>> = HashMap::new();
-        let entries = self.conntrack_entries();
-        for (_, key, e) in &entries {
-            let Some(tables) = by_service.get_mut(&key.service) else { continue };
-            let timeout = idle.get(&key.service).copied().unwrap_or(0);
+        let mut seen = 0usize;
+        let mut check = |service: u32, e: &CtEntry| {
+            seen += 1;
+            let Some(tables) = by_service.get_mut(&service) else { return };
+            let timeout = idle.get(&service).copied().unwrap_or(0);
             if timeout != 0 && now.saturating_sub(e.last_seen_ns) > timeout {
-                continue;
+                return;
             }
             let b = *backends.entry(e.backend).or_insert_with(|| self.backends.get(&e.backend, 0).ok());
             if b.is_some_and(|b| b.family != 0 && b.generation != e.backend_gen) {
-                continue;
+                return;
             }
             let i = maglev_slot(e.hash, m) as usize;
             for t in tables.iter_mut() {
@@ -230,8 +272,20 @@ impl Dataplane {
                     t.dirty[i / 64] |= 1 << (i % 64);
                 }
             }
+        };
+        match (&self.clean.ct4, &self.clean.ct6) {
+            (Some(ct4), Some(ct6)) => {
+                let buckets = self.clean.buckets;
+                for_each_mapped(ct4, buckets, |s| check(s.key.to_key().service, &s.entry));
+                for_each_mapped(ct6, buckets, |s| check(s.key.service, &s.entry));
+            }
+            _ => {
+                for (_, key, e) in self.conntrack_entries() {
+                    check(key.service, &e);
+                }
+            }
         }
-        let mut report = ScanReport { entries: entries.len(), at_ns: now, ..Default::default() };
+        let mut report = ScanReport { entries: seen, at_ns: now, ..Default::default() };
         let tail = if m.is_multiple_of(64) { u64::MAX } else { (1u64 << (m % 64)) - 1 };
         for tables in by_service.into_values() {
             for t in tables {
@@ -250,6 +304,11 @@ impl Dataplane {
         }
         self.clean.last = Some(report);
         Ok(report)
+    }
+
+    /// Whether scans read the connection tables through a mapping (else a syscall per bucket).
+    pub fn conntrack_mapped(&self) -> bool {
+        self.clean.ct4.is_some() && self.clean.ct6.is_some()
     }
 
     /// The last scan's report (`lb status`).

@@ -206,6 +206,14 @@ impl Dataplane {
         }
         let mut seed_store: Array<MapData, u64> = take(&mut ebpf, "CT_SEED_STORE")?;
         seed_store.set(0, ct_seed, 0).context("writing CT_SEED_STORE")?;
+        // Before the connection tables are taken: it maps them.
+        let clean = clean_slots::CleanSlots::new(
+            &take_raw(&mut ebpf, "CLEAN_SLOTS")?,
+            [ebpf.map("CONNTRACK4"), ebpf.map("CONNTRACK")],
+            sizes.conntrack_buckets(),
+            sizes.table_slots,
+            sizes.table_size_m,
+        )?;
         Ok(Self {
             ct_seed,
             services: ServiceTable::new(
@@ -225,11 +233,7 @@ impl Dataplane {
             table_index: take(&mut ebpf, "TABLE_INDEX")?,
             tables: take_raw(&mut ebpf, "TABLES")?,
             tables_mmap: None,
-            clean: clean_slots::CleanSlots::new(
-                &take_raw(&mut ebpf, "CLEAN_SLOTS")?,
-                sizes.table_slots,
-                sizes.table_size_m,
-            )?,
+            clean,
             backends: take(&mut ebpf, "BACKENDS")?,
             stats: take(&mut ebpf, "STATS")?,
             class_stats: take(&mut ebpf, "CLASS_STATS")?,

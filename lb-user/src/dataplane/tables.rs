@@ -74,10 +74,11 @@ impl Dataplane {
                 }
             }
             // Before the flip: a SYN never sees the new table with a bit it does not earn.
-            let moved_clean = self.carry_clean_bits(slot, old, entries)?;
+            let now = self.now_ns()?;
+            let moved_clean = self.carry_clean_bits(slot, old, entries, now);
             // The old table is kept for handshakes only if a SYN may have gone by it without an
             // entry in a slot this change moves.
-            let r = self.table_ref_replacing(slot, flags | table_flags::ACTIVE, old.filter(|_| moved_clean))?;
+            let r = self.table_ref_replacing(slot, flags | table_flags::ACTIVE, old.filter(|_| moved_clean), now);
             self.table_index.set(index, r, 0)?;
             Ok(r)
         })();

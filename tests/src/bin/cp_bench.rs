@@ -90,24 +90,29 @@ fn reaction_time(cfg: &Config) -> Result<()> {
     scan_time(&mut dp)
 }
 
+/// Flow `i` of the filled connection tables: TCP to VIP 198.18.200.1:80 of `service`, 256 ports
+/// per client address from 198.18.0.0.
+fn flow_key(i: u32, service: u32) -> CtKey {
+    let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
+    let tuple = FlowTuple {
+        src: [src, 0, 0, 0],
+        dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0],
+        sport: ((i & 0xff) as u16 + 1024).to_be(),
+        dport: 80u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    CtKey { tuple, service }
+}
+
 /// The daemon's scan for clean Maglev slots (`Dataplane::scan_clean_slots`) over a connection
 /// table holding `CONNECTIONS` IPv4 flows of one service, against every table written above.
 fn scan_time(dp: &mut Dataplane) -> Result<()> {
-    let service = 1;
     for i in 0..CONNECTIONS {
-        let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
-        let tuple = FlowTuple {
-            src: [src, 0, 0, 0],
-            dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0],
-            sport: ((i & 0xff) as u16 + 1024).to_be(),
-            dport: 80u16.to_be(),
-            proto: 6,
-            _pad: [0; 3],
-        };
         let backend = i % 250;
         let backend_gen = dp.backend(backend)?.generation;
         let entry = CtEntry { backend, backend_gen, last_seen_ns: dp.now_ns()?, hash: i, ..Default::default() };
-        dp.conntrack_set(lb_common::maps::FAMILY_V4, &CtKey { tuple, service }, entry)?;
+        dp.conntrack_set(lb_common::maps::FAMILY_V4, &flow_key(i, 1), entry)?;
     }
     let mut times = Vec::new();
     let mut report = None;
@@ -166,18 +171,7 @@ fn daemon_memory(cfg_text: &str) -> Result<()> {
             aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
         let seed = lb_user::dataplane::ct_seed(Some(&pins))?;
         for i in 0..CONNECTIONS {
-            let src = u32::from_ne_bytes(Ipv4Addr::from(0xc612_0000u32 + (i >> 8)).octets());
-            let key = CtKey {
-                tuple: FlowTuple {
-                    src: [src, 0, 0, 0],
-                    dst: [u32::from_ne_bytes([198, 18, 200, 1]), 0, 0, 0],
-                    sport: ((i & 0xff) as u16 + 1024).to_be(),
-                    dport: 80u16.to_be(),
-                    proto: 6,
-                    _pad: [0; 3],
-                },
-                service: 0,
-            };
+            let key = flow_key(i, 0);
             let entry = CtEntry { backend: i % 250, last_seen_ns: 1, ..Default::default() };
             lb_user::dataplane::table_set(&mut ct, &CtKey4::new(&key.tuple, key.service), &entry, seed)?;
         }

@@ -191,6 +191,13 @@ fn one_balancer_seeing_a_backend_fail_first_breaks_at_most_maglev_disruption() {
     );
     assert!(steady.is_empty(), "{steady:?}\n{}", so.diagnostics());
 
+    // A flow that misses on lb1 within the handshake window after this change takes the backend
+    // lb1's previous table gave it, if still usable (issue 35: a handshake straddling a change
+    // reaches one backend), so a collateral flow arriving then would keep its backend. The
+    // prediction below is lb1's current table: the window passes first.
+    std::thread::sleep(
+        Duration::from_nanos(lb_user::dataplane::clean_slots::HANDSHAKE_WINDOW_NS) + Duration::from_secs(2),
+    );
     // What lb1's table gives each flow now; flows ECMP moves to lb1 get that.
     let on_lb1: Vec<String> = conns.iter().map(|c| so.explain(0, c.client, c.sport).unwrap()).collect();
     so.balancers[2].lb_mut().kill();

@@ -363,3 +363,130 @@ pub fn report(p: &Params, v4: &Cold, v6: &Cold) {
         );
     }
 }
+
+/// `--cold-by-slot`: where a cold hit's time goes. The table is filled as for the headline, each
+/// flow is then located (its candidate bucket, first or second, and its way in it), and cold
+/// hits are timed per location: a flow in its first bucket's way 0 needs one line, a flow in
+/// the second bucket's way 7 is found after all 16 slots. Then the same flows mixed, as in the
+/// headline. Within one place the search ends at the same slot every frame, which the branch
+/// predictor learns; mixed, it cannot. Beside them the hot hit and the memory round trip, so
+/// that each case's excess over the target's terms (cold - hot - round trip) is printed.
+pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<()> {
+    use lb_common::ct_table::{self, state, WAYS};
+    let mut rng = SplitMix64(0x51a7 + family as u64);
+    establish(b, family, 0..p.ct_entries)?;
+    let seed = b.ct_seed;
+    let buckets = ct_slots / WAYS as u32;
+    let mask = buckets - 1;
+    // Flow indices by location, `candidate * WAYS + way` (`flow_frame`'s numbering).
+    let mut at: Vec<Vec<u32>> = vec![Vec::new(); 2 * WAYS];
+    let index4 = |src: u32, ports: u32| {
+        let base = u32::from(Ipv4Addr::new(198, 18, 128, 0));
+        let host = u32::from(Ipv4Addr::from(src.to_ne_bytes()));
+        ((host - base) << 14) | (u16::from_be(ports as u16) as u32 - 1024)
+    };
+    match family {
+        Family::V4 => {
+            let ct: aya::maps::Array<_, ct_table::Bucket4> =
+                aya::maps::Array::try_from(b.ebpf.map("CONNTRACK4").context("no CONNTRACK4 map")?)?;
+            for i in 0..buckets {
+                for (w, s) in ct.get(&i, 0)?.slots.iter().enumerate() {
+                    if s.state & state::LIVE != 0 {
+                        let c = (ct_table::buckets::<ct_table::Slot4>(&s.key, seed, mask)[0] != i) as usize;
+                        at[c * WAYS + w].push(index4(s.key.src, s.key.ports));
+                    }
+                }
+            }
+        }
+        Family::V6 => {
+            let ct: aya::maps::Array<_, ct_table::Bucket6> =
+                aya::maps::Array::try_from(b.ebpf.map("CONNTRACK").context("no CONNTRACK map")?)?;
+            let base = u128::from(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0));
+            for i in 0..buckets {
+                for (w, s) in ct.get(&i, 0)?.slots.iter().enumerate() {
+                    if s.state & state::LIVE != 0 {
+                        let c = (ct_table::buckets::<ct_table::Slot6>(&s.key, seed, mask)[0] != i) as usize;
+                        let mut bytes = [0u8; 16];
+                        for (k, word) in s.key.tuple.src.iter().enumerate() {
+                            bytes[4 * k..4 * k + 4].copy_from_slice(&word.to_ne_bytes());
+                        }
+                        let high = (u128::from(Ipv6Addr::from(bytes)) - base) as u32;
+                        let port = u16::from_be(s.key.tuple.sport) as u32 - 1024;
+                        at[c * WAYS + w].push((high << 14) | port);
+                    }
+                }
+            }
+        }
+    }
+    let located: usize = at.iter().map(Vec::len).sum();
+    if located != p.ct_entries as usize {
+        bail!("located {located} flows in the table, expected {}", p.ct_entries);
+    }
+    let hot = vec![flow_frame(family, 0, TCP_ACK); p.frames];
+    let mut hots = Vec::new();
+    for _ in 0..p.runs {
+        hots.push(timed(b, &hot, CT_HIT_PATH)?.1);
+    }
+    let hot = Spread::of(hots).median;
+    let bucket = match family {
+        Family::V4 => std::mem::size_of::<ct_table::Bucket4>(),
+        Family::V6 => std::mem::size_of::<ct_table::Bucket6>(),
+    };
+    let round_trip = super::memory::round_trip_ns(buckets as usize * bucket, p.runs);
+    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
+    println!(
+        "{name}: hot hit {hot:+.0}, memory round trip {round_trip:.0} ns; cold hit by the flow's place (ns above the floor, \
+         median of {} runs of up to {} frames; excess = cold - hot - round trip)",
+        p.runs, p.frames
+    );
+    let mut all = Vec::new();
+    for (k, flows) in at.iter().enumerate() {
+        // Fewer flows than a few runs' frames would be timed warm (each run draws from them).
+        if flows.len() < 4 * p.frames {
+            println!(
+                "  bucket {} way {}: {} flows, too few to stay cold: not timed",
+                k / WAYS + 1,
+                k % WAYS,
+                flows.len()
+            );
+            continue;
+        }
+        let mut runs = Vec::new();
+        for _ in 0..p.runs {
+            let frames: Vec<Vec<u8>> = sample(&mut rng, flows.len() as u32, p.frames)
+                .into_iter()
+                .map(|j| flow_frame(family, flows[j as usize], TCP_ACK))
+                .collect();
+            runs.push(timed(b, &frames, CT_HIT_PATH)?.1);
+        }
+        let s = Spread::of(runs);
+        all.push((s.median, flows.len()));
+        println!(
+            "  bucket {} way {}: {:>7} flows ({:>4.1} %)  cold hit {:+.0} [{:+.0}, {:+.0}]  excess {:+.0}",
+            k / WAYS + 1,
+            k % WAYS,
+            flows.len(),
+            flows.len() as f64 * 100.0 / located as f64,
+            s.median,
+            s.min,
+            s.max,
+            s.median - hot - round_trip
+        );
+    }
+    let mean = all.iter().map(|(m, n)| m * *n as f64).sum::<f64>() / all.iter().map(|(_, n)| *n as f64).sum::<f64>();
+    println!("  weighted by the flows in each place: cold hit {mean:+.0}, excess {:+.0}", mean - hot - round_trip);
+    // The same flows mixed, as the headline sends them: the place varies from frame to frame.
+    let mut runs = Vec::new();
+    for _ in 0..p.runs {
+        runs.push(timed(b, &hit_sample(&mut rng, family, p.ct_entries, p.frames), CT_HIT_PATH)?.1);
+    }
+    let s = Spread::of(runs);
+    println!(
+        "  all places mixed (the headline's cold hit): cold hit {:+.0} [{:+.0}, {:+.0}]  excess {:+.0}",
+        s.median,
+        s.min,
+        s.max,
+        s.median - hot - round_trip
+    );
+    Ok(())
+}

@@ -168,6 +168,8 @@ struct Bench {
     services: ServiceTable,
     stats: PerCpuArray<MapData, GlobalStats>,
     ingress_ifindex: u32,
+    /// The connection tables' bucket hash seed the object was loaded with.
+    ct_seed: u64,
 }
 
 fn read_object() -> Result<Vec<u8>> {
@@ -231,7 +233,7 @@ impl Bench {
                 0,
             )?;
         }
-        let mut bench = Self { ebpf, services, stats, ingress_ifindex };
+        let mut bench = Self { ebpf, services, stats, ingress_ifindex, ct_seed: settings.ct_seed };
         bench.install_service(SVC4, Front::Vip(IpAddr::V4(VIP4), 80), forwarding::IPIP, 0, |i| {
             IpAddr::V4(Ipv4Addr::new(198, 19, 10, 10 + i as u8))
         })?;
@@ -752,6 +754,10 @@ struct Cli {
     /// of 20,000 frames.
     #[arg(long, value_name = "OBJECT", groups = ["mode", "ab"])]
     compare_cold: Option<String>,
+    /// Cold hits timed by where the flow sits in the connection table (its first or second
+    /// candidate bucket, which way): where a cold hit's time goes.
+    #[arg(long, group = "mode")]
+    cold_by_slot: bool,
     /// Rounds of `--compare` (default 11) or `--compare-cold` (default 21).
     #[arg(long, requires = "ab", value_parser = clap::value_parser!(u32).range(1..))]
     rounds: Option<u32>,
@@ -816,6 +822,16 @@ fn main() -> Result<()> {
                 let a = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
                 let b = Bench::load_object(topo.lbv0, &other_bytes, cold.ct_entries)?;
                 cold::compare([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
+            }
+            Ok(())
+        });
+    }
+    if cli.cold_by_slot {
+        let cold = cold::Params { frames: 20_000, ..p.cold };
+        return in_netns(move |topo| -> Result<()> {
+            for family in [cold::Family::V4, cold::Family::V6] {
+                let b = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
+                cold::by_slot(&b, &cold, family, ct_slots(cold.ct_entries))?;
             }
             Ok(())
         });

@@ -469,6 +469,12 @@ pub mod clean_slots {
     pub const fn words(m: u32) -> u32 {
         m.div_ceil(64)
     }
+
+    /// Maglev slot `index`'s word within its table's bitmap, and its bit in that word.
+    #[inline(always)]
+    pub const fn bit(index: u32) -> (u32, u64) {
+        (index / 64, 1 << (index % 64))
+    }
 }
 
 /// Defines the counters from one list, in index order: each `NAME = "name"` becomes the index

@@ -163,6 +163,7 @@ pub fn table_entry(slot: u32, index: u32) -> Option<u32> {
 /// names another backend, so a SYN there needs none.
 #[inline(always)]
 pub fn slot_clean(slot: u32, index: u32) -> bool {
-    let at = slot * clean_slots::words(TABLE_M.load()) + index / 64;
-    matches!(CLEAN_SLOTS.get(at), Some(&w) if w >> (index % 64) & 1 != 0)
+    let (word, bit) = clean_slots::bit(index);
+    let at = slot * clean_slots::words(TABLE_M.load()) + word;
+    matches!(CLEAN_SLOTS.get(at), Some(&w) if w & bit != 0)
 }

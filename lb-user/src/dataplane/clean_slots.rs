@@ -151,7 +151,8 @@ fn carried_bits(old: &[u64], old_entries: &[u32], new_entries: &[u32]) -> Vec<u6
     let mut bits = old.to_vec();
     for (i, (a, b)) in old_entries.iter().zip(new_entries).enumerate() {
         if a != b {
-            bits[i / 64] &= !(1u64 << (i % 64));
+            let (word, bit) = clean_slots::bit(i as u32);
+            bits[word as usize] &= !bit;
         }
     }
     bits
@@ -266,10 +267,11 @@ impl Dataplane {
             if b.is_some_and(|b| b.family != 0 && b.generation != e.backend_gen) {
                 return;
             }
-            let i = maglev_slot(e.hash, m) as usize;
+            let i = maglev_slot(e.hash, m);
+            let (word, bit) = clean_slots::bit(i);
             for t in tables.iter_mut() {
-                if t.entries[i] != e.backend {
-                    t.dirty[i / 64] |= 1 << (i % 64);
+                if t.entries[i as usize] != e.backend {
+                    t.dirty[word as usize] |= bit;
                 }
             }
         };
@@ -319,8 +321,8 @@ impl Dataplane {
     /// Whether Maglev slot `index` of the active table of (service, class) is clean.
     pub fn slot_clean(&self, service: u32, class: u32, index: u32) -> Option<bool> {
         let slot = *self.active_slots.get(&(service, class))?;
-        let bits = self.clean.read(slot);
-        Some(bits[index as usize / 64] >> (index % 64) & 1 != 0)
+        let (word, bit) = clean_slots::bit(index);
+        Some(self.clean.read(slot)[word as usize] & bit != 0)
     }
 }
 

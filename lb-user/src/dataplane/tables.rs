@@ -106,14 +106,10 @@ impl Dataplane {
 
     /// A slot for a table when none is free: the one replaced longest ago, its window ended.
     fn reclaim_retiring(&mut self) -> Result<u32> {
-        let key = self
-            .clean
-            .retiring
-            .iter()
-            .min_by_key(|(_, r)| r.until_ns)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))?;
-        self.end_window(key)?.ok_or_else(|| anyhow!("no free table slot (table_slots {})", self.sizes.table_slots))
+        let table_slots = self.sizes.table_slots;
+        let none_free = || anyhow!("no free table slot (table_slots {table_slots})");
+        let key = self.clean.retiring.iter().min_by_key(|(_, r)| r.until_ns).map(|(k, _)| *k).ok_or_else(none_free)?;
+        self.end_window(key)?.ok_or_else(none_free)
     }
 
     /// Changes the flags of the active table of (service, class) without rewriting it.

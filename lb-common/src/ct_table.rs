@@ -234,9 +234,6 @@ pub mod chosen {
     pub const FULL: u32 = 3;
 }
 
-/// No slot (a search's `free` before it found one).
-pub const NO_SLOT: u8 = 2 * WAYS as u8;
-
 /// Keeps the compiler from moving memory accesses across this point (no instruction): plain
 /// loads may otherwise move across volatile ones. The BPF target has no fence instruction;
 /// an empty `asm!` that may touch memory does the job.
@@ -255,9 +252,15 @@ fn put<T>(p: *mut T, v: T) {
     unsafe { core::ptr::write_volatile(p, v) }
 }
 
+/// The slot at `search.index` (`candidate * WAYS + way`), written just before. Read back from
+/// the record, the index is one unknown value to the verifier, which then checks one access
+/// in range; computed in registers, the compiler folds the bucket choice into the offset in a
+/// way the verifier cannot follow. A branch, not `buckets[k / WAYS]`: an array on the stack
+/// indexed by an unknown value loses its pointers' type for the verifier.
 #[inline(always)]
-fn get<T: Copy>(p: *const T) -> T {
-    unsafe { core::ptr::read_volatile(p) }
+fn indexed<S: Slot>(buckets: [&Bucket<S>; 2], search: *const Search) -> &S {
+    let k = unsafe { core::ptr::read_volatile(&(*search).index) } as usize & (2 * WAYS - 1);
+    &(if k < WAYS { buckets[0] } else { buckets[1] }).slots[k % WAYS]
 }
 
 /// Whether a live slot holds `key`; if so its index (`candidate * WAYS + way`) is in
@@ -313,70 +316,117 @@ pub struct Victim {
 /// full of idle flows, and if they counted every bucket would look full and a new flow would
 /// go wherever the oldest flow is, not to the bucket with fewer live flows (in a simulation at
 /// half the slots live, 4e-5 of the new flows then evicted a live one; none with this rule).
+///
+/// One pass over the 16 slots: the key is compared and the choice prepared slot by slot. (The
+/// data plane's lookup is [`find`], then [`choose`] on a miss: a hit there costs only the
+/// lookup, and the choice reads lines the lookup has just brought in.)
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 #[inline(always)]
 pub fn victim<S: Slot>(buckets: [&Bucket<S>; 2], key: &S::Key, fresh_after: u64, search: *mut Search) -> Victim {
-    let st = search;
-    put(unsafe { &mut (*st).index }, 0);
-    put(unsafe { &mut (*st).state }, state::WRITING);
-    put(unsafe { &mut (*st).free }, [NO_SLOT; 2]);
-    put(unsafe { &mut (*st).free_count }, [0; 2]);
-    put(unsafe { &mut (*st).oldest }, u64::MAX);
+    begin(search);
+    let mut free = 0;
     let mut k = 0;
     while k < 2 * WAYS {
-        let c = k / WAYS;
-        let slot = &buckets[c].slots[k % WAYS];
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
         let bits = slot_state(slot);
         // Key and last-seen time are read after the state (see `find`).
         compiler_barrier();
-        let seen = slot.entry().last_seen_ns;
         if bits & state::LIVE != 0 && slot.key_is(key) {
-            put(unsafe { &mut (*st).index }, k as u32);
-            put(unsafe { &mut (*st).state }, bits);
-            put(unsafe { &mut (*st).chosen }, chosen::OWN);
+            put(unsafe { &mut (*search).index }, k as u32);
+            put(unsafe { &mut (*search).state }, bits);
+            put(unsafe { &mut (*search).chosen }, chosen::OWN);
             return Victim { index: k as u32, evicts: false, full: false };
         }
-        // (A slot another CPU is writing is no candidate: taking it would fail.)
-        if bits & state::WRITING == 0 {
-            if bits & state::LIVE == 0 || seen < fresh_after {
-                // Counted and remembered; the key's own slot, if further on, still wins.
-                if get(unsafe { &(*st).free[c] }) == NO_SLOT {
-                    put(unsafe { &mut (*st).free[c] }, k as u8);
-                }
-                put(unsafe { &mut (*st).free_count[c] }, get(unsafe { &(*st).free_count[c] }) + 1);
-            }
-            if bits & (state::LIVE | state::CONFIRMED) == state::LIVE && seen < get(unsafe { &(*st).oldest }) {
-                put(unsafe { &mut (*st).oldest }, seen);
-                put(unsafe { &mut (*st).index }, k as u32);
-                put(unsafe { &mut (*st).state }, bits);
-            }
-        }
+        free |= note(slot, k, bits, fresh_after, search);
         k += 1;
     }
-    let [count_a, count_b] = get(unsafe { &(*st).free_count });
-    let free = get(unsafe { &(*st).free[(count_b > count_a) as usize] });
-    if free != NO_SLOT {
-        let k = free as usize & (2 * WAYS - 1);
-        // Its state now (not remembered per bucket): if another CPU has written a live flow
+    decide(buckets, free, fresh_after, search)
+}
+
+/// [`victim`]'s choice for a key that none of the 16 slots holds (a [`find`] that missed has
+/// just read their lines): the same choice, without comparing keys.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+#[inline(always)]
+pub fn choose<S: Slot>(buckets: [&Bucket<S>; 2], fresh_after: u64, search: *mut Search) -> Victim {
+    begin(search);
+    let mut free = 0;
+    let mut k = 0;
+    while k < 2 * WAYS {
+        let slot = &buckets[k / WAYS].slots[k % WAYS];
+        let bits = slot_state(slot);
+        // The last-seen time is read after the state (see `find`).
+        compiler_barrier();
+        free |= note(slot, k, bits, fresh_after, search);
+        k += 1;
+    }
+    decide(buckets, free, fresh_after, search)
+}
+
+/// Starts a choice: no unconfirmed live flow seen yet (`oldest`), and a slot and state an
+/// insert fails from.
+#[inline(always)]
+fn begin(st: *mut Search) {
+    put(unsafe { &mut (*st).oldest }, u64::MAX);
+    put(unsafe { &mut (*st).index }, 0);
+    put(unsafe { &mut (*st).state }, state::WRITING);
+}
+
+/// Notes slot `k` (in state `bits`) for a choice: the least recently seen unconfirmed live
+/// flow so far is kept in the record (time, slot, state), and the slot's bit in the returned
+/// mask is set if it takes a key without evicting a live flow (no live flow, or an idle one;
+/// no writer: taking a slot another CPU is writing would fail). In the record and in branch-free
+/// bit arithmetic (WRITING, LIVE and CONFIRMED are bits 0, 1 and 2; times are below 2^63 ns,
+/// so `seen < fresh_after` is the sign of the difference), not in registers the compares set:
+/// the verifier then follows one path past each slot, not two.
+#[inline(always)]
+fn note<S: Slot>(slot: &S, k: usize, bits: u32, fresh_after: u64, st: *mut Search) -> u64 {
+    let seen = slot.entry().last_seen_ns;
+    if bits & (state::WRITING | state::LIVE | state::CONFIRMED) == state::LIVE
+        && seen < unsafe { core::ptr::read_volatile(&(*st).oldest) }
+    {
+        put(unsafe { &mut (*st).oldest }, seen);
+        put(unsafe { &mut (*st).index }, k as u32);
+        put(unsafe { &mut (*st).state }, bits);
+    }
+    let no_writer = (bits as u64 & 1) ^ 1;
+    let not_live = ((bits as u64 >> 1) & 1) ^ 1;
+    let idle = seen.wrapping_sub(fresh_after) >> 63;
+    ((not_live | idle) & no_writer) << k
+}
+
+/// Ends a choice from the mask of slots [`note`] found free: the first free slot of the less
+/// loaded bucket (the one with more free slots, the first on a tie); else the least recently
+/// seen unconfirmed live flow's; else none.
+#[inline(always)]
+fn decide<S: Slot>(buckets: [&Bucket<S>; 2], free: u64, fresh_after: u64, st: *mut Search) -> Victim {
+    let free = free as u32;
+    put(unsafe { &mut (*st).free }, free);
+    let second = ((free >> WAYS).count_ones() > (free & ((1 << WAYS) - 1)).count_ones()) as u32;
+    let in_bucket = (free >> (second * WAYS as u32)) & ((1 << WAYS) - 1);
+    if in_bucket != 0 {
+        // Its first free slot: the bits below the lowest set one, counted (BPF has no
+        // count-trailing-zeros instruction; a population count is bit arithmetic).
+        let way = ((in_bucket & in_bucket.wrapping_neg()) - 1).count_ones();
+        let k = second * WAYS as u32 + way;
+        put(unsafe { &mut (*st).index }, k);
+        // Its state now (not remembered per slot): if another CPU has written a live flow
         // there or is writing since, the insert must fail, as from any outdated state.
-        // A branch, not `buckets[k / WAYS]`: an array on the stack indexed by an unknown
-        // value loses its pointers' type for the verifier.
-        let slot = &(if k < WAYS { buckets[0] } else { buckets[1] }).slots[k % WAYS];
+        let slot = indexed(buckets, st);
         let bits = slot_state(slot);
         compiler_barrier();
         let idle = bits & state::LIVE == 0 || slot.entry().last_seen_ns < fresh_after;
         put(unsafe { &mut (*st).state }, if bits & state::WRITING == 0 && idle { bits } else { state::WRITING });
-        put(unsafe { &mut (*st).index }, k as u32);
         put(unsafe { &mut (*st).chosen }, 0);
-        return Victim { index: k as u32, evicts: false, full: false };
+        return Victim { index: k, evicts: false, full: false };
     }
-    if get(unsafe { &(*st).oldest }) == u64::MAX {
-        // No unconfirmed live flow either (its `index` and `state` are still the initial 0
-        // and WRITING: an insert from them fails).
+    if unsafe { core::ptr::read_volatile(&(*st).oldest) } == u64::MAX {
+        // No unconfirmed live flow either (`index` and `state` are still 0 and WRITING, from
+        // `begin`: an insert from them fails).
         put(unsafe { &mut (*st).chosen }, chosen::FULL);
         return Victim { index: 0, evicts: false, full: true };
     }
     put(unsafe { &mut (*st).chosen }, chosen::EVICTS);
-    Victim { index: get(unsafe { &(*st).index }), evicts: true, full: false }
+    Victim { index: unsafe { core::ptr::read_volatile(&(*st).index) }, evicts: true, full: false }
 }
 
 /// The least recently seen live flow's slot of two buckets, confirmed or not, `candidate *
@@ -551,6 +601,51 @@ mod tests {
         assert!(!super::victim([&b0, &b1], &key4(25), 0, st).evicts, "its own slot");
         assert_eq!(unsafe { (*st).state }, state::LIVE);
         assert_eq!(find(&b0, &b1, 25), Some((13, state::LIVE)));
+    }
+
+    /// The data plane's lookup chooses a missing key's slot with `choose` after `find` (one
+    /// search for both, issue 35): the same choice, record included, as `victim`'s single
+    /// pass, over buckets of every mix of free, idle, live, confirmed and written slots.
+    #[test]
+    fn a_lookup_that_misses_chooses_as_victim_does() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let fresh_after = 1_000;
+        let (mut evicts, mut full, mut free) = (0, 0, 0);
+        for _ in 0..20_000 {
+            // A mix of every kind of slot; or no free one (so some evict); or only confirmed
+            // live flows and writers (so some find none).
+            let kinds: &[u32] = match next() % 3 {
+                0 => &[0, state::LIVE, state::LIVE | state::CONFIRMED, state::WRITING | state::LIVE],
+                1 => &[state::LIVE, state::LIVE | state::CONFIRMED, state::WRITING],
+                _ => &[state::LIVE | state::CONFIRMED, state::WRITING | state::LIVE],
+            };
+            let mut pair = [Bucket4::default(), Bucket4::default()];
+            for b in &mut pair {
+                for (w, slot) in b.slots.iter_mut().enumerate() {
+                    let r = next();
+                    let bits = kinds[(r % kinds.len() as u64) as usize] | (r as u32 & 0xf0);
+                    // Idle (seen before `fresh_after`) only in the mix.
+                    let seen = if kinds.len() == 4 { 900 } else { 1_000 } + (r >> 8) % 200;
+                    *slot = Slot4 { state: bits, ..live(key4(100 + w as u32), seen) };
+                }
+            }
+            let key = key4(1);
+            let (mut a, mut b) = (Search::default(), Search::default());
+            let victim = super::victim([&pair[0], &pair[1]], &key, fresh_after, &mut a);
+            assert_eq!(super::find([&pair[0], &pair[1]], &key, &mut b), None);
+            assert_eq!(choose([&pair[0], &pair[1]], fresh_after, &mut b), victim);
+            assert_eq!(a, b);
+            evicts += victim.evicts as u32;
+            full += victim.full as u32;
+            free += (!victim.evicts && !victim.full) as u32;
+        }
+        assert!(evicts > 100 && full > 100 && free > 100, "{evicts} {full} {free}");
     }
 
     #[test]

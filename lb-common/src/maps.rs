@@ -624,11 +624,9 @@ pub struct Search {
     /// That slot's state when the search saw it: a writer takes the slot only from this state,
     /// so a slot another CPU wrote since the search is left alone.
     pub state: u32,
-    /// Per candidate bucket: its first slot without a writer and without a live flow (empty,
-    /// or its flow idle: see `ct_table::victim`), or `ct_table::NO_SLOT`.
-    pub free: [u8; 2],
-    /// Per candidate bucket: its slots without a writer and without a live flow.
-    pub free_count: [u8; 2],
+    /// Bit `candidate * WAYS + way`: the slot has no writer and no live flow (empty, or its
+    /// flow idle: see `ct_table::victim`). Written by a search that did not find the key.
+    pub free: u32,
     /// How `ct_table::victim` chose `index`: `ct_table::chosen::{OWN, EVICTS, FULL}` or 0 (a
     /// slot without a live flow). Kept so that an insert can write the choice of a search made
     /// before it (a re-selecting SYN's) without searching again.

@@ -138,7 +138,7 @@ pub fn bench_ct_insert_new(_ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn bench_ct_lookup(_ctx: XdpContext) -> u32 {
     let counters = stats::counters();
-    if FlowKey::v4(&bench_ct_key()).get(counters).is_some() {
+    if FlowKey::v4(&bench_ct_key()).get(0, 0, counters).is_some() {
         counters.inc(stat::CT_HIT);
     }
     xdp_action::XDP_PASS

@@ -35,17 +35,22 @@ impl<'a> FlowKey<'a> {
     }
 
     /// The flow's slot, a consistent copy of its entry, and the slot's state when copied.
+    /// Else the slot an insert of the key at `now` writes is left in this CPU's search record
+    /// (`insert_chosen` writes it): one search for both (`find_or_choose`).
     #[inline(always)]
-    pub fn get(self, counters: Counters) -> Option<(Slot, CtEntry, u32)> {
+    pub fn get(self, now: u64, idle_timeout_ns: u64, counters: Counters) -> Option<(Slot, CtEntry, u32)> {
         let st = counters.ct_search()?;
+        let t = idle_timeout_ns;
         match self {
-            FlowKey::V4(k, at) => find(&CONNTRACK4, k, at, st).map(|(s, e, state)| (Slot::V4(s), e, state)),
-            FlowKey::V6(k, at) => find(&CONNTRACK, k, at, st).map(|(s, e, state)| (Slot::V6(s), e, state)),
+            FlowKey::V4(k, at) => find_or_choose(&CONNTRACK4, k, at, now, t, st).map(|(s, e, x)| (Slot::V4(s), e, x)),
+            FlowKey::V6(k, at) => find_or_choose(&CONNTRACK, k, at, now, t, st).map(|(s, e, x)| (Slot::V6(s), e, x)),
         }
     }
 
-    /// Writes the flow's entry, replacing any (a SYN that starts a new flow on a known tuple);
-    /// see `write` for what it counts. Whether it wrote it.
+    /// Writes the flow's entry after a search of its own, replacing any; see `write` for what
+    /// it counts. Whether it wrote it. (The bench's: the balancer writes the slot its packet's
+    /// search chose, `insert_chosen`.)
+    #[cfg(feature = "bench")]
     #[inline(always)]
     pub fn insert(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         self.write(entry, idle_timeout_ns, counters, true)
@@ -69,8 +74,8 @@ impl<'a> FlowKey<'a> {
         }
     }
 
-    /// `insert` into the slot that this packet's `keep_for_syn` chose (its search's record, in
-    /// this CPU's search record): a re-selecting SYN scans its buckets once, not twice.
+    /// `insert` into the slot that this packet's search chose (`keep_for_syn`'s or `lookup`'s,
+    /// in this CPU's search record): a flow's first entry costs one scan of its buckets, not two.
     #[inline(always)]
     pub fn insert_chosen(self, entry: &CtEntry, idle_timeout_ns: u64, counters: Counters) -> bool {
         self.write(entry, idle_timeout_ns, counters, false)
@@ -146,12 +151,18 @@ impl Slot {
         };
     }
 
-    /// Frees the slot, unless it was rewritten since `FlowKey::get` saw it in `state`.
+    /// Frees the slot, unless it was rewritten since `FlowKey::get` saw it in `state`, and
+    /// leaves it in the search record `st` as the slot an insert of the key writes (its own,
+    /// now free; if another CPU had it, a state that makes the insert fail).
     #[inline(always)]
-    fn remove(self, state: u32) {
-        match self {
+    fn remove(self, state: u32, st: *mut ct_table::Search) {
+        let freed = match self {
             Slot::V4(s) => release(unsafe { &mut *s }, state),
             Slot::V6(s) => release(unsafe { &mut *s }, state),
+        };
+        unsafe {
+            core::ptr::write_volatile(&mut (*st).state, freed.unwrap_or(ct_table::state::WRITING));
+            core::ptr::write_volatile(&mut (*st).chosen, 0);
         }
     }
 }
@@ -169,20 +180,6 @@ fn slot_at<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2], index: u32) -> *
     let k = index as usize & (2 * ct_table::WAYS - 1);
     let bucket = if k < ct_table::WAYS { b[0] } else { b[1] };
     unsafe { &mut (*bucket).slots[k & (ct_table::WAYS - 1)] }
-}
-
-/// The live slot of `key`, a copy of its entry taken while no writer held the slot, and the
-/// slot's state then. `st`: this CPU's search record.
-#[inline(always)]
-fn find<S: ct_table::Slot>(
-    map: &Array<ct_table::Bucket<S>>,
-    key: &S::Key,
-    at: [u32; 2],
-    st: *mut ct_table::Search,
-) -> Option<(*mut S, CtEntry, u32)> {
-    let b = buckets(map, at)?;
-    let state = ct_table::find(unsafe { [&*b[0], &*b[1]] }, key, st)?;
-    copy(b, st, state)
 }
 
 /// Loads one byte of every cache line of both buckets (whole lines: see `CONNTRACK`) before a
@@ -204,8 +201,32 @@ fn prefetch<S: ct_table::Slot>(b: [*mut ct_table::Bucket<S>; 2]) {
     }
 }
 
-/// Like `find`, with the search of an insert (`ct_table::victim`, whose choice of a slot for the
-/// key stays in `st` for `insert`): the key's slot and entry if it has one.
+/// The live slot of `key`, a copy of its entry taken while no writer held the slot, and the
+/// slot's state then; without the key, the slot an insert of it at `now` writes is chosen
+/// (`ct_table::choose`, from the lines the search has just read) and left in `st` (this CPU's
+/// search record) for `insert`. A hit costs exactly a lookup (`ct_table::find`): the choice
+/// is made, and the idle horizon computed, only on a miss.
+#[inline(always)]
+fn find_or_choose<S: ct_table::Slot>(
+    map: &Array<ct_table::Bucket<S>>,
+    key: &S::Key,
+    at: [u32; 2],
+    now: u64,
+    idle_timeout_ns: u64,
+    st: *mut ct_table::Search,
+) -> Option<(*mut S, CtEntry, u32)> {
+    let b = buckets(map, at)?;
+    let pair = unsafe { [&*b[0], &*b[1]] };
+    let Some(state) = ct_table::find(pair, key, st) else {
+        ct_table::choose(pair, ct_table::fresh_after(now, idle_timeout_ns), st);
+        return None;
+    };
+    // (A found entry the caller deletes is recorded as the choice by `Slot::remove`.)
+    copy(b, st, state)
+}
+
+/// Like `find_or_choose`, but the search records the key's own slot as the choice when it
+/// finds it (`ct_table::victim`): a re-selecting SYN overwrites its entry there.
 #[inline(always)]
 fn search<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,
@@ -223,7 +244,8 @@ fn search<S: ct_table::Slot>(
 }
 
 /// The slot a search (`st`) found holding the key in `state`, a copy of its entry taken while no
-/// writer held it, and `state`; None if a writer held the slot then or since.
+/// writer held it, and `state`; None if a writer held the slot then or since, and then the
+/// record makes an insert from it fail (`take`), as from any outdated state.
 #[inline(always)]
 fn copy<S: ct_table::Slot>(
     b: [*mut ct_table::Bucket<S>; 2],
@@ -231,7 +253,7 @@ fn copy<S: ct_table::Slot>(
     state: u32,
 ) -> Option<(*mut S, CtEntry, u32)> {
     if state & ct_table::state::WRITING != 0 {
-        return None;
+        return busy(st);
     }
     let slot = slot_at(b, unsafe { core::ptr::read_volatile(&(*st).index) });
     // Key (compared by the search after its state read and a compiler barrier) and entry
@@ -240,9 +262,19 @@ fn copy<S: ct_table::Slot>(
     let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
     // CONFIRMED aside: another CPU confirming the entry meanwhile changed nothing we read.
     if (ct_table::slot_state(unsafe { &*slot }) ^ state) & !ct_table::state::CONFIRMED != 0 {
-        return None;
+        return busy(st);
     }
     Some((slot, entry, state))
+}
+
+/// Records in `st` a choice that an insert fails from (the key's slot, held by a writer).
+#[inline(always)]
+fn busy<T>(st: *mut ct_table::Search) -> Option<T> {
+    unsafe {
+        core::ptr::write_volatile(&mut (*st).state, ct_table::state::WRITING);
+        core::ptr::write_volatile(&mut (*st).chosen, ct_table::chosen::OWN);
+    }
+    None
 }
 
 /// Takes `slot` for writing if its state is still `observed`: false if another writer has it.
@@ -311,18 +343,21 @@ fn insert<S: ct_table::Slot>(
 }
 
 /// Frees a slot found in `observed` state; a slot rewritten since has another version, and
-/// the compare-and-swap leaves it alone.
+/// the compare-and-swap leaves it alone. The state it left, if it freed the slot.
 #[inline(always)]
-fn release<S: ct_table::Slot>(slot: &mut S, observed: u32) {
-    if take(slot, observed) {
-        finish(slot, observed, false);
+fn release<S: ct_table::Slot>(slot: &mut S, observed: u32) -> Option<u32> {
+    if !take(slot, observed) {
+        return None;
     }
+    finish(slot, observed, false);
+    Some(ct_table::next_state(observed, false))
 }
 
 /// The tracked (backend id, class, backend record, flow hash) of a flow if its entry is still
 /// valid; an invalid entry is deleted and counted by reason. The backend record is the one the
 /// check read, so the caller needs no second `BACKENDS` lookup. A valid entry is confirmed
-/// unless `quoted` (an ICMP error quoting the flow is no packet of it).
+/// unless `quoted` (an ICMP error quoting the flow is no packet of it). On None the search has
+/// chosen the slot an insert of the key at `now` writes (`FlowKey::insert_chosen`).
 #[inline(always)]
 pub fn lookup(
     key: FlowKey,
@@ -332,7 +367,7 @@ pub fn lookup(
     quoted: bool,
     counters: Counters,
 ) -> Option<(u32, u32, &'static Backend, u32)> {
-    let (slot, e, state) = key.get(counters)?;
+    let (slot, e, state) = key.get(now, service.idle_timeout_ns, counters)?;
     let backend = BACKENDS.get(e.backend);
     let verdict =
         ct_verdict(&e, backend, service, proto, now, || match select::table_ref(service.id, e.class as u32) {
@@ -358,7 +393,9 @@ pub fn lookup(
         CtVerdict::Unhealthy => stat::CT_REROUTED_UNHEALTHY,
     };
     counters.inc(reason);
-    slot.remove(state);
+    if let Some(st) = counters.ct_search() {
+        slot.remove(state, st);
+    }
     None
 }
 

@@ -348,11 +348,8 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
             // flow the client never opened).
             // (What an insert cannot write it counts itself: `conntrack::FlowKey::write`.)
             if !pkt.quoted && make_entry {
-                let _written = if new_by_rule {
-                    key.insert_chosen(&entry, svc.idle_timeout_ns, counters)
-                } else {
-                    key.insert(&entry, svc.idle_timeout_ns, counters)
-                };
+                // Into the slot this packet's search chose (`keep_for_syn`'s or `lookup`'s).
+                let _written = key.insert_chosen(&entry, svc.idle_timeout_ns, counters);
             }
             // A connection is counted once, at its SYN, where SYNs start flows (its first ACK
             // misses too when the SYN made no entry); elsewhere at its first packet.

@@ -687,6 +687,38 @@ fn a_re_selecting_syn_rewrites_its_own_slot_behind_a_free_one() {
     assert_eq!(backend_of(&dp, &tcp(41003, TCP_ACK)), B2, "the flow follows its new entry");
 }
 
+/// Issue 35, one search for find and victim: a packet that is not new by rule looks its key up,
+/// and when the entry it finds is void the insert writes the slot that lookup chose, the
+/// key's own, without searching again (a second search would take the first free slot). One
+/// bucket of 8 slots: the UDP flows from ports 5000-5003 take slots 0-3; the first's and the
+/// fourth's idle out, then the fourth sends again: it re-selects into its own slot, and the
+/// first's (idle, free for a new flow, in front of it) keeps its entry.
+#[test]
+fn a_void_entry_is_replaced_in_the_slot_its_lookup_found() {
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let mut dp = one_bucket_table(info);
+    let key = |p: u16| ct_key(&info, PROTO_UDP, p, 53);
+    for p in 5000..5004 {
+        assert_eq!(backend_of(&dp, &udp(p)), B1);
+    }
+    for p in [5000, 5003] {
+        let e = dp.conntrack_get(FAMILY_V4, &key(p)).unwrap();
+        let idle = lb_common::maps::CtEntry { last_seen_ns: e.last_seen_ns - IDLE_NS - 60_000_000_000, ..e };
+        dp.conntrack_set(FAMILY_V4, &key(p), idle).unwrap();
+    }
+    move_table_to_b2(&mut dp);
+    assert_eq!(backend_of(&dp, &udp(5003)), B2, "the idle entry expired: the flow re-selects");
+    let entries = dp.conntrack_entries();
+    let own: Vec<_> = entries.iter().filter(|(_, k, _)| *k == key(5003)).collect();
+    assert_eq!(own.len(), 1, "one entry for the key: {entries:?}");
+    assert_eq!(own[0].2.backend, B2);
+    assert_eq!(entries.len(), 4, "{entries:?}");
+    assert!(dp.conntrack_get(FAMILY_V4, &key(5000)).is_some(), "the free slot before it was not taken");
+    let s = dp.stats().unwrap();
+    assert_eq!((s.get(stat::CT_EXPIRED), s.get(stat::CT_INSERT_BUSY), s.get(stat::CT_EVICT_UNCONFIRMED)), (1, 0, 0));
+    assert_eq!(backend_of(&dp, &udp(5003)), B2, "the flow follows its new entry");
+}
+
 /// Issue 17.1 in a busy table: closed flows stay until evicted, so a new flow finds both its
 /// buckets full. It takes a slot of an idle flow (seen before the idle timeout) in the bucket
 /// with fewer live flows, not the least recently seen of the 16, which would keep filling the

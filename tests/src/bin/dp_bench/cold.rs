@@ -23,7 +23,9 @@ use lb_user::dataplane::{XDP_PASS, XDP_TX};
 use lb_user::rng::{Rng, SplitMix64};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::{frame4_from, frame6_from, test_run_xdp, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED};
+use super::{
+    frame4_from, frame6_from, test_run_xdp, Bench, CT_HIT_PATH, NEW_FLOW_PATH, NOTHING_COUNTED, STATELESS_SYN_PATH,
+};
 
 /// Sizes of the cold cases.
 #[derive(Clone, Copy)]
@@ -311,6 +313,33 @@ pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rou
         }
     }
     print("new flow", above);
+    Ok(())
+}
+
+/// After `compare` (its tables full), with every Maglev slot clean (`Bench::set_clean`): per
+/// round, the SYNs of new flows (untimed: they make no entry), then their first ACKs, timed,
+/// each of which misses and inserts its flow (one search for both, issue 35).
+pub fn compare_first_ack(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rounds: usize) -> Result<()> {
+    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
+    // Past the flows `compare` used.
+    let mut next = ct_slots + (rounds * p.frames) as u32;
+    let mut above = [Vec::new(), Vec::new()];
+    for r in 0..rounds {
+        let syns = new_flows(family, next, p.frames);
+        let acks: Vec<Vec<u8>> = (next..next + p.frames as u32).map(|i| flow_frame(family, i, TCP_ACK)).collect();
+        next += p.frames as u32;
+        for k in [r % 2, 1 - r % 2] {
+            run_each(objs[k], "lb", &syns, XDP_TX, STATELESS_SYN_PATH)?;
+            let f = floor(objs[k], &acks)?;
+            above[k].push(super::katran::first_acks(objs[k], &acks)? - f);
+        }
+    }
+    let d = Spread::of(above[1].iter().zip(&above[0]).map(|(b, a)| b - a).collect());
+    let [a, b] = above.map(Spread::of);
+    println!(
+        "  {name} {:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A {:>+5.0} [{:+.0}, {:+.0}]",
+        "first ACK", a.median, a.min, a.max, b.median, b.min, b.max, d.median, d.min, d.max
+    );
     Ok(())
 }
 

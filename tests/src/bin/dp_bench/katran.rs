@@ -415,7 +415,7 @@ fn measure(ours: &mut Bench, katran: &mut Katran, p: &cold::Params, family: Fami
 /// `lb` on new flows' first ACKs, ns per call. In a full table a later SYN of the batch may have
 /// replaced an earlier flow's unconfirmed entry, so an ACK either hits or misses (and
 /// inserts): checked is that every frame is forwarded as one or the other.
-fn first_acks(ours: &Bench, acks: &[Vec<u8>]) -> Result<f64> {
+pub fn first_acks(ours: &Bench, acks: &[Vec<u8>]) -> Result<f64> {
     let before = ours.counters()?;
     let ns = call_each(ours.program("lb")?, "lb", ours.ingress_ifindex, acks, XDP_TX)?;
     let after = ours.counters()?;

@@ -819,9 +819,12 @@ fn main() -> Result<()> {
             );
             println!("tables of {} flows; ns above each object's floor: median [min, max]", cold.ct_entries);
             for family in [cold::Family::V4, cold::Family::V6] {
-                let a = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
-                let b = Bench::load_object(topo.lbv0, &other_bytes, cold.ct_entries)?;
+                let mut a = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
+                let mut b = Bench::load_object(topo.lbv0, &other_bytes, cold.ct_entries)?;
                 cold::compare([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
+                a.set_clean()?;
+                b.set_clean()?;
+                cold::compare_first_ack([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
             }
             Ok(())
         });

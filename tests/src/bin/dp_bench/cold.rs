@@ -74,6 +74,15 @@ pub enum Family {
     V6,
 }
 
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+}
+
 /// Flow `i`'s frame: a distinct client address and port per flow (2^14 ports per address, the
 /// addresses from 198.18.128.0/17 or 2001:db8:1::/64), to VIP:80/TCP.
 pub fn flow_frame(family: Family, i: u32, flags: u8) -> Vec<u8> {
@@ -270,60 +279,52 @@ pub fn profile(b: &Bench, p: &Params, family: Family, case: ProfileCase, ct_slot
     Ok(())
 }
 
-/// `--compare-cold`: the cold cases of one family on two objects (`objs`, each freshly loaded
-/// with a table of `p.ct_entries` flows), filled alike; each of `rounds` rounds draws one frame
-/// set and runs the floor and `lb` of both objects on it, in alternating order. Prints, per
-/// case, each object's median above its floor and the median of the per-round differences
-/// (B - A), which resolve changes that the spread between headline runs hides.
-pub fn compare(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rounds: usize) -> Result<()> {
+/// Per-round ns above the floor of two loaded objects, `[first loaded, second loaded]`, for one
+/// cold case (`compare`).
+pub type Rounds = [Vec<f64>; 2];
+
+/// The cold cases of `--compare-cold` on two loaded objects, alternating them round by round:
+/// (case, per-round values). Cold hit; new flow into the full table; then, every Maglev slot
+/// clean (`Bench::set_clean`), first ACK: per round the SYNs of new flows (untimed: they make no
+/// entry), then their first ACKs, timed, each of which misses and inserts its flow.
+pub fn compare(
+    objs: [&mut Bench; 2],
+    p: &Params,
+    family: Family,
+    ct_slots: u32,
+    rounds: usize,
+) -> Result<Vec<(&'static str, Rounds)>> {
     let mut rng = SplitMix64(0x5eed + family as u64);
-    let round = |k: usize, frames: &[Vec<u8>], per_frame: &[(u32, u64)]| -> Result<f64> {
-        Ok(timed(objs[k], frames, per_frame)?.1)
-    };
-    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
-    let print = |case: &str, [a, b]: [Vec<f64>; 2]| {
-        let d = Spread::of(b.iter().zip(&a).map(|(b, a)| b - a).collect());
-        let (a, b) = (Spread::of(a), Spread::of(b));
-        println!(
-            "  {name} {case:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A {:>+5.0} [{:+.0}, {:+.0}]",
-            a.median, a.min, a.max, b.median, b.min, b.max, d.median, d.min, d.max
-        );
-    };
-    for b in objs {
+    let mut cases = Vec::new();
+    for b in &objs {
         establish(b, family, 0..p.ct_entries)?;
     }
-    let mut above = [Vec::new(), Vec::new()];
+    let mut above: Rounds = [Vec::new(), Vec::new()];
     for r in 0..rounds {
         let frames = hit_sample(&mut rng, family, p.ct_entries, p.frames);
         for k in [r % 2, 1 - r % 2] {
-            above[k].push(round(k, &frames, CT_HIT_PATH)?);
+            above[k].push(timed(&*objs[k], &frames, CT_HIT_PATH)?.1);
         }
     }
-    print("cold hit", above);
-    for b in objs {
+    cases.push(("cold hit", above));
+    for b in &objs {
         fill(b, family, p.ct_entries..ct_slots)?;
     }
-    let mut above = [Vec::new(), Vec::new()];
+    let mut above: Rounds = [Vec::new(), Vec::new()];
     let mut next = ct_slots;
     for r in 0..rounds {
         let frames = new_flows(family, next, p.frames);
         next += p.frames as u32;
         for k in [r % 2, 1 - r % 2] {
-            above[k].push(round(k, &frames, NEW_FLOW_PATH)?);
+            above[k].push(timed(&*objs[k], &frames, NEW_FLOW_PATH)?.1);
         }
     }
-    print("new flow", above);
-    Ok(())
-}
-
-/// After `compare` (its tables full), with every Maglev slot clean (`Bench::set_clean`): per
-/// round, the SYNs of new flows (untimed: they make no entry), then their first ACKs, timed,
-/// each of which misses and inserts its flow (one search for both, issue 35).
-pub fn compare_first_ack(objs: [&Bench; 2], p: &Params, family: Family, ct_slots: u32, rounds: usize) -> Result<()> {
-    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
-    // Past the flows `compare` used.
-    let mut next = ct_slots + (rounds * p.frames) as u32;
-    let mut above = [Vec::new(), Vec::new()];
+    cases.push(("new flow", above));
+    let [a, b] = objs;
+    a.set_clean()?;
+    b.set_clean()?;
+    let objs = [&*a, &*b];
+    let mut above: Rounds = [Vec::new(), Vec::new()];
     for r in 0..rounds {
         let syns = new_flows(family, next, p.frames);
         let acks: Vec<Vec<u8>> = (next..next + p.frames as u32).map(|i| flow_frame(family, i, TCP_ACK)).collect();
@@ -334,13 +335,8 @@ pub fn compare_first_ack(objs: [&Bench; 2], p: &Params, family: Family, ct_slots
             above[k].push(super::katran::first_acks(objs[k], &acks)? - f);
         }
     }
-    let d = Spread::of(above[1].iter().zip(&above[0]).map(|(b, a)| b - a).collect());
-    let [a, b] = above.map(Spread::of);
-    println!(
-        "  {name} {:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A {:>+5.0} [{:+.0}, {:+.0}]",
-        "first ACK", a.median, a.min, a.max, b.median, b.min, b.max, d.median, d.min, d.max
-    );
-    Ok(())
+    cases.push(("first ACK", above));
+    Ok(cases)
 }
 
 /// The headline table.
@@ -462,7 +458,7 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
         Family::V6 => std::mem::size_of::<ct_table::Bucket6>(),
     };
     let round_trip = super::memory::round_trip_ns(buckets as usize * bucket, p.runs);
-    let name = if family == Family::V4 { "IPv4" } else { "IPv6" };
+    let name = family.name();
     println!(
         "{name}: hot hit {hot:+.0}, memory round trip {round_trip:.0} ns; cold hit by the flow's place (ns above the floor, \
          median of {} runs of up to {} frames; excess = cold - hot - round trip)",

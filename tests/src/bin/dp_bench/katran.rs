@@ -452,7 +452,7 @@ pub fn run(object: &str, p: cold::Params) -> Result<()> {
     );
     let cell = |s: &Spread| format!("{:+.0} [{:+.0}, {:+.0}]", s.median, s.min, s.max);
     for (family, s) in &sides {
-        let name = if *family == Family::V4 { "IPv4" } else { "IPv6" };
+        let name = family.name();
         println!();
         println!("  {name}, floor {:.0} ns per call", s.floor);
         println!("  {:<40} {:>22} {:>22} {:>8}", "case", "lb", "Katran", "lb/K");

@@ -750,8 +750,8 @@ struct Cli {
     /// map layout, loaded side by side, runs interleaved round by round.
     #[arg(long, value_name = "OBJECT", groups = ["mode", "ab"])]
     compare: Option<String>,
-    /// The same for the headline cases, each object with its own table filled alike, rounds
-    /// of 20,000 frames.
+    /// The same for the cold cases (cold hit, new flow, first ACK), each object with its own
+    /// table filled alike, rounds of 20,000 frames, in both load orders.
     #[arg(long, value_name = "OBJECT", groups = ["mode", "ab"])]
     compare_cold: Option<String>,
     /// Cold hits timed by where the flow sits in the connection table (its first or second
@@ -817,14 +817,42 @@ fn main() -> Result<()> {
                 "A = this build's object (or LB_EBPF_OBJ), B = {other}; cold cases, {rounds} interleaved rounds of {} frames,",
                 cold.frames
             );
-            println!("tables of {} flows; ns above each object's floor: median [min, max]", cold.ct_entries);
+            println!(
+                "tables of {} flows, run twice: A loaded first, then B first (the cold cases favour one of two loaded",
+                cold.ct_entries
+            );
+            println!(
+                "objects whatever it is: the mean of the two orders' B - A, the effect, cancels that); ns above each"
+            );
+            println!("object's floor, median [min, max]; B - A: median of the per-round differences per order");
             for family in [cold::Family::V4, cold::Family::V6] {
-                let mut a = Bench::load_object(topo.lbv0, &read_object()?, cold.ct_entries)?;
-                let mut b = Bench::load_object(topo.lbv0, &other_bytes, cold.ct_entries)?;
-                cold::compare([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
-                a.set_clean()?;
-                b.set_clean()?;
-                cold::compare_first_ack([&a, &b], &cold, family, ct_slots(cold.ct_entries), rounds)?;
+                let load = |bytes: &[u8]| Bench::load_object(topo.lbv0, bytes, cold.ct_entries);
+                let ours = read_object()?;
+                let slots = ct_slots(cold.ct_entries);
+                let (mut a, mut b) = (load(&ours)?, load(&other_bytes)?);
+                let a_first = cold::compare([&mut a, &mut b], &cold, family, slots, rounds)?;
+                drop((a, b));
+                let (mut b, mut a) = (load(&other_bytes)?, load(&ours)?);
+                let b_first = cold::compare([&mut b, &mut a], &cold, family, slots, rounds)?;
+                for ((case, [a1, b1]), (_, [b2, a2])) in a_first.into_iter().zip(b_first) {
+                    let diff = |b: &[f64], a: &[f64]| cold::Spread::of(b.iter().zip(a).map(|(b, a)| b - a).collect());
+                    let (d1, d2) = (diff(&b1, &a1), diff(&b2, &a2));
+                    let a = cold::Spread::of([a1, a2].concat());
+                    let b = cold::Spread::of([b1, b2].concat());
+                    println!(
+                        "  {} {case:<10} A {:>+5.0} [{:+.0}, {:+.0}]   B {:>+5.0} [{:+.0}, {:+.0}]   B - A: A first {:+.0}, B first {:+.0}, effect {:+.0}",
+                        family.name(),
+                        a.median,
+                        a.min,
+                        a.max,
+                        b.median,
+                        b.min,
+                        b.max,
+                        d1.median,
+                        d2.median,
+                        (d1.median + d2.median) / 2.0
+                    );
+                }
             }
             Ok(())
         });

@@ -293,13 +293,15 @@ fn cas(state: *mut u32, observed: u32, new: u32) -> bool {
     unsafe { atomic_cxchg::<u32, { AtomicOrdering::Acquire }, { AtomicOrdering::Relaxed }>(state, observed, new) }.1
 }
 
-/// Ends a write begun by `take`: the next version, live or not.
+/// Ends a write begun by `take`: the next version, live or not. The state it wrote.
 #[inline(always)]
-fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) {
+fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) -> u32 {
+    let next = ct_table::next_state(observed, live);
     // Volatile, after the volatile stores of `ct_table::Slot::set`: the compiler keeps the order, and
     // x86 (TSO) makes stores visible in program order. A weakly ordered CPU (arm64) would need
     // a store-release here; this data plane is built and tested for x86-64 only.
-    unsafe { core::ptr::write_volatile(slot.state_mut(), ct_table::next_state(observed, live)) };
+    unsafe { core::ptr::write_volatile(slot.state_mut(), next) };
+    next
 }
 
 /// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`)
@@ -349,8 +351,7 @@ fn release<S: ct_table::Slot>(slot: &mut S, observed: u32) -> Option<u32> {
     if !take(slot, observed) {
         return None;
     }
-    finish(slot, observed, false);
-    Some(ct_table::next_state(observed, false))
+    Some(finish(slot, observed, false))
 }
 
 /// The tracked (backend id, class, backend record, flow hash) of a flow if its entry is still

@@ -21,6 +21,9 @@ use std::net::IpAddr;
 /// `disable_connection_drain_on_failover` is false: "a fixed 10-minute drain" (spec §1.2).
 pub const POOL_CHANGE_DRAIN_NS: u64 = 600 * 1_000_000_000;
 
+/// Pool generations wrap at 2^16 (`ServiceInfo::pool_gen`).
+const POOL_GEN_MASK: u32 = 0xffff;
+
 /// A pool change restored without its time (see `Controller::restore`).
 const CHANGE_TIME_UNKNOWN: u64 = u64::MAX;
 
@@ -615,6 +618,9 @@ impl Controller {
                 entry.1 = entry.1.wrapping_add(1);
                 changed.insert(svc.name.clone(), now);
             }
+            // Below 2^16: an IPv6 connection-table entry keeps 16 bits of it (`ct_table::Entry6`;
+            // a state file of an older version may hold more).
+            entry.1 &= POOL_GEN_MASK;
             svc.info.pool_gen = entry.1;
             if let Some(t) = changed.get_mut(&svc.name).filter(|t| **t == CHANGE_TIME_UNKNOWN) {
                 *t = now;
@@ -1369,6 +1375,31 @@ mod tests {
         failover = true
         [service.failover_policy]
     "#;
+
+    /// An IPv6 connection-table entry keeps 16 bits of the pool generation: the generation the
+    /// data plane is given wraps there, also one restored from an older daemon's state.
+    #[test]
+    fn pool_generations_wrap_at_2_16() {
+        let mut c = Controller::new(Config::parse(FAILOVER).unwrap());
+        let mut r = Recorder { now: 1_000, ..Default::default() };
+        c.reconcile(&mut r).unwrap();
+        let mut st = c.persistent_state();
+        for p in &mut st.pools {
+            p.2 = 0x1_fffe;
+        }
+        let mut c = Controller::new(Config::parse(FAILOVER).unwrap());
+        c.restore(&st);
+        c.reconcile(&mut r).unwrap();
+        let info = |r: &Recorder| *r.services.values().next().unwrap();
+        assert_eq!(info(&r).pool_gen, 0xfffe);
+        c.set_checked("db", ip("198.18.11.1"), false);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(info(&r).pool_gen, 0xffff);
+        c.set_checked("db", ip("198.18.11.1"), true);
+        c.reconcile(&mut r).unwrap();
+        assert_eq!(info(&r).pool_gen, 0, "wrapped");
+        assert_eq!(c.persistent_state().pools[0].2, 0);
+    }
 
     #[test]
     fn entries_of_the_previous_pool_are_void_ten_minutes_after_the_change() {

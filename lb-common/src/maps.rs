@@ -147,6 +147,7 @@ pub struct ServiceInfo {
     /// Conntrack idle timeout in nanoseconds.
     pub idle_timeout_ns: u64,
     /// Bumped when the active pool changes (failover/failback), see FLUSH_ON_POOL_CHANGE.
+    /// Below 2^16 (the controller wraps it there): an IPv6 connection-table slot keeps 16 bits.
     pub pool_gen: u32,
     /// Host bits of the outer IPIP source that are taken from the flow hash (0 = fixed source).
     pub encap_src_hash_mask: u32,
@@ -251,8 +252,8 @@ impl FlowTuple {
     }
 }
 
-/// Key of the `CONNTRACK` table (IPv6 flows; IPv4 flows use [`CtKey4`]): the tracking tuple,
-/// scoped to one service.
+/// A flow's tracking key in general form: the tracking tuple, scoped to one service. Userspace
+/// reads both tables' keys as this; the tables hold packed forms ([`CtKey4`], [`CtKey6`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtKey {
@@ -304,6 +305,48 @@ impl CtKey4 {
     }
 }
 
+/// Key of the `CONNTRACK` table (IPv6 flows): the fields of [`CtKey`] in ten words, the
+/// protocol sharing the service id's word as in [`CtKey4`]: 40 bytes, so that a slot (state,
+/// key and packed entry) is one cache line (`ct_table::Slot6`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey6 {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Source port in the low half, destination port in the high half (network order each).
+    pub ports: u32,
+    /// Service id in the low 24 bits, protocol in the high 8.
+    pub service_proto: u32,
+}
+
+impl CtKey6 {
+    /// The IPv6 key of a tracking tuple.
+    #[inline(always)]
+    pub fn new(t: &FlowTuple, service: u32) -> Self {
+        Self {
+            src: t.src,
+            dst: t.dst,
+            ports: (t.sport as u32) | ((t.dport as u32) << 16),
+            service_proto: (service & (MAX_SERVICE_ID - 1)) | ((t.proto as u32) << 24),
+        }
+    }
+
+    /// The [`CtKey`] form of this key.
+    pub fn to_key(&self) -> CtKey {
+        CtKey {
+            tuple: FlowTuple {
+                src: self.src,
+                dst: self.dst,
+                sport: self.ports as u16,
+                dport: (self.ports >> 16) as u16,
+                proto: (self.service_proto >> 24) as u8,
+                _pad: [0; 3],
+            },
+            service: self.service_proto & (MAX_SERVICE_ID - 1),
+        }
+    }
+}
+
 /// A flow's entry in the connection table (`CONNTRACK`, `CONNTRACK4`; see [`crate::ct_table`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -311,7 +354,8 @@ pub struct CtEntry {
     pub backend: u32,
     /// `ServiceInfo::pool_gen` when the entry was made.
     pub pool_gen: u32,
-    /// The data-plane clock (jiffies times the tick length, see lb-ebpf `clock`) at the last packet.
+    /// The data-plane clock (jiffies times the tick length, rounded down to
+    /// `ct_table::seen_grain`; see lb-ebpf `clock`) at the last packet.
     pub last_seen_ns: u64,
     /// Client class the flow was classified in when the entry was made (for per-class
     /// counters and the class table's NO_HEALTHY flag on later packets, without an LPM lookup).
@@ -698,6 +742,7 @@ mod pod {
         FlowTuple,
         CtKey,
         CtKey4,
+        CtKey6,
         CtEntry,
         Search,
         Backend,
@@ -724,6 +769,7 @@ const _: () = assert!(core::mem::size_of::<ServiceTableRef>() == 8);
 const _: () = assert!(core::mem::size_of::<FlowTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 44);
 const _: () = assert!(core::mem::size_of::<CtKey4>() == 16);
+const _: () = assert!(core::mem::size_of::<CtKey6>() == 40);
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
 const _: () = assert!(core::mem::size_of::<Search>() == 24);
 const _: () = assert!(core::mem::size_of::<AddrKey>() == 20);
@@ -778,5 +824,22 @@ mod tests {
         let t2 = FlowTuple { sport: 0, dport: 0, proto: 0, ..t };
         assert_eq!(CtKey4::new(&t2, 7).to_key(), CtKey { tuple: t2, service: 7 });
         assert_ne!(CtKey4::new(&t, 1), CtKey4::new(&t, 2));
+    }
+
+    #[test]
+    fn ct_key6_packs_and_unpacks_every_field() {
+        let t = FlowTuple {
+            src: [0x0db8_0120, 1, 2, 0x0500_0000],
+            dst: [0x0db8_0120, 3, 4, 0x0001_0000],
+            sport: 40000u16.to_be(),
+            dport: 443u16.to_be(),
+            proto: 17,
+            _pad: [0; 3],
+        };
+        let k = CtKey6::new(&t, MAX_SERVICE_ID - 1);
+        assert_eq!(k.to_key(), CtKey { tuple: t, service: MAX_SERVICE_ID - 1 });
+        let t2 = FlowTuple { sport: 0, dport: 0, proto: 0, ..t };
+        assert_eq!(CtKey6::new(&t2, 7).to_key(), CtKey { tuple: t2, service: 7 });
+        assert_ne!(CtKey6::new(&t, 1), CtKey6::new(&t, 2));
     }
 }

@@ -12,10 +12,11 @@ use aya_ebpf::{bindings::xdp_action, helpers::bpf_jiffies64, macros::xdp, progra
 
 use crate::maps::{CLOCK_PROBE, NS_PER_JIFFY};
 
-/// Now, in ns of the data-plane clock.
+/// Now, in ns of the data-plane clock, rounded down to the grain of connection-table times
+/// (`lb_common::ct_table::seen_grain`, 65.5 µs): an entry's time reads back as written.
 #[inline(always)]
 pub fn now_ns() -> u64 {
-    unsafe { bpf_jiffies64() }.wrapping_mul(NS_PER_JIFFY.load())
+    lb_common::ct_table::seen_grain(unsafe { bpf_jiffies64() }.wrapping_mul(NS_PER_JIFFY.load()))
 }
 
 /// Writes `now_ns()` into `CLOCK_PROBE[0]`: userspace runs it with `BPF_PROG_TEST_RUN` to read

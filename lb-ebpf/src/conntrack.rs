@@ -8,7 +8,7 @@ use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 use aya_ebpf::maps::Array;
 use lb_common::ct_table;
 use lb_common::decide::{ct_verdict, syn_keeps_entry, CtVerdict};
-use lb_common::maps::{stat, table_flags, Backend, CtEntry, CtKey, CtKey4, ServiceInfo};
+use lb_common::maps::{stat, table_flags, Backend, CtEntry, CtKey4, CtKey6, ServiceInfo};
 
 use crate::maps::{BACKENDS, CONNTRACK, CONNTRACK4, CT_BUCKET_MASK, CT_SEED};
 use crate::select;
@@ -20,7 +20,7 @@ use crate::stats::Counters;
 #[derive(Clone, Copy)]
 pub enum FlowKey<'a> {
     V4(&'a CtKey4, [u32; 2]),
-    V6(&'a CtKey, [u32; 2]),
+    V6(&'a CtKey6, [u32; 2]),
 }
 
 impl<'a> FlowKey<'a> {
@@ -30,7 +30,7 @@ impl<'a> FlowKey<'a> {
     }
 
     #[inline(always)]
-    pub fn v6(key: &'a CtKey) -> Self {
+    pub fn v6(key: &'a CtKey6) -> Self {
         FlowKey::V6(key, ct_table::buckets::<ct_table::Slot6>(key, CT_SEED.load(), CT_BUCKET_MASK.load()))
     }
 
@@ -131,8 +131,8 @@ impl Slot {
         // A plain store: if another CPU rewrote the slot meanwhile, its flow looks recently
         // seen for a while, which only delays its idle expiry.
         match self {
-            Slot::V4(s) => unsafe { (*s).entry.last_seen_ns = now },
-            Slot::V6(s) => unsafe { (*s).entry.last_seen_ns = now },
+            Slot::V4(s) => unsafe { ct_table::Slot::touch(&mut *s, now) },
+            Slot::V6(s) => unsafe { ct_table::Slot::touch(&mut *s, now) },
         }
     }
 
@@ -259,7 +259,7 @@ fn copy<S: ct_table::Slot>(
     // Key (compared by the search after its state read and a compiler barrier) and entry
     // between the two reads of the state: if the state is unchanged, no writer touched the
     // slot meanwhile and both belong to the version the search saw.
-    let entry = unsafe { core::ptr::read_volatile((*slot).entry()) };
+    let entry = unsafe { ct_table::Slot::entry(&*slot) };
     // CONFIRMED aside: another CPU confirming the entry meanwhile changed nothing we read.
     if (ct_table::slot_state(unsafe { &*slot }) ^ state) & !ct_table::state::CONFIRMED != 0 {
         return busy(st);

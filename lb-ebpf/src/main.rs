@@ -33,11 +33,11 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::decide::{directionless, hash_tuple, is_new_flow, takes_new_flows, track_tuple};
 use lb_common::hash::flow_hash;
 use lb_common::maps::{
-    forwarding, service_flags, stat, table_flags, Backend, CtEntry, CtKey, CtKey4, FlowTuple, ServiceInfo, TableRef,
+    forwarding, service_flags, stat, table_flags, Backend, CtEntry, CtKey4, CtKey6, FlowTuple, ServiceInfo, TableRef,
     BACKEND_DROP, FAMILY_V4, PROTO_TCP, PROTO_UDP,
 };
 use lb_ebpf::consts::{ETH_P_IP, ETH_P_IPV6};
-use lb_ebpf::packet::{as_key, parse_eth, Verdict};
+use lb_ebpf::packet::{parse_eth, Verdict};
 
 use crate::conntrack::FlowKey;
 use crate::maps::{BACKENDS, CLASSES_PER_SERVICE};
@@ -286,9 +286,8 @@ fn forward<const STOP: u32, const TRACE: bool>(ctx: &XdpContext, pkt: &mut Packe
 
     // Both keys are built only in the copy of their family (the other one folds away).
     let key4 = CtKey4::new(&t, svc.id);
-    let w = t.words();
-    let key_words = [w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9], svc.id];
-    let key = if pkt.family == FAMILY_V4 { FlowKey::v4(&key4) } else { FlowKey::v6(as_key::<CtKey, 11>(&key_words)) };
+    let key6 = CtKey6::new(&t, svc.id);
+    let key = if pkt.family == FAMILY_V4 { FlowKey::v4(&key4) } else { FlowKey::v6(&key6) };
     // Tick granularity (see `clock`); one load instead of a clock read.
     let now = clock::now_ns();
 

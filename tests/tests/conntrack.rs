@@ -2,7 +2,7 @@
 //! names the backend): stickiness across table swaps, the SYN rule (§1.1, S5/S7/S8),
 //! persistence vectors P1-P8 (§1.6), idle expiry, draining (P9), pool flush, reserved id.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::decide::{persistence_flags, track_tuple};
 use lb_common::maps::{
@@ -88,6 +88,14 @@ fn key_of(info: &ServiceInfo, src: IpAddr, dst: IpAddr, proto: u8, sport: u16, d
         _pad: [0; 3],
     };
     CtKey { tuple: track_tuple(info.affinity, info.tracking, &full, true), service: info.id }
+}
+
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+
+fn tcp6_frame(sport: u16, flags: u8) -> Vec<u8> {
+    let ip = ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, sport, 80, flags, b"data"));
+    ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ip)
 }
 
 fn move_table_to_b2(dp: &mut Dataplane) {
@@ -465,16 +473,10 @@ fn client_class_selects_its_table_and_counts_spills() {
 /// under the keys userspace computes for them.
 #[test]
 fn each_family_tracks_its_flows_in_its_own_table() {
-    use std::net::Ipv6Addr;
-    const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 5);
-    const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let mut dp = setup(info);
     dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP6.into(), 80, PROTO_TCP)], info).unwrap();
-    let tcp6_frame = |flags| {
-        let ip = ipv6(CLIENT6, VIP6, PROTO_TCP, 64, 0, &tcp6(CLIENT6, VIP6, 40000, 80, flags, b"data"));
-        ethernet(LB_MAC, CLIENT_MAC, ETH_P_IPV6, &ip)
-    };
+    let tcp6_frame = |flags| tcp6_frame(40000, flags);
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
     assert_eq!(backend_of(&dp, &tcp6_frame(TCP_SYN)), B1);
     move_table_to_b2(&mut dp);
@@ -504,9 +506,22 @@ fn entries_are_stamped_with_the_clock_userspace_reads() {
     let after = dp.now_ns().unwrap();
     let stamp = dp.conntrack_get(FAMILY_V4, &ct_key(&info, PROTO_TCP, 40000, 80)).unwrap().last_seen_ns;
     assert!(before <= stamp && stamp <= after, "stamp {stamp} outside [{before}, {after}]");
+    // Whole ticks, rounded down to the grain of connection-table times.
     let tick = lb_user::dataplane::ns_per_jiffy().unwrap();
-    assert_eq!(stamp % tick, 0, "the clock counts whole ticks of {tick} ns");
+    let grain = 1u64 << lb_common::ct_table::SEEN_GRAIN_SHIFT;
+    assert_eq!(stamp % grain, 0, "times are whole grains of {grain} ns");
+    assert!(stamp.div_ceil(tick) * tick - stamp < grain, "the clock counts whole ticks of {tick} ns");
     assert!(before > 0);
+    // An IPv6 slot keeps the time in grains: the stamp reads back as written.
+    let (client6, vip6) = (IpAddr::V6(CLIENT6), IpAddr::V6(VIP6));
+    let mut dp = dp;
+    dp.set_service(&[service_key(VIP.into(), 80, PROTO_TCP), service_key(vip6, 80, PROTO_TCP)], info).unwrap();
+    let before = dp.now_ns().unwrap();
+    assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_SYN)), B1);
+    let after = dp.now_ns().unwrap();
+    let key6 = key_of(&info, client6, vip6, PROTO_TCP, 40000, 80);
+    let stamp = dp.conntrack_get(FAMILY_V6, &key6).unwrap().last_seen_ns;
+    assert!(before <= stamp && stamp <= after, "IPv6 stamp {stamp} outside [{before}, {after}]");
 }
 
 /// `setup` with room for 4 flows: a table of one bucket of 8 slots, which both of every key's
@@ -847,6 +862,66 @@ fn a_service_table_of_the_previous_layout_is_replaced_and_its_flows_carried() {
     assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the established flow keeps its backend");
     assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "a new flow follows the new table");
     assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 1);
+}
+
+/// Issue 35: IPv6 slots went from 72 bytes (the key in `CtKey` form, the entry unpacked) to one
+/// cache line. A pinned `CONNTRACK` of 72-byte slots is not adopted: `prepare_reuse` says why
+/// and carries its flows, converted, into the new table (the IPv4 table's with them), where
+/// the established IPv6 flow keeps its backend.
+#[test]
+fn an_ipv6_table_of_72_byte_slots_is_replaced_and_its_flows_carried() {
+    use lb_user::dataplane::pinning::{prepare_reuse, PinState, BPF_F_MMAPABLE};
+    use lb_user::dataplane::{Bucket6Slots72, Slot72};
+    lb_tests::fixture_net::enter_lo_routed_netns();
+    let dir = fixture::PinDir::new("ct6-slots-72");
+    let sizes = fixture::sizes();
+    let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
+    let keys = [service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP6.into(), 80, PROTO_TCP)];
+    let key6 = key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40000, 80);
+    let entry6 = {
+        let mut dp = install(Dataplane::load_with(sizes, Some(dir.path())).unwrap(), info);
+        dp.set_service(&keys, info).unwrap();
+        assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
+        assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_SYN)), B1);
+        dp.conntrack_get(FAMILY_V6, &key6).expect("the IPv6 flow's entry")
+    };
+    // The previous version's CONNTRACK: as many buckets, of 72-byte slots, holding the flow.
+    let pin = dir.path().join("CONNTRACK");
+    let buckets = aya::maps::MapInfo::from_pin(&pin).unwrap().max_entries();
+    std::fs::remove_file(&pin).unwrap();
+    let old = lb_tests::rawbpf::array_map(576, buckets, BPF_F_MMAPABLE).expect("an array map (needs root)");
+    lb_tests::rawbpf::pin(&old, &pin).unwrap();
+    {
+        let data = aya::maps::MapData::from_pin(&pin).unwrap();
+        let mut table: aya::maps::Array<_, Bucket6Slots72> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        let mut bucket = Bucket6Slots72::default();
+        let state = lb_common::ct_table::state::LIVE | lb_common::ct_table::state::CONFIRMED | 8;
+        bucket.slots[3] = Slot72 { state, key: key6, entry: entry6 };
+        // Not carried: a free slot and one caught mid-write.
+        bucket.slots[4] =
+            Slot72 { state: 8, key: key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40001, 80), entry: entry6 };
+        bucket.slots[5] = Slot72 { state: state | 1, ..bucket.slots[4] };
+        table.set(buckets - 1, bucket, 0).unwrap();
+    }
+
+    let PinState::Discarded { why, carried: Some(carried) } = prepare_reuse(dir.path(), &sizes).unwrap() else {
+        panic!("an IPv6 table of 72-byte slots is not adopted, and the connection tables are carried")
+    };
+    assert!(why.contains("CONNTRACK has another layout (values of 576 bytes"), "{why}");
+    let mut dp = Dataplane::load_with(sizes, Some(dir.path())).unwrap();
+    dp.carry_backends(&carried).unwrap();
+    let mut dp = install(dp, info);
+    dp.set_service(&keys, info).unwrap();
+    move_table_to_b2(&mut dp);
+    assert_eq!(dp.carry_conntrack(&carried).unwrap(), (2, 0), "the IPv4 flow and the IPv6 one");
+    assert_eq!(dp.conntrack_get(FAMILY_V6, &key6), Some(entry6), "the entry as it was");
+    assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_ACK)), B1, "the established IPv6 flow keeps its backend");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "so does the IPv4 one");
+    assert_eq!(backend_of(&dp, &tcp6_frame(40001, TCP_SYN)), B2, "a new flow follows the new table");
+    assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 2);
+    drop(dp);
+    lb_user::dataplane::pinning::remove_map_pins(dir.path()).unwrap();
 }
 
 // Issue 35 item 2: a SYN in a clean Maglev slot (`CLEAN_SLOTS`) is forwarded without reading or

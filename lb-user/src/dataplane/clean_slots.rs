@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
-use lb_common::ct_table::{self, Bucket4, Bucket6};
+use lb_common::ct_table::{self, Bucket4, Bucket6, Slot as _};
 use lb_common::hash::maglev_slot;
 use lb_common::maps::{clean_slots, Backend, CtEntry, TableRef};
 
@@ -278,8 +278,8 @@ impl Dataplane {
         match (&self.clean.ct4, &self.clean.ct6) {
             (Some(ct4), Some(ct6)) => {
                 let buckets = self.clean.buckets;
-                for_each_mapped(ct4, buckets, |s| check(s.key.to_key().service, &s.entry));
-                for_each_mapped(ct6, buckets, |s| check(s.key.service, &s.entry));
+                for_each_mapped(ct4, buckets, |s| check(s.key.to_key().service, &s.entry()));
+                for_each_mapped(ct6, buckets, |s| check(s.key.to_key().service, &s.entry()));
             }
             _ => {
                 for (_, key, e) in self.conntrack_entries() {

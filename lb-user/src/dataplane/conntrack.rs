@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, MapData};
-use lb_common::ct_table;
-use lb_common::maps::{Backend, CtEntry, CtKey, CtKey4, FAMILY_V4, FAMILY_V6};
+use lb_common::ct_table::{self, Slot as _};
+use lb_common::maps::{Backend, CtEntry, CtKey, CtKey4, CtKey6, FAMILY_V4, FAMILY_V6};
 
 use super::Dataplane;
 
@@ -18,7 +18,7 @@ impl Dataplane {
     pub fn conntrack_get(&self, family: u8, key: &CtKey) -> Option<CtEntry> {
         match family {
             FAMILY_V4 => table_get(&self.conntrack4, &CtKey4::new(&key.tuple, key.service), self.ct_seed),
-            _ => table_get(&self.conntrack, key, self.ct_seed),
+            _ => table_get(&self.conntrack, &CtKey6::new(&key.tuple, key.service), self.ct_seed),
         }
     }
 
@@ -32,7 +32,8 @@ impl Dataplane {
         match family {
             FAMILY_V4 => table_set(&mut self.conntrack4, &CtKey4::new(&key.tuple, key.service), &entry, self.ct_seed)
                 .context("writing CONNTRACK4"),
-            FAMILY_V6 => table_set(&mut self.conntrack, key, &entry, self.ct_seed).context("writing CONNTRACK"),
+            FAMILY_V6 => table_set(&mut self.conntrack, &CtKey6::new(&key.tuple, key.service), &entry, self.ct_seed)
+                .context("writing CONNTRACK"),
             _ => bail!("conntrack_set: family {family} is neither FAMILY_V4 nor FAMILY_V6"),
         }
     }
@@ -46,14 +47,14 @@ impl Dataplane {
             FAMILY_V4 => {
                 ct_table::buckets::<ct_table::Slot4>(&CtKey4::new(&key.tuple, key.service), self.ct_seed, mask)
             }
-            _ => ct_table::buckets::<ct_table::Slot6>(key, self.ct_seed, mask),
+            _ => ct_table::buckets::<ct_table::Slot6>(&CtKey6::new(&key.tuple, key.service), self.ct_seed, mask),
         }
     }
 
     /// Every connection-table entry of both families: (family, key, entry).
     pub fn conntrack_entries(&self) -> Vec<(u8, CtKey, CtEntry)> {
-        let v4 = live_slots(&self.conntrack4).map(|s| (FAMILY_V4, s.key.to_key(), s.entry));
-        let v6 = live_slots(&self.conntrack).map(|s| (FAMILY_V6, s.key, s.entry));
+        let v4 = live_slots(&self.conntrack4).map(|s| (FAMILY_V4, s.key.to_key(), s.entry()));
+        let v6 = live_slots(&self.conntrack).map(|s| (FAMILY_V6, s.key.to_key(), s.entry()));
         v4.chain(v6).collect()
     }
 
@@ -94,7 +95,7 @@ where
         return None;
     }
     let k = search.index as usize;
-    Some(*b[k / ct_table::WAYS].slots[k % ct_table::WAYS].entry())
+    Some(b[k / ct_table::WAYS].slots[k % ct_table::WAYS].entry())
 }
 
 pub fn table_set<S: ct_table::Slot>(
@@ -191,9 +192,37 @@ pub fn ct_seed(pin_dir: Option<&Path>) -> Result<u64> {
 /// previous program, until it is replaced).
 pub struct Carried {
     conntrack4: Array<MapData, ct_table::Bucket4>,
-    conntrack: Array<MapData, ct_table::Bucket6>,
+    conntrack: Carried6,
     backends: Array<MapData, Backend>,
 }
+
+/// A pinned IPv6 connection table: this version's, or one of 72-byte slots.
+enum Carried6 {
+    Current(Array<MapData, ct_table::Bucket6>),
+    Slots72(Array<MapData, Bucket6Slots72>),
+}
+
+/// An IPv6 slot as versions before the 64-byte slot (`ct_table::Slot6`) laid it out: the key
+/// in [`CtKey`] form (the protocol and the service id in words of their own) and the entry
+/// unpacked. A pinned `CONNTRACK` of these is carried into the new table at an upgrade.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot72 {
+    pub state: u32,
+    pub key: CtKey,
+    pub entry: CtEntry,
+}
+
+/// A bucket of [`Slot72`] (576 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket6Slots72 {
+    pub slots: [Slot72; ct_table::WAYS],
+}
+
+// SAFETY: repr(C) records of u32/u64 fields and arrays of them, without implicit padding.
+unsafe impl aya::Pod for Bucket6Slots72 {}
+const _: () = assert!(std::mem::size_of::<Bucket6Slots72>() == 72 * ct_table::WAYS);
 
 impl Carried {
     /// The connection tables and backend records pinned in `pin_dir`; None if one is
@@ -202,7 +231,10 @@ impl Carried {
         let open = |name: &str| MapData::from_pin(pin_dir.join(name)).ok().map(aya::maps::Map::Array);
         Some(Self {
             conntrack4: Array::try_from(open("CONNTRACK4")?).ok()?,
-            conntrack: Array::try_from(open("CONNTRACK")?).ok()?,
+            conntrack: match Array::try_from(open("CONNTRACK")?) {
+                Ok(table) => Carried6::Current(table),
+                Err(_) => Carried6::Slots72(Array::try_from(open("CONNTRACK")?).ok()?),
+            },
             backends: Array::try_from(open("BACKENDS")?).ok()?,
         })
     }
@@ -211,7 +243,7 @@ impl Carried {
 impl std::fmt::Debug for Carried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Carried")
-            .field("buckets", &self.conntrack.len())
+            .field("buckets", &self.conntrack4.len())
             .field("backends", &self.backends.len())
             .finish()
     }
@@ -236,15 +268,40 @@ impl Dataplane {
     /// attached: buckets are written whole. Returns (entries copied, entries that found no room:
     /// both their buckets full).
     pub fn carry_conntrack(&mut self, old: &Carried) -> Result<(usize, usize)> {
-        let (a, b) = copy_table(&old.conntrack4, &mut self.conntrack4, self.ct_seed).context("copying CONNTRACK4")?;
-        let (c, d) = copy_table(&old.conntrack, &mut self.conntrack, self.ct_seed).context("copying CONNTRACK")?;
+        let (a, b) =
+            copy_table(carried(&old.conntrack4), &mut self.conntrack4, self.ct_seed).context("copying CONNTRACK4")?;
+        let (c, d) = match &old.conntrack {
+            Carried6::Current(from) => copy_table(carried(from), &mut self.conntrack, self.ct_seed),
+            Carried6::Slots72(from) => {
+                let live =
+                    from.iter().filter_map(|b| b.ok()).flat_map(|b| b.slots).filter(|s| {
+                        s.state & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE
+                    });
+                let slots = live.map(|s| {
+                    let key = CtKey6::new(&s.key.tuple, s.key.service);
+                    (key, s.entry, s.state & ct_table::state::CONFIRMED)
+                });
+                copy_table(slots, &mut self.conntrack, self.ct_seed)
+            }
+        }
+        .context("copying CONNTRACK")?;
         Ok((a + c, b + d))
     }
 }
 
-/// Inserts the live slots of `from` into `to` (empty, not in use), placed by `to`'s hash.
-fn copy_table<S: ct_table::Slot + Default>(
+/// The live slots of a pinned table as (key, entry, CONFIRMED bit of the state).
+fn carried<S: ct_table::Slot>(
     from: &Array<MapData, ct_table::Bucket<S>>,
+) -> impl Iterator<Item = (S::Key, CtEntry, u32)> + '_
+where
+    ct_table::Bucket<S>: aya::Pod,
+{
+    live_slots(from).map(|s| (*s.key(), s.entry(), ct_table::slot_state(&s) & ct_table::state::CONFIRMED))
+}
+
+/// Inserts `flows` (key, entry, CONFIRMED bit) into `to` (empty, not in use), placed by `to`'s hash.
+fn copy_table<S: ct_table::Slot + Default>(
+    flows: impl Iterator<Item = (S::Key, CtEntry, u32)>,
     to: &mut Array<MapData, ct_table::Bucket<S>>,
     seed: u64,
 ) -> Result<(usize, usize)>
@@ -254,11 +311,11 @@ where
     let mask = to.len() - 1;
     let mut buckets: std::collections::HashMap<u32, ct_table::Bucket<S>> = std::collections::HashMap::new();
     let (mut copied, mut lost) = (0, 0);
-    for slot in live_slots(from) {
-        let index = ct_table::buckets::<S>(slot.key(), seed, mask);
+    for (key, entry, confirmed) in flows {
+        let index = ct_table::buckets::<S>(&key, seed, mask);
         let pair = [*buckets.entry(index[0]).or_default(), *buckets.entry(index[1]).or_default()];
         // Every flow counts as live (`fresh_after` 0): the copy keeps idle ones too.
-        let victim = ct_table::victim([&pair[0], &pair[1]], slot.key(), 0, &mut ct_table::Search::default());
+        let victim = ct_table::victim([&pair[0], &pair[1]], &key, 0, &mut ct_table::Search::default());
         // Both buckets full of confirmed flows: the least recently seen of them gives way.
         let k = if victim.full { ct_table::least_recent([&pair[0], &pair[1]]) } else { victim.index } as usize;
         let (which, way) = (k / ct_table::WAYS, k % ct_table::WAYS);
@@ -269,9 +326,8 @@ where
         } else {
             copied += 1;
         }
-        target.set(slot.key(), slot.entry());
+        target.set(&key, &entry);
         // A confirmed flow stays so.
-        let confirmed = ct_table::slot_state(&slot) & ct_table::state::CONFIRMED;
         // SAFETY: a plain store into our own copy of the bucket.
         unsafe { core::ptr::write(target.state_mut(), ct_table::next_state(0, true) | confirmed) };
     }

@@ -151,12 +151,12 @@ impl PinnedFlows {
     pub fn for_each(&self, mut f: impl FnMut(Flow)) -> Result<()> {
         for bucket in self.conntrack4.iter() {
             for slot in bucket.context("reading CONNTRACK4")?.slots.iter().filter(|s| readable(*s)) {
-                f(self.decode(FAMILY_V4, &slot.key().to_key(), slot.entry()));
+                f(self.decode(FAMILY_V4, &slot.key().to_key(), &slot.entry()));
             }
         }
         for bucket in self.conntrack.iter() {
             for slot in bucket.context("reading CONNTRACK")?.slots.iter().filter(|s| readable(*s)) {
-                f(self.decode(FAMILY_V6, slot.key(), slot.entry()));
+                f(self.decode(FAMILY_V6, &slot.key().to_key(), &slot.entry()));
             }
         }
         Ok(())

@@ -432,11 +432,11 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
                     if s.state & state::LIVE != 0 {
                         let c = (ct_table::buckets::<ct_table::Slot6>(&s.key, seed, mask)[0] != i) as usize;
                         let mut bytes = [0u8; 16];
-                        for (k, word) in s.key.tuple.src.iter().enumerate() {
+                        for (k, word) in s.key.src.iter().enumerate() {
                             bytes[4 * k..4 * k + 4].copy_from_slice(&word.to_ne_bytes());
                         }
                         let high = (u128::from(Ipv6Addr::from(bytes)) - base) as u32;
-                        let port = u16::from_be(s.key.tuple.sport) as u32 - 1024;
+                        let port = u16::from_be(s.key.ports as u16) as u32 - 1024;
                         at[c * WAYS + w].push((high << 14) | port);
                     }
                 }

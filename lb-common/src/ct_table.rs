@@ -57,9 +57,9 @@ pub const fn next_state(observed: u32, live: bool) -> u32 {
     }
 }
 
-/// Last-seen times are kept in units of 2^`SEEN_GRAIN_SHIFT` ns (65.5 µs) in IPv6 slots
-/// ([`Entry6`]). The data-plane clock is rounded down to the unit (lb-ebpf `clock`, by
-/// [`seen_grain`]), so every time it writes round-trips exactly through both tables.
+/// Last-seen times are kept in units of 2^`SEEN_GRAIN_SHIFT` ns (65.5 µs) in the tables
+/// ([`PackedEntry`]). The data-plane clock is rounded down to the unit (lb-ebpf `clock`, by
+/// [`seen_grain`]), so every time it writes reads back exactly.
 pub const SEEN_GRAIN_SHIFT: u32 = 16;
 
 /// `t_ns` rounded down to the unit of last-seen times ([`SEEN_GRAIN_SHIFT`]).
@@ -68,33 +68,33 @@ pub const fn seen_grain(t_ns: u64) -> u64 {
     t_ns & !((1 << SEEN_GRAIN_SHIFT) - 1)
 }
 
-/// One slot of an IPv4 bucket (48 bytes).
+/// One slot of an IPv4 bucket (40 bytes: a bucket is 5 cache lines).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot4 {
     pub state: u32,
     pub key: CtKey4,
-    pub _pad: u32,
-    pub entry: CtEntry,
+    pub entry: PackedEntry,
 }
 
 /// One slot of an IPv6 bucket: one cache line (64 bytes), so that a hit reads one line and a
-/// bucket is 8 lines (with [`crate::maps::CtKey`] and [`CtEntry`] as they are, 72 bytes: 9 lines a bucket,
-/// and a slot in two lines; measured 30-70 ns dearer per cold hit, BENCHMARKS.md).
+/// bucket is 8 lines.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot6 {
     pub state: u32,
     pub key: CtKey6,
-    pub entry: Entry6,
+    pub entry: PackedEntry,
 }
 
-/// A [`CtEntry`] in 20 bytes, as an IPv6 slot holds it: the last-seen time in 48 bits of
+/// A [`CtEntry`] in 20 bytes, as a slot holds it: the last-seen time in 48 bits of
 /// [`SEEN_GRAIN_SHIFT`] units (2^64 ns: no wrap), the pool generation in 16 (the controller
-/// wraps `ServiceInfo::pool_gen` at 2^16).
+/// wraps `ServiceInfo::pool_gen` at 2^16). With the [`CtEntry`] of 24 bytes, slots were 48
+/// (IPv4, 6 lines a bucket) and 72 bytes (IPv6: 9 lines a bucket, most slots across two):
+/// measured dearer per cold hit and new flow (BENCHMARKS.md).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Entry6 {
+pub struct PackedEntry {
     pub backend: u32,
     pub hash: u32,
     /// Last-seen time >> SEEN_GRAIN_SHIFT: its low 32 bits, then its high 16.
@@ -105,36 +105,9 @@ pub struct Entry6 {
     pub backend_gen: u16,
 }
 
-/// How a slot holds its entry.
-pub trait StoredEntry: Copy {
-    fn load(&self) -> CtEntry;
-    fn store(entry: &CtEntry) -> Self;
-    fn last_seen_ns(&self) -> u64;
-    fn set_last_seen_ns(&mut self, t_ns: u64);
-}
-
-impl StoredEntry for CtEntry {
+impl PackedEntry {
     #[inline(always)]
-    fn load(&self) -> CtEntry {
-        *self
-    }
-    #[inline(always)]
-    fn store(entry: &CtEntry) -> Self {
-        *entry
-    }
-    #[inline(always)]
-    fn last_seen_ns(&self) -> u64 {
-        self.last_seen_ns
-    }
-    #[inline(always)]
-    fn set_last_seen_ns(&mut self, t_ns: u64) {
-        self.last_seen_ns = t_ns
-    }
-}
-
-impl StoredEntry for Entry6 {
-    #[inline(always)]
-    fn load(&self) -> CtEntry {
+    pub fn load(&self) -> CtEntry {
         CtEntry {
             backend: self.backend,
             pool_gen: self.pool_gen as u32,
@@ -144,8 +117,10 @@ impl StoredEntry for Entry6 {
             hash: self.hash,
         }
     }
+
+    /// `e` packed: its time rounded down to the grain, 16 bits of its pool generation.
     #[inline(always)]
-    fn store(e: &CtEntry) -> Self {
+    pub fn store(e: &CtEntry) -> Self {
         let seen = e.last_seen_ns >> SEEN_GRAIN_SHIFT;
         Self {
             backend: e.backend,
@@ -157,12 +132,14 @@ impl StoredEntry for Entry6 {
             backend_gen: e.backend_gen,
         }
     }
+
     #[inline(always)]
-    fn last_seen_ns(&self) -> u64 {
+    pub fn last_seen_ns(&self) -> u64 {
         (((self.seen_high as u64) << 32) | self.seen_low as u64) << SEEN_GRAIN_SHIFT
     }
+
     #[inline(always)]
-    fn set_last_seen_ns(&mut self, t_ns: u64) {
+    pub fn set_last_seen_ns(&mut self, t_ns: u64) {
         let seen = t_ns >> SEEN_GRAIN_SHIFT;
         self.seen_low = seen as u32;
         self.seen_high = (seen >> 32) as u16;
@@ -271,7 +248,7 @@ macro_rules! ct_slot {
             fn set(&mut self, key: &$key, entry: &CtEntry) {
                 unsafe {
                     core::ptr::write_volatile(&mut self.key, *key);
-                    core::ptr::write_volatile(&mut self.entry, StoredEntry::store(entry));
+                    core::ptr::write_volatile(&mut self.entry, PackedEntry::store(entry));
                 }
             }
         }
@@ -557,13 +534,13 @@ pub fn fresh_after(now_ns: u64, idle_timeout_ns: u64) -> u64 {
 }
 
 #[cfg(feature = "user")]
-crate::pod!(Slot4, Slot6, Entry6, Bucket4, Bucket6);
+crate::pod!(Slot4, Slot6, PackedEntry, Bucket4, Bucket6);
 
 // Layout guards, see `maps`.
-const _: () = assert!(core::mem::size_of::<Slot4>() == 48);
-const _: () = assert!(core::mem::size_of::<Entry6>() == 20);
+const _: () = assert!(core::mem::size_of::<Slot4>() == 40);
+const _: () = assert!(core::mem::size_of::<PackedEntry>() == 20);
 const _: () = assert!(core::mem::size_of::<Slot6>() == 64);
-const _: () = assert!(core::mem::size_of::<Bucket4>() == 48 * WAYS);
+const _: () = assert!(core::mem::size_of::<Bucket4>() == 40 * WAYS);
 const _: () = assert!(core::mem::size_of::<Bucket6>() == 64 * WAYS);
 
 #[cfg(test)]
@@ -601,8 +578,8 @@ mod tests {
         assert_eq!(Slot4::key_word(&four, a), four.ports);
         assert_eq!(Slot4::key_word(&four, b), four.src);
 
-        assert_every_word_counts(&Slot6 { state: state::LIVE, key: six, entry: Entry6::default() });
-        assert_every_word_counts(&Slot4 { state: state::LIVE, key: four, _pad: 0, entry: CtEntry::default() });
+        assert_every_word_counts(&Slot6 { state: state::LIVE, key: six, entry: PackedEntry::default() });
+        assert_every_word_counts(&Slot4 { state: state::LIVE, key: four, entry: PackedEntry::default() });
     }
 
     /// `slot` holds its own key, and a key differing from it in any one word is another key.
@@ -617,38 +594,42 @@ mod tests {
         }
     }
 
-    /// An IPv6 slot holds every field of an entry whose time is on the data-plane clock's grain
-    /// and whose pool generation is below 2^16 (the controller's), whatever the values; a time
-    /// off the grain reads back rounded down; a refresh sets only the time.
+    /// A slot of either table holds every field of an entry whose time is on the data-plane
+    /// clock's grain and whose pool generation is below 2^16 (the controller's), whatever the
+    /// values; a time off the grain reads back rounded down; a refresh sets only the time.
     #[test]
-    fn an_ipv6_slot_holds_an_entry_exactly() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for _ in 0..10_000 {
-            let e = CtEntry {
-                backend: next() as u32,
-                pool_gen: next() as u32 & 0xffff,
-                last_seen_ns: seen_grain(next() >> 1),
-                class: next() as u16,
-                backend_gen: next() as u16,
-                hash: next() as u32,
+    fn a_slot_holds_an_entry_exactly() {
+        fn holds<S: Slot + Default>(key: &S::Key) {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
             };
-            let mut slot = Slot6::default();
-            slot.set(&CtKey6::default(), &e);
-            assert_eq!(slot.entry(), e);
-            assert_eq!(slot.last_seen_ns(), e.last_seen_ns);
-            let t = seen_grain(next() >> 1);
-            slot.touch(t);
-            assert_eq!(slot.entry(), CtEntry { last_seen_ns: t, ..e });
+            for _ in 0..10_000 {
+                let e = CtEntry {
+                    backend: next() as u32,
+                    pool_gen: next() as u32 & 0xffff,
+                    last_seen_ns: seen_grain(next() >> 1),
+                    class: next() as u16,
+                    backend_gen: next() as u16,
+                    hash: next() as u32,
+                };
+                let mut slot = S::default();
+                slot.set(key, &e);
+                assert_eq!(slot.entry(), e);
+                assert_eq!(slot.last_seen_ns(), e.last_seen_ns);
+                let t = seen_grain(next() >> 1);
+                slot.touch(t);
+                assert_eq!(slot.entry(), CtEntry { last_seen_ns: t, ..e });
+            }
+            let mut slot = S::default();
+            slot.set(key, &CtEntry { last_seen_ns: (5 << SEEN_GRAIN_SHIFT) + 12345, ..CtEntry::default() });
+            assert_eq!(slot.last_seen_ns(), 5 << SEEN_GRAIN_SHIFT);
         }
-        let mut slot = Slot6::default();
-        slot.set(&CtKey6::default(), &CtEntry { last_seen_ns: (5 << SEEN_GRAIN_SHIFT) + 12345, ..CtEntry::default() });
-        assert_eq!(slot.last_seen_ns(), 5 << SEEN_GRAIN_SHIFT);
+        holds::<Slot4>(&key4(1));
+        holds::<Slot6>(&CtKey6::default());
         assert_eq!(seen_grain(u64::MAX >> 1) >> SEEN_GRAIN_SHIFT, (1 << 47) - 1, "48 bits cover every time");
     }
 
@@ -694,8 +675,16 @@ mod tests {
         assert_ne!(buckets::<Slot6>(&k3, 7, u32::MAX), base);
     }
 
-    fn live(key: CtKey4, last_seen_ns: u64) -> Slot4 {
-        Slot4 { state: state::LIVE, key, _pad: 0, entry: CtEntry { last_seen_ns, backend: 1, ..Default::default() } }
+    /// A test's time `t`, in grains of the tables' clock (what a slot keeps).
+    fn g(t: u64) -> u64 {
+        t << SEEN_GRAIN_SHIFT
+    }
+
+    /// A live flow last seen at `seen` grains.
+    fn live(key: CtKey4, seen: u64) -> Slot4 {
+        let mut slot = Slot4 { state: state::LIVE, ..Default::default() };
+        slot.set(&key, &CtEntry { last_seen_ns: g(seen), backend: 1, ..Default::default() });
+        slot
     }
 
     #[test]
@@ -732,7 +721,7 @@ mod tests {
             b0.slots[w] = live(key4(10 + w as u32), 100 + w as u64);
             b1.slots[w] = live(key4(20 + w as u32), 200 + w as u64);
         }
-        b1.slots[5].entry.last_seen_ns = 3;
+        b1.slots[5].touch(g(3));
         assert_eq!(victim(&b0, &b1, 99), 13);
         assert!(super::victim([&b0, &b1], &key4(99), 0, st).evicts);
         assert!(!super::victim([&b0, &b1], &key4(25), 0, st).evicts, "its own slot");
@@ -752,7 +741,7 @@ mod tests {
             rng ^= rng << 17;
             rng
         };
-        let fresh_after = 1_000;
+        let fresh_after = g(1_000);
         let (mut evicts, mut full, mut free) = (0, 0, 0);
         for _ in 0..20_000 {
             // A mix of every kind of slot; or no free one (so some evict); or only confirmed
@@ -861,15 +850,15 @@ mod tests {
         assert_eq!(victim([&b0, &b1], &key4(99), 0, st), Victim { index: 9, evicts: true, full: false });
         assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (9, chosen::EVICTS), "recorded for a later write");
         // Idle before 100: the first idle slot of the bucket with more of them, no eviction.
-        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 5, evicts: false, full: false });
+        assert_eq!(victim([&b0, &b1], &key4(99), g(100), st), Victim { index: 5, evicts: false, full: false });
         assert_eq!(unsafe { (*st).state }, state::LIVE, "taken from the state it was seen in");
         assert_eq!(unsafe { ((*st).index, (*st).chosen) }, (5, 0));
         // An empty slot and an idle one count alike.
         b1.slots[6].state = next_state(state::LIVE, false);
         b1.slots[7].state = next_state(state::LIVE, false);
-        assert_eq!(victim([&b0, &b1], &key4(99), 100, st), Victim { index: 9, evicts: false, full: false });
+        assert_eq!(victim([&b0, &b1], &key4(99), g(100), st), Victim { index: 9, evicts: false, full: false });
         // A flow's own slot still wins, idle or not.
-        assert_eq!(victim([&b0, &b1], &key4(20), 400, st), Victim { index: 8, evicts: false, full: false });
+        assert_eq!(victim([&b0, &b1], &key4(20), g(400), st), Victim { index: 8, evicts: false, full: false });
         assert_eq!(unsafe { ((*st).index, (*st).state, (*st).chosen) }, (8, state::LIVE, chosen::OWN));
     }
 
@@ -881,7 +870,7 @@ mod tests {
     #[test]
     fn a_table_full_of_idle_flows_evicts_no_live_one() {
         // Live flows are seen after LIVE; a flow that ends keeps its last time, before it.
-        const LIVE: u64 = 1 << 60;
+        const LIVE: u64 = 1 << 40;
         let steady = |fresh_after: u64| {
             let buckets = 1u32 << 14;
             let live_flows = 2 * buckets as usize * WAYS / 4;
@@ -906,7 +895,7 @@ mod tests {
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let s = forget(&mut live_slots, &mut place, (rng % live_flows as u64) as usize);
-                    table[s as usize / WAYS].slots[s as usize % WAYS].entry.last_seen_ns = t;
+                    table[s as usize / WAYS].slots[s as usize % WAYS].touch(g(t));
                 }
                 let key = CtKey4 { src: (t as u32).wrapping_mul(0x9e37_79b9), dst: t as u32, ..key4(0) };
                 let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
@@ -925,7 +914,7 @@ mod tests {
             }
             evicted
         };
-        assert_eq!(steady(LIVE), 0);
+        assert_eq!(steady(g(LIVE)), 0);
         assert!(steady(0) > 0, "the rule before evicted live flows here");
     }
 
@@ -948,17 +937,17 @@ mod tests {
         // Seen longest ago, but confirmed: it stays; an unconfirmed flow seen later goes.
         b1.slots[3] = live(key4(23), 250);
         b1.slots[6] = live(key4(26), 240);
-        assert_eq!(victim([&b0, &b1], &key4(99), 50, st), Victim { index: 14, evicts: true, full: false });
-        assert_eq!(unsafe { ((*st).chosen, (*st).oldest, (*st).state) }, (chosen::EVICTS, 240, state::LIVE));
+        assert_eq!(victim([&b0, &b1], &key4(99), g(50), st), Victim { index: 14, evicts: true, full: false });
+        assert_eq!(unsafe { ((*st).chosen, (*st).oldest, (*st).state) }, (chosen::EVICTS, g(240), state::LIVE));
         // Only confirmed live flows: none.
         b1.slots[3] = confirmed(key4(23), 250);
         b1.slots[6] = confirmed(key4(26), 240);
-        assert_eq!(victim([&b0, &b1], &key4(99), 50, st), Victim { index: 0, evicts: false, full: true });
+        assert_eq!(victim([&b0, &b1], &key4(99), g(50), st), Victim { index: 0, evicts: false, full: true });
         assert_eq!(unsafe { ((*st).chosen, (*st).state) }, (chosen::FULL, state::WRITING), "an insert fails");
         // The key's own slot is still its own.
-        assert_eq!(victim([&b0, &b1], &key4(12), 50, st), Victim { index: 2, evicts: false, full: false });
+        assert_eq!(victim([&b0, &b1], &key4(12), g(50), st), Victim { index: 2, evicts: false, full: false });
         // A confirmed flow idle before 101 (seen at 100) frees its slot.
-        assert_eq!(victim([&b0, &b1], &key4(99), 101, st), Victim { index: 0, evicts: false, full: false });
+        assert_eq!(victim([&b0, &b1], &key4(99), g(101), st), Victim { index: 0, evicts: false, full: false });
         // Userspace copies still find the least recently seen of all.
         assert_eq!(least_recent([&b0, &b1]), 0);
     }
@@ -975,7 +964,7 @@ mod tests {
         let mut st = Search::default();
         let insert = |table: &mut vec::Vec<Bucket4>, st: &mut Search, key: CtKey4, seen: u64, confirm: bool| {
             let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
-            let v = victim([&table[a as usize], &table[b as usize]], &key, 1, st);
+            let v = victim([&table[a as usize], &table[b as usize]], &key, g(1), st);
             if v.full {
                 return None;
             }
@@ -999,7 +988,7 @@ mod tests {
             let key = CtKey4 { src: rng as u32, ports: (rng >> 32) as u32, ..key4(0) };
             let [a, b] = super::buckets::<Slot4>(&key, 0x5eed, buckets - 1);
             let pair = [&table[a as usize], &table[b as usize]];
-            if victim(pair, &key, 1, &mut st).full {
+            if victim(pair, &key, g(1), &mut st).full {
                 full += 1;
             }
             evicted += insert(&mut table, &mut st, key, 20 + t, false).unwrap_or(0);

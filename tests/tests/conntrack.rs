@@ -864,64 +864,86 @@ fn a_service_table_of_the_previous_layout_is_replaced_and_its_flows_carried() {
     assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 1);
 }
 
-/// Issue 35: IPv6 slots went from 72 bytes (the key in `CtKey` form, the entry unpacked) to one
-/// cache line. A pinned `CONNTRACK` of 72-byte slots is not adopted: `prepare_reuse` says why
-/// and carries its flows, converted, into the new table (the IPv4 table's with them), where
-/// the established IPv6 flow keeps its backend.
+/// Issue 35: slots went from 48 bytes (IPv4) and 72 (IPv6: the key in `CtKey` form) to 40 and
+/// 64, the entry packed. Pinned tables of the previous layouts are not adopted: `prepare_reuse`
+/// says why and carries their flows, converted, into the new tables, where the established
+/// flows keep their backends.
 #[test]
-fn an_ipv6_table_of_72_byte_slots_is_replaced_and_its_flows_carried() {
+fn tables_of_the_previous_slot_layouts_are_replaced_and_their_flows_carried() {
+    use lb_common::ct_table::state;
+    use lb_common::maps::CtKey4;
     use lb_user::dataplane::pinning::{prepare_reuse, PinState, BPF_F_MMAPABLE};
-    use lb_user::dataplane::{Bucket6Slots72, Slot72};
+    use lb_user::dataplane::{PreviousBucket, PreviousSlot, Slot48, Slot72};
     lb_tests::fixture_net::enter_lo_routed_netns();
-    let dir = fixture::PinDir::new("ct6-slots-72");
+    let dir = fixture::PinDir::new("ct-previous-slots");
     let sizes = fixture::sizes();
     let info = dsr(affinity::NONE, tracking::PER_CONNECTION);
     let keys = [service_key(VIP.into(), 80, PROTO_TCP), service_key(VIP6.into(), 80, PROTO_TCP)];
+    let key4 = ct_key(&info, PROTO_TCP, 40000, 80);
     let key6 = key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40000, 80);
-    let entry6 = {
+    let (entry4, entry6) = {
         let mut dp = install(Dataplane::load_with(sizes, Some(dir.path())).unwrap(), info);
         dp.set_service(&keys, info).unwrap();
         assert_eq!(backend_of(&dp, &tcp(40000, TCP_SYN)), B1);
         assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_SYN)), B1);
-        dp.conntrack_get(FAMILY_V6, &key6).expect("the IPv6 flow's entry")
+        (dp.conntrack_get(FAMILY_V4, &key4).unwrap(), dp.conntrack_get(FAMILY_V6, &key6).unwrap())
     };
-    // The previous version's CONNTRACK: as many buckets, of 72-byte slots, holding the flow.
-    let pin = dir.path().join("CONNTRACK");
-    let buckets = aya::maps::MapInfo::from_pin(&pin).unwrap().max_entries();
-    std::fs::remove_file(&pin).unwrap();
-    let old = lb_tests::rawbpf::array_map(576, buckets, BPF_F_MMAPABLE).expect("an array map (needs root)");
-    lb_tests::rawbpf::pin(&old, &pin).unwrap();
+    let live = state::LIVE | state::CONFIRMED | state::VERSION;
+    // Replaces a pinned table by one of the previous layout (as many buckets of `P` slots),
+    // holding `flow` (live), a freed slot and one caught mid-write (neither carried).
+    fn previous<P: PreviousSlot>(pin: &std::path::Path, flow: P, freed: P, writing: P)
+    where
+        PreviousBucket<P>: aya::Pod,
     {
-        let data = aya::maps::MapData::from_pin(&pin).unwrap();
-        let mut table: aya::maps::Array<_, Bucket6Slots72> =
+        let buckets = aya::maps::MapInfo::from_pin(pin).unwrap().max_entries();
+        std::fs::remove_file(pin).unwrap();
+        let size = std::mem::size_of::<PreviousBucket<P>>() as u32;
+        let old = lb_tests::rawbpf::array_map(size, buckets, BPF_F_MMAPABLE).expect("an array map (needs root)");
+        lb_tests::rawbpf::pin(&old, pin).unwrap();
+        let data = aya::maps::MapData::from_pin(pin).unwrap();
+        let mut table: aya::maps::Array<_, PreviousBucket<P>> =
             aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
-        let mut bucket = Bucket6Slots72::default();
-        let state = lb_common::ct_table::state::LIVE | lb_common::ct_table::state::CONFIRMED | 8;
-        bucket.slots[3] = Slot72 { state, key: key6, entry: entry6 };
-        // Not carried: a free slot and one caught mid-write.
-        bucket.slots[4] =
-            Slot72 { state: 8, key: key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40001, 80), entry: entry6 };
-        bucket.slots[5] = Slot72 { state: state | 1, ..bucket.slots[4] };
+        let mut bucket = PreviousBucket::<P>::default();
+        bucket.slots[3] = flow;
+        bucket.slots[4] = freed;
+        bucket.slots[5] = writing;
         table.set(buckets - 1, bucket, 0).unwrap();
     }
+    let other4 = ct_key(&info, PROTO_TCP, 40001, 80);
+    let packed4 = |key: &lb_common::maps::CtKey| CtKey4::new(&key.tuple, key.service);
+    let slot48 = |state, key| Slot48 { state, key, _pad: 0, entry: entry4 };
+    previous(
+        &dir.path().join("CONNTRACK4"),
+        slot48(live, packed4(&key4)),
+        slot48(state::VERSION, packed4(&other4)),
+        slot48(live | state::WRITING, packed4(&other4)),
+    );
+    let other6 = key_of(&info, CLIENT6.into(), VIP6.into(), PROTO_TCP, 40001, 80);
+    let slot72 = |state, key| Slot72 { state, key, entry: entry6 };
+    previous(
+        &dir.path().join("CONNTRACK"),
+        slot72(live, key6),
+        slot72(state::VERSION, other6),
+        slot72(live | state::WRITING, other6),
+    );
 
     let PinState::Discarded { why, carried: Some(carried) } = prepare_reuse(dir.path(), &sizes).unwrap() else {
-        panic!("an IPv6 table of 72-byte slots is not adopted, and the connection tables are carried")
+        panic!("tables of the previous slot layouts are not adopted, and their flows are carried")
     };
-    assert!(why.contains("CONNTRACK has another layout (values of 576 bytes"), "{why}");
+    assert!(why.contains("has another layout (values of"), "{why}");
     let mut dp = Dataplane::load_with(sizes, Some(dir.path())).unwrap();
     dp.carry_backends(&carried).unwrap();
     let mut dp = install(dp, info);
     dp.set_service(&keys, info).unwrap();
     move_table_to_b2(&mut dp);
     assert_eq!(dp.carry_conntrack(&carried).unwrap(), (2, 0), "the IPv4 flow and the IPv6 one");
-    assert_eq!(dp.conntrack_get(FAMILY_V6, &key6), Some(entry6), "the entry as it was");
-    assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_ACK)), B1, "the established IPv6 flow keeps its backend");
-    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "so does the IPv4 one");
+    assert_eq!(dp.conntrack_get(FAMILY_V4, &key4), Some(entry4), "the IPv4 entry as it was");
+    assert_eq!(dp.conntrack_get(FAMILY_V6, &key6), Some(entry6), "the IPv6 entry as it was");
+    assert_eq!(backend_of(&dp, &tcp(40000, TCP_ACK)), B1, "the established IPv4 flow keeps its backend");
+    assert_eq!(backend_of(&dp, &tcp6_frame(40000, TCP_ACK)), B1, "so does the IPv6 one");
+    assert_eq!(backend_of(&dp, &tcp(40001, TCP_SYN)), B2, "a new flow follows the new table");
     assert_eq!(backend_of(&dp, &tcp6_frame(40001, TCP_SYN)), B2, "a new flow follows the new table");
     assert_eq!(dp.stats().unwrap().get(stat::CT_HIT), 2);
-    drop(dp);
-    lb_user::dataplane::pinning::remove_map_pins(dir.path()).unwrap();
 }
 
 // Issue 35 item 2: a SYN in a clean Maglev slot (`CLEAN_SLOTS`) is forwarded without reading or

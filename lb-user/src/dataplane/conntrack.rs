@@ -191,20 +191,44 @@ pub fn ct_seed(pin_dir: Option<&Path>) -> Result<u64> {
 /// pins before they are removed; the maps live as long as these descriptors (and the
 /// previous program, until it is replaced).
 pub struct Carried {
-    conntrack4: Array<MapData, ct_table::Bucket4>,
-    conntrack: Carried6,
+    conntrack4: CarriedTable<ct_table::Slot4, Slot48>,
+    conntrack: CarriedTable<ct_table::Slot6, Slot72>,
     backends: Array<MapData, Backend>,
 }
 
-/// A pinned IPv6 connection table: this version's, or one of 72-byte slots.
-enum Carried6 {
-    Current(Array<MapData, ct_table::Bucket6>),
-    Slots72(Array<MapData, Bucket6Slots72>),
+/// A pinned connection table: this version's layout, or the one before (`P` slots).
+enum CarriedTable<S, P>
+where
+    ct_table::Bucket<S>: aya::Pod,
+    PreviousBucket<P>: aya::Pod,
+{
+    Current(Array<MapData, ct_table::Bucket<S>>),
+    Previous(Array<MapData, PreviousBucket<P>>),
 }
 
-/// An IPv6 slot as versions before the 64-byte slot (`ct_table::Slot6`) laid it out: the key
-/// in [`CtKey`] form (the protocol and the service id in words of their own) and the entry
-/// unpacked. A pinned `CONNTRACK` of these is carried into the new table at an upgrade.
+/// A slot of a previous version's layout, read for its flow at an upgrade.
+pub trait PreviousSlot: Copy + Default {
+    /// This version's key.
+    type Key;
+    fn state(&self) -> u32;
+    /// The flow in this version's key.
+    fn flow(&self) -> (Self::Key, CtEntry);
+}
+
+/// An IPv4 slot as versions before the packed entry (`ct_table::PackedEntry`) laid it out
+/// (48 bytes, the entry unpacked).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot48 {
+    pub state: u32,
+    pub key: CtKey4,
+    pub _pad: u32,
+    pub entry: CtEntry,
+}
+
+/// An IPv6 slot as versions before the one-line slot (`ct_table::Slot6`) laid it out
+/// (72 bytes: the key in [`CtKey`] form, the protocol and the service id in words of their
+/// own; the entry unpacked).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot72 {
@@ -213,39 +237,89 @@ pub struct Slot72 {
     pub entry: CtEntry,
 }
 
-/// A bucket of [`Slot72`] (576 bytes).
+impl PreviousSlot for Slot48 {
+    type Key = CtKey4;
+    fn state(&self) -> u32 {
+        self.state
+    }
+    fn flow(&self) -> (CtKey4, CtEntry) {
+        (self.key, self.entry)
+    }
+}
+
+impl PreviousSlot for Slot72 {
+    type Key = CtKey6;
+    fn state(&self) -> u32 {
+        self.state
+    }
+    fn flow(&self) -> (CtKey6, CtEntry) {
+        (CtKey6::new(&self.key.tuple, self.key.service), self.entry)
+    }
+}
+
+/// A bucket of a previous version's slots.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bucket6Slots72 {
-    pub slots: [Slot72; ct_table::WAYS],
+pub struct PreviousBucket<P> {
+    pub slots: [P; ct_table::WAYS],
 }
 
 // SAFETY: repr(C) records of u32/u64 fields and arrays of them, without implicit padding.
-unsafe impl aya::Pod for Bucket6Slots72 {}
-const _: () = assert!(std::mem::size_of::<Bucket6Slots72>() == 72 * ct_table::WAYS);
+unsafe impl aya::Pod for PreviousBucket<Slot48> {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PreviousBucket<Slot72> {}
+const _: () = assert!(std::mem::size_of::<PreviousBucket<Slot48>>() == 48 * ct_table::WAYS);
+const _: () = assert!(std::mem::size_of::<PreviousBucket<Slot72>>() == 72 * ct_table::WAYS);
+
+impl<S: ct_table::Slot, P: PreviousSlot<Key = S::Key>> CarriedTable<S, P>
+where
+    ct_table::Bucket<S>: aya::Pod,
+    PreviousBucket<P>: aya::Pod,
+{
+    /// The pinned table at `path` in either layout; None if it is missing or of neither.
+    fn open(path: &Path) -> Option<Self> {
+        let open = || MapData::from_pin(path).ok().map(aya::maps::Map::Array);
+        match Array::try_from(open()?) {
+            Ok(table) => Some(Self::Current(table)),
+            Err(_) => Array::try_from(open()?).ok().map(Self::Previous),
+        }
+    }
+
+    /// The table's live flows as (key, entry, CONFIRMED bit of the state).
+    fn flows(&self) -> Box<dyn Iterator<Item = (S::Key, CtEntry, u32)> + '_> {
+        let confirmed = |state: u32| state & ct_table::state::CONFIRMED;
+        match self {
+            Self::Current(from) => {
+                Box::new(live_slots(from).map(move |s| (*s.key(), s.entry(), confirmed(ct_table::slot_state(&s)))))
+            }
+            Self::Previous(from) => {
+                let live = ct_table::state::LIVE | ct_table::state::WRITING;
+                let slots = from.iter().filter_map(|b| b.ok()).flat_map(|b| b.slots);
+                Box::new(slots.filter(move |s| s.state() & live == ct_table::state::LIVE).map(move |s| {
+                    let (key, entry) = s.flow();
+                    (key, entry, confirmed(s.state()))
+                }))
+            }
+        }
+    }
+}
 
 impl Carried {
-    /// The connection tables and backend records pinned in `pin_dir`; None if one is
-    /// missing or has another layout than this version's (then there is nothing to carry).
+    /// The connection tables (this version's layout or the one before) and backend records
+    /// pinned in `pin_dir`; None if one is missing or has another layout (then there is
+    /// nothing to carry).
     pub fn open(pin_dir: &Path) -> Option<Self> {
-        let open = |name: &str| MapData::from_pin(pin_dir.join(name)).ok().map(aya::maps::Map::Array);
         Some(Self {
-            conntrack4: Array::try_from(open("CONNTRACK4")?).ok()?,
-            conntrack: match Array::try_from(open("CONNTRACK")?) {
-                Ok(table) => Carried6::Current(table),
-                Err(_) => Carried6::Slots72(Array::try_from(open("CONNTRACK")?).ok()?),
-            },
-            backends: Array::try_from(open("BACKENDS")?).ok()?,
+            conntrack4: CarriedTable::open(&pin_dir.join("CONNTRACK4"))?,
+            conntrack: CarriedTable::open(&pin_dir.join("CONNTRACK"))?,
+            backends: Array::try_from(aya::maps::Map::Array(MapData::from_pin(pin_dir.join("BACKENDS")).ok()?)).ok()?,
         })
     }
 }
 
 impl std::fmt::Debug for Carried {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Carried")
-            .field("buckets", &self.conntrack4.len())
-            .field("backends", &self.backends.len())
-            .finish()
+        f.debug_struct("Carried").field("backends", &self.backends.len()).finish()
     }
 }
 
@@ -269,34 +343,11 @@ impl Dataplane {
     /// both their buckets full).
     pub fn carry_conntrack(&mut self, old: &Carried) -> Result<(usize, usize)> {
         let (a, b) =
-            copy_table(carried(&old.conntrack4), &mut self.conntrack4, self.ct_seed).context("copying CONNTRACK4")?;
-        let (c, d) = match &old.conntrack {
-            Carried6::Current(from) => copy_table(carried(from), &mut self.conntrack, self.ct_seed),
-            Carried6::Slots72(from) => {
-                let live =
-                    from.iter().filter_map(|b| b.ok()).flat_map(|b| b.slots).filter(|s| {
-                        s.state & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE
-                    });
-                let slots = live.map(|s| {
-                    let key = CtKey6::new(&s.key.tuple, s.key.service);
-                    (key, s.entry, s.state & ct_table::state::CONFIRMED)
-                });
-                copy_table(slots, &mut self.conntrack, self.ct_seed)
-            }
-        }
-        .context("copying CONNTRACK")?;
+            copy_table(old.conntrack4.flows(), &mut self.conntrack4, self.ct_seed).context("copying CONNTRACK4")?;
+        let (c, d) =
+            copy_table(old.conntrack.flows(), &mut self.conntrack, self.ct_seed).context("copying CONNTRACK")?;
         Ok((a + c, b + d))
     }
-}
-
-/// The live slots of a pinned table as (key, entry, CONFIRMED bit of the state).
-fn carried<S: ct_table::Slot>(
-    from: &Array<MapData, ct_table::Bucket<S>>,
-) -> impl Iterator<Item = (S::Key, CtEntry, u32)> + '_
-where
-    ct_table::Bucket<S>: aya::Pod,
-{
-    live_slots(from).map(|s| (*s.key(), s.entry(), ct_table::slot_state(&s) & ct_table::state::CONFIRMED))
 }
 
 /// Inserts `flows` (key, entry, CONFIRMED bit) into `to` (empty, not in use), placed by `to`'s hash.

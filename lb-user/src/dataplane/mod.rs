@@ -48,7 +48,7 @@ use lb_common::maps::{
 use lb_common::trace::TraceFilter;
 
 pub use admission::{Demand, ServiceDemand};
-pub use conntrack::{ct_seed, table_set, Bucket6Slots72, Carried, Slot72};
+pub use conntrack::{ct_seed, table_set, Carried, PreviousBucket, PreviousSlot, Slot48, Slot72};
 pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
 #[cfg(feature = "test-helpers")]

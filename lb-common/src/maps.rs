@@ -281,27 +281,40 @@ impl CtKey4 {
     /// The IPv4 key of a tracking tuple (addresses in the first word of each address field).
     #[inline(always)]
     pub fn new(t: &FlowTuple, service: u32) -> Self {
-        Self {
-            src: t.src[0],
-            dst: t.dst[0],
-            ports: (t.sport as u32) | ((t.dport as u32) << 16),
-            service_proto: (service & (MAX_SERVICE_ID - 1)) | ((t.proto as u32) << 24),
-        }
+        Self { src: t.src[0], dst: t.dst[0], ports: ports_word(t), service_proto: service_proto_word(t, service) }
     }
 
     /// The [`CtKey`] form of this key (userspace reads both tables as one).
     pub fn to_key(&self) -> CtKey {
-        CtKey {
-            tuple: FlowTuple {
-                src: [self.src, 0, 0, 0],
-                dst: [self.dst, 0, 0, 0],
-                sport: self.ports as u16,
-                dport: (self.ports >> 16) as u16,
-                proto: (self.service_proto >> 24) as u8,
-                _pad: [0; 3],
-            },
-            service: self.service_proto & (MAX_SERVICE_ID - 1),
-        }
+        unpacked([self.src, 0, 0, 0], [self.dst, 0, 0, 0], self.ports, self.service_proto)
+    }
+}
+
+/// The ports word of a packed key ([`CtKey4`], [`CtKey6`]): source port in the low half,
+/// destination port in the high half.
+#[inline(always)]
+fn ports_word(t: &FlowTuple) -> u32 {
+    (t.sport as u32) | ((t.dport as u32) << 16)
+}
+
+/// The service id (low 24 bits) and protocol (high 8) word of a packed key.
+#[inline(always)]
+fn service_proto_word(t: &FlowTuple, service: u32) -> u32 {
+    (service & (MAX_SERVICE_ID - 1)) | ((t.proto as u32) << 24)
+}
+
+/// The [`CtKey`] of a packed key's addresses and words.
+fn unpacked(src: [u32; 4], dst: [u32; 4], ports: u32, service_proto: u32) -> CtKey {
+    CtKey {
+        tuple: FlowTuple {
+            src,
+            dst,
+            sport: ports as u16,
+            dport: (ports >> 16) as u16,
+            proto: (service_proto >> 24) as u8,
+            _pad: [0; 3],
+        },
+        service: service_proto & (MAX_SERVICE_ID - 1),
     }
 }
 
@@ -323,27 +336,12 @@ impl CtKey6 {
     /// The IPv6 key of a tracking tuple.
     #[inline(always)]
     pub fn new(t: &FlowTuple, service: u32) -> Self {
-        Self {
-            src: t.src,
-            dst: t.dst,
-            ports: (t.sport as u32) | ((t.dport as u32) << 16),
-            service_proto: (service & (MAX_SERVICE_ID - 1)) | ((t.proto as u32) << 24),
-        }
+        Self { src: t.src, dst: t.dst, ports: ports_word(t), service_proto: service_proto_word(t, service) }
     }
 
     /// The [`CtKey`] form of this key.
     pub fn to_key(&self) -> CtKey {
-        CtKey {
-            tuple: FlowTuple {
-                src: self.src,
-                dst: self.dst,
-                sport: self.ports as u16,
-                dport: (self.ports >> 16) as u16,
-                proto: (self.service_proto >> 24) as u8,
-                _pad: [0; 3],
-            },
-            service: self.service_proto & (MAX_SERVICE_ID - 1),
-        }
+        unpacked(self.src, self.dst, self.ports, self.service_proto)
     }
 }
 

@@ -14,6 +14,7 @@
 //!   and its implementation.
 
 mod admission;
+mod carry;
 mod classes;
 pub mod clean_slots;
 mod conntrack;
@@ -48,7 +49,8 @@ use lb_common::maps::{
 use lb_common::trace::TraceFilter;
 
 pub use admission::{Demand, ServiceDemand};
-pub use conntrack::{ct_seed, table_set, Carried, PreviousBucket, PreviousSlot, Slot48, Slot72};
+pub use carry::{Carried, PreviousBucket, PreviousSlot, Slot48, Slot72};
+pub use conntrack::{ct_seed, table_set};
 pub use lb_common::maps::addr_words;
 pub use pinning::detach_pinned;
 #[cfg(feature = "test-helpers")]

@@ -106,15 +106,21 @@ pub struct PackedEntry {
 }
 
 impl PackedEntry {
+    /// A copy of the entry, every field read once with a volatile load, the time as
+    /// [`Self::last_seen_ns`] reads it.
     #[inline(always)]
     pub fn load(&self) -> CtEntry {
-        CtEntry {
-            backend: self.backend,
-            pool_gen: self.pool_gen as u32,
-            last_seen_ns: self.last_seen_ns(),
-            class: self.class,
-            backend_gen: self.backend_gen,
-            hash: self.hash,
+        let last_seen_ns = self.last_seen_ns();
+        // SAFETY: reads of fields of `self`.
+        unsafe {
+            CtEntry {
+                backend: core::ptr::read_volatile(&self.backend),
+                pool_gen: core::ptr::read_volatile(&self.pool_gen) as u32,
+                last_seen_ns,
+                class: core::ptr::read_volatile(&self.class),
+                backend_gen: core::ptr::read_volatile(&self.backend_gen),
+                hash: core::ptr::read_volatile(&self.hash),
+            }
         }
     }
 
@@ -133,16 +139,28 @@ impl PackedEntry {
         }
     }
 
+    /// The last-seen time: its low 32 bits, then its high 16. A refresh on another CPU
+    /// ([`Self::set_last_seen_ns`], which takes no lock) writes them the other way round, so a
+    /// read racing it yields the old time, the new one or, when the high bits change (every
+    /// 78 hours), a time after both: never one before, which could make a live flow look idle.
+    /// (x86 keeps stores in order and loads in order; volatile accesses keep program order.)
     #[inline(always)]
     pub fn last_seen_ns(&self) -> u64 {
-        (((self.seen_high as u64) << 32) | self.seen_low as u64) << SEEN_GRAIN_SHIFT
+        // SAFETY: reads of fields of `self`.
+        let (low, high) =
+            unsafe { (core::ptr::read_volatile(&self.seen_low), core::ptr::read_volatile(&self.seen_high)) };
+        (((high as u64) << 32) | low as u64) << SEEN_GRAIN_SHIFT
     }
 
+    /// Sets the last-seen time: its high 16 bits, then its low 32 (see [`Self::last_seen_ns`]).
     #[inline(always)]
     pub fn set_last_seen_ns(&mut self, t_ns: u64) {
         let seen = t_ns >> SEEN_GRAIN_SHIFT;
-        self.seen_low = seen as u32;
-        self.seen_high = (seen >> 32) as u16;
+        // SAFETY: writes of fields of `self`.
+        unsafe {
+            core::ptr::write_volatile(&mut self.seen_high, (seen >> 32) as u16);
+            core::ptr::write_volatile(&mut self.seen_low, seen as u32);
+        }
     }
 }
 
@@ -176,11 +194,13 @@ pub trait Slot: Copy {
     fn state_mut(&mut self) -> *mut u32;
     fn key(&self) -> &Self::Key;
     /// A copy of the entry, read with volatile loads (the data plane copies it between two
-    /// reads of the state word).
+    /// reads of the state word; a refresh of the time changes no state, see
+    /// [`PackedEntry::last_seen_ns`]).
     fn entry(&self) -> CtEntry;
     /// The entry's last-seen time.
     fn last_seen_ns(&self) -> u64;
-    /// Sets the entry's last-seen time (a hit's refresh), with plain stores.
+    /// Sets the entry's last-seen time (a hit's refresh), without taking the slot (see
+    /// [`PackedEntry::set_last_seen_ns`]).
     fn touch(&mut self, now_ns: u64);
     /// Writes key and entry with volatile stores: the data plane publishes them with a
     /// volatile store of the state word after, which the compiler keeps in that order (the
@@ -234,7 +254,7 @@ macro_rules! ct_slot {
             }
             #[inline(always)]
             fn entry(&self) -> CtEntry {
-                unsafe { core::ptr::read_volatile(&self.entry) }.load()
+                self.entry.load()
             }
             #[inline(always)]
             fn last_seen_ns(&self) -> u64 {

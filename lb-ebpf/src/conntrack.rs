@@ -128,7 +128,7 @@ pub enum Slot {
 impl Slot {
     #[inline(always)]
     fn touch(self, now: u64) {
-        // A plain store: if another CPU rewrote the slot meanwhile, its flow looks recently
+        // Without taking the slot: if another CPU rewrote it meanwhile, its flow looks recently
         // seen for a while, which only delays its idle expiry.
         match self {
             Slot::V4(s) => unsafe { ct_table::Slot::touch(&mut *s, now) },

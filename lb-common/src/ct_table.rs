@@ -43,6 +43,12 @@ pub mod state {
     pub const CONFIRMED: u32 = 4;
     /// The version counter's unit (bits 3 and up): bumped by every write.
     pub const VERSION: u32 = 8;
+
+    /// Whether a slot in state `bits` holds a published entry (live, no writer).
+    #[inline(always)]
+    pub const fn published(bits: u32) -> bool {
+        bits & (LIVE | WRITING) == LIVE
+    }
 }
 
 /// The state a completed write leaves: next version, WRITING and CONFIRMED clear, LIVE as

@@ -147,7 +147,7 @@ pub struct ServiceInfo {
     /// Conntrack idle timeout in nanoseconds.
     pub idle_timeout_ns: u64,
     /// Bumped when the active pool changes (failover/failback), see FLUSH_ON_POOL_CHANGE.
-    /// Below 2^16 (the controller wraps it there): an IPv6 connection-table slot keeps 16 bits.
+    /// Below 2^16 (the controller wraps it there): a connection-table entry keeps 16 bits.
     pub pool_gen: u32,
     /// Host bits of the outer IPIP source that are taken from the flow hash (0 = fixed source).
     pub encap_src_hash_mask: u32,

@@ -618,7 +618,7 @@ impl Controller {
                 entry.1 = entry.1.wrapping_add(1);
                 changed.insert(svc.name.clone(), now);
             }
-            // Below 2^16: an IPv6 connection-table entry keeps 16 bits of it (`ct_table::Entry6`;
+            // Below 2^16: a connection-table entry keeps 16 bits of it (`ct_table::PackedEntry`;
             // a state file of an older version may hold more).
             entry.1 &= POOL_GEN_MASK;
             svc.info.pool_gen = entry.1;
@@ -1376,7 +1376,7 @@ mod tests {
         [service.failover_policy]
     "#;
 
-    /// An IPv6 connection-table entry keeps 16 bits of the pool generation: the generation the
+    /// A connection-table entry keeps 16 bits of the pool generation: the generation the
     /// data plane is given wraps there, also one restored from an older daemon's state.
     #[test]
     fn pool_generations_wrap_at_2_16() {

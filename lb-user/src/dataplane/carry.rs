@@ -119,9 +119,8 @@ where
                 Box::new(live_slots(from).map(move |s| (*s.key(), s.entry(), confirmed(ct_table::slot_state(&s)))))
             }
             Self::Previous(from) => {
-                let live = ct_table::state::LIVE | ct_table::state::WRITING;
                 let slots = from.iter().filter_map(|b| b.ok()).flat_map(|b| b.slots);
-                Box::new(slots.filter(move |s| s.state() & live == ct_table::state::LIVE).map(move |s| {
+                Box::new(slots.filter(|s| ct_table::state::published(s.state())).map(move |s| {
                     let (key, entry) = s.flow();
                     (key, entry, confirmed(s.state()))
                 }))

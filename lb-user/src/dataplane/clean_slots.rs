@@ -136,8 +136,7 @@ fn for_each_mapped<S: ct_table::Slot>(ct: &ArrayMmap<ct_table::Bucket<S>>, bucke
         let n = CHUNK.min(buckets - at);
         for b in ct.read(at, n) {
             for slot in &b.slots {
-                let bits = ct_table::slot_state(slot);
-                if bits & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE {
+                if ct_table::state::published(ct_table::slot_state(slot)) {
                     f(slot);
                 }
             }

@@ -142,8 +142,8 @@ where
 }
 
 /// A slot that holds a published entry (live, not being written).
-fn is_live<S: ct_table::Slot>(s: &S) -> bool {
-    ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE
+pub(super) fn is_live<S: ct_table::Slot>(s: &S) -> bool {
+    ct_table::state::published(ct_table::slot_state(s))
 }
 
 /// Live slots of a connection table of `buckets` buckets, counted in at most `sample` buckets

@@ -10,12 +10,14 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, Map, MapData};
-use lb_common::ct_table::{self, Bucket4, Bucket6, Slot as _};
+use lb_common::ct_table::{Bucket4, Bucket6, Slot as _};
 use lb_common::decide::{self, CtVerdict};
 use lb_common::maps::{
     backend_flags, table_flags, Backend, CtEntry, CtKey, ServiceInfo, ServiceKey, ServiceSlot, ServiceTableRef,
     TableRef, FAMILY_V4, FAMILY_V6,
 };
+
+use super::conntrack::is_live;
 
 /// What the data plane makes of an entry at the moment it was read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,12 +152,12 @@ impl PinnedFlows {
     /// Calls `f` with every entry of both tables, IPv4 first, one bucket read at a time.
     pub fn for_each(&self, mut f: impl FnMut(Flow)) -> Result<()> {
         for bucket in self.conntrack4.iter() {
-            for slot in bucket.context("reading CONNTRACK4")?.slots.iter().filter(|s| readable(*s)) {
+            for slot in bucket.context("reading CONNTRACK4")?.slots.iter().filter(|s| is_live(*s)) {
                 f(self.decode(FAMILY_V4, &slot.key().to_key(), &slot.entry()));
             }
         }
         for bucket in self.conntrack.iter() {
-            for slot in bucket.context("reading CONNTRACK")?.slots.iter().filter(|s| readable(*s)) {
+            for slot in bucket.context("reading CONNTRACK")?.slots.iter().filter(|s| is_live(*s)) {
                 f(self.decode(FAMILY_V6, &slot.key().to_key(), &slot.entry()));
             }
         }
@@ -205,11 +207,6 @@ impl PinnedFlows {
             state,
         }
     }
-}
-
-/// A slot that holds a published entry (live, not being written).
-fn readable<S: ct_table::Slot>(s: &S) -> bool {
-    ct_table::slot_state(s) & (ct_table::state::LIVE | ct_table::state::WRITING) == ct_table::state::LIVE
 }
 
 /// The active half of the pinned service table: id -> (record, keys).

@@ -457,8 +457,23 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
         Family::V4 => std::mem::size_of::<ct_table::Bucket4>(),
         Family::V6 => std::mem::size_of::<ct_table::Bucket6>(),
     };
-    let round_trip = super::memory::round_trip_ns(buckets as usize * bucket, p.runs);
+    let bytes = buckets as usize * bucket;
+    let round_trip = super::memory::round_trip_ns(bytes, p.runs);
+    // What the round trip is made of, and what a second line costs.
+    use super::memory::{chase_ns, Also, Chase};
+    let (huge, huge_share) = chase_ns(bytes, p.runs, Chase { huge_pages: true, also: Also::Nothing });
+    let same_page = chase_ns(bytes, p.runs, Chase { huge_pages: false, also: Also::SamePage }).0;
+    let other_page = chase_ns(bytes, p.runs, Chase { huge_pages: false, also: Also::OtherPage }).0;
     let name = family.name();
+    println!(
+        "{name}: memory over the table's {} MiB: round trip {round_trip:.0} ns with 4 KiB pages (the floor's), {huge:.0} \
+         with 2 MiB pages ({:.0} % of them huge); a second line loaded with the first, per step: {:+.0} ns in the same \
+         page, {:+.0} in another page",
+        bytes >> 20,
+        huge_share * 100.0,
+        same_page - round_trip,
+        other_page - round_trip
+    );
     println!(
         "{name}: hot hit {hot:+.0}, memory round trip {round_trip:.0} ns; cold hit by the flow's place (ns above the floor, \
          median of {} runs of up to {} frames; excess = cold - hot - round trip)",

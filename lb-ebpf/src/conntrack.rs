@@ -305,7 +305,7 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) -> u32 {
 }
 
 /// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`)
-/// of the less loaded bucket, or that of the least recently seen unconfirmed flow
+/// of the first bucket while it has room, else of the less loaded one, or that of the least recently seen unconfirmed flow
 /// (`ct_table::victim`); none if all candidates hold confirmed live flows. If another CPU is
 /// writing the chosen slot at this instant the flow goes untracked for this packet; its next
 /// packet makes the entry. `fresh_after` None: the key's buckets were searched already

@@ -418,10 +418,11 @@ pub struct Victim {
 /// at 71.5 % of slots); choosing the less loaded of two keeps the buckets even (two choices).
 /// Filled with its configured number of flows, a table (see [`buckets_for`]: at most half its
 /// slots) then evicts none; at 3/4 of its slots it would evict about 3e-5 of them (unit tests
-/// below; 1.5e-5 without the first bucket's threshold). Load counts live flows only: closed connections are not removed, so a busy table is
-/// full of idle flows, and if they counted every bucket would look full and a new flow would
-/// go wherever the oldest flow is, not to the bucket with fewer live flows (in a simulation at
-/// half the slots live, 4e-5 of the new flows then evicted a live one; none with this rule).
+/// below; 1.5e-5 without the first bucket's threshold). Load counts live flows only: closed
+/// connections are not removed, so a busy table is full of idle flows, and if they counted
+/// every bucket would look full and a new flow would go wherever the oldest flow is, not to the
+/// bucket with fewer live flows (in a simulation at half the slots live, 4e-5 of the new flows
+/// then evicted a live one; none with this rule).
 ///
 /// One pass over the 16 slots: the key is compared and the choice prepared slot by slot. (The
 /// data plane's lookup is [`find`], then [`choose`] on a miss: a hit there costs only the
@@ -504,9 +505,9 @@ fn note<S: Slot>(slot: &S, k: usize, bits: u32, fresh_after: u64, st: *mut Searc
 /// 3 live flows), whatever the second holds; else to the less loaded one. A hit in the second
 /// bucket reads a line of another page, 40-60 ns dearer cold than one in the first
 /// (`dp_bench --cold-by-slot`). With plain two choices 31 % of the flows of a table filled to
-/// its configured size sat there, with this threshold 15 % (fewer still in a fuller table's
-/// usual, lower fill): cold hits 9-10 (IPv4) and -5 to +14 ns (IPv6) cheaper in two
-/// `--compare-cold` runs. The table still has no full bucket at its configured size (unit
+/// its configured size sat there, with this threshold 15 % (4 % at half that size): in two
+/// `--compare-cold` runs cold hits were 9 and 10 ns cheaper (IPv4), 5 dearer and 14 cheaper
+/// (IPv6). The table still has no full bucket at its configured size (unit
 /// tests below); a threshold of 6 free slots left some full.
 pub const FIRST_WHILE_FREE: u32 = WAYS as u32 - 3;
 

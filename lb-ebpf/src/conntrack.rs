@@ -304,13 +304,13 @@ fn finish<S: ct_table::Slot>(slot: &mut S, observed: u32, live: bool) -> u32 {
     next
 }
 
-/// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`)
-/// of the first bucket while it has room, else of the less loaded one, or that of the least recently seen unconfirmed flow
-/// (`ct_table::victim`); none if all candidates hold confirmed live flows. If another CPU is
-/// writing the chosen slot at this instant the flow goes untracked for this packet; its next
-/// packet makes the entry. `fresh_after` None: the key's buckets were searched already
-/// (`search`, for this packet, at the entry's time) and the slot chosen then is written, from
-/// the state seen then.
+/// Writes `key`'s entry into its own slot, a free or idle one (last seen before `fresh_after`) of
+/// the first bucket while it has room, else of the less loaded one, or that of the least recently
+/// seen unconfirmed flow (`ct_table::victim`); none if all candidates hold confirmed live flows. If
+/// another CPU is writing the chosen slot at this instant the flow goes untracked for this packet;
+/// its next packet makes the entry. `fresh_after` None: the key's buckets were searched already
+/// (`search`, for this packet, at the entry's time) and the slot chosen then is written, from the
+/// state seen then.
 #[inline(always)]
 fn insert<S: ct_table::Slot>(
     map: &Array<ct_table::Bucket<S>>,

@@ -395,7 +395,8 @@ pub fn report(p: &Params, v4: &Cold, v6: &Cold) {
 /// the second bucket's way 7 is found after all 16 slots. Then the same flows mixed, as in the
 /// headline. Within one place the search ends at the same slot every frame, which the branch
 /// predictor learns; mixed, it cannot. Beside them the hot hit and the memory round trip, so
-/// that each case's excess over the target's terms (cold - hot - round trip) is printed.
+/// that each case's excess over the target's terms (cold - hot - round trip) is printed, and
+/// the round trip's parts (`memory::Chase`: with 2 MiB pages, with a second line per step).
 pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<()> {
     use lb_common::ct_table::{self, state, WAYS};
     let mut rng = SplitMix64(0x51a7 + family as u64);

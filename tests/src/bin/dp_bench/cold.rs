@@ -391,8 +391,9 @@ pub fn report(p: &Params, v4: &Cold, v6: &Cold) {
 
 /// `--cold-by-slot`: where a cold hit's time goes. The table is filled as for the headline, each
 /// flow is then located (its candidate bucket, first or second, and its way in it), and cold
-/// hits are timed per location: a flow in its first bucket's way 0 needs one line, a flow in
-/// the second bucket's way 7 is found after all 16 slots. Then the same flows mixed, as in the
+/// hits are timed per location (a bucket's places with too few flows to stay cold as one
+/// group): a flow in its first bucket's way 0 needs one line, a flow in the second bucket's
+/// way 7 is found after all 16 slots. Then the same flows mixed, as in the
 /// headline. Within one place the search ends at the same slot every frame, which the branch
 /// predictor learns; mixed, it cannot. Beside them the hot hit and the memory round trip, so
 /// that each case's excess over the target's terms (cold - hot - round trip) is printed, and
@@ -480,16 +481,31 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
          median of {} runs of up to {} frames; excess = cold - hot - round trip)",
         p.runs, p.frames
     );
+    // Each place with enough flows alone; per bucket, the places with too few pooled into one
+    // group (the second bucket's 15 % spread over its ways, the first bucket's last ways).
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    for bucket in 0..2 {
+        let mut pooled = (Vec::new(), Vec::new());
+        for way in 0..WAYS {
+            let flows = &at[bucket * WAYS + way];
+            // Fewer flows than a few runs' frames would be timed warm (each run draws from them).
+            if flows.len() < 4 * p.frames {
+                pooled.0.push(way.to_string());
+                pooled.1.extend_from_slice(flows);
+            } else {
+                groups.push((format!("bucket {} way {way}", bucket + 1), flows.clone()));
+            }
+        }
+        if pooled.0.len() == WAYS {
+            groups.push((format!("bucket {} all ways", bucket + 1), pooled.1));
+        } else if !pooled.1.is_empty() {
+            groups.push((format!("bucket {} ways {}", bucket + 1, pooled.0.join(",")), pooled.1));
+        }
+    }
     let mut all = Vec::new();
-    for (k, flows) in at.iter().enumerate() {
-        // Fewer flows than a few runs' frames would be timed warm (each run draws from them).
+    for (name, flows) in &groups {
         if flows.len() < 4 * p.frames {
-            println!(
-                "  bucket {} way {}: {} flows, too few to stay cold: not timed",
-                k / WAYS + 1,
-                k % WAYS,
-                flows.len()
-            );
+            println!("  {name}: {} flows, too few to stay cold: not timed", flows.len());
             continue;
         }
         let mut runs = Vec::new();
@@ -503,9 +519,7 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
         let s = Spread::of(runs);
         all.push((s.median, flows.len()));
         println!(
-            "  bucket {} way {}: {:>7} flows ({:>4.1} %)  cold hit {:+.0} [{:+.0}, {:+.0}]  excess {:+.0}",
-            k / WAYS + 1,
-            k % WAYS,
+            "  {name:<28} {:>7} flows ({:>4.1} %)  cold hit {:+.0} [{:+.0}, {:+.0}]  excess {:+.0}",
             flows.len(),
             flows.len() as f64 * 100.0 / located as f64,
             s.median,
@@ -514,8 +528,13 @@ pub fn by_slot(b: &Bench, p: &Params, family: Family, ct_slots: u32) -> Result<(
             s.median - hot - round_trip
         );
     }
-    let mean = all.iter().map(|(m, n)| m * *n as f64).sum::<f64>() / all.iter().map(|(_, n)| *n as f64).sum::<f64>();
-    println!("  weighted by the flows in each place: cold hit {mean:+.0}, excess {:+.0}", mean - hot - round_trip);
+    if all.is_empty() {
+        println!("  no place has enough flows to stay cold (a larger --ct-entries has)");
+    } else {
+        let flows = all.iter().map(|(_, n)| *n as f64).sum::<f64>();
+        let mean = all.iter().map(|(m, n)| m * *n as f64).sum::<f64>() / flows;
+        println!("  weighted by the flows in each place: cold hit {mean:+.0}, excess {:+.0}", mean - hot - round_trip);
+    }
     // The same flows mixed, as the headline sends them: the place varies from frame to frame.
     let mut runs = Vec::new();
     for _ in 0..p.runs {

@@ -501,14 +501,14 @@ fn note<S: Slot>(slot: &S, k: usize, bits: u32, fresh_after: u64, st: *mut Searc
     ((not_live | idle) & no_writer) << k
 }
 
-/// A new flow goes to its first bucket while that has at least this many free slots (at most
-/// 3 live flows), whatever the second holds; else to the less loaded one. A hit in the second
-/// bucket reads a line of another page, 40-60 ns dearer cold than one in the first
-/// (`dp_bench --cold-by-slot`). With plain two choices 31 % of the flows of a table filled to
-/// its configured size sat there, with this threshold 15 % (4 % at half that size): over five
-/// `--compare-cold` runs cold hits were 9 (IPv4) and 13 ns (IPv6) cheaper in the median run,
-/// 4 and 7 on average (single runs swing by ±20 ns). The table still has no full bucket at its configured size (unit
-/// tests below); a threshold of 6 free slots left some full.
+/// A new flow goes to its first bucket while that has at least this many free slots (at most 3 live
+/// flows), whatever the second holds; else to the less loaded one. A hit in the second bucket reads
+/// a line of another page, 40-60 ns dearer cold than one in the first (`dp_bench --cold-by-slot`).
+/// With plain two choices 31 % of the flows of a table filled to its configured size sat there,
+/// with this threshold 15 % (4 % at half that size): over five `--compare-cold` runs cold hits were
+/// 9 (IPv4) and 13 ns (IPv6) cheaper in the median run, 4 and 7 on average (single runs swing by
+/// ±20 ns). The table still has no full bucket at its configured size (unit tests below); a
+/// threshold of 6 free slots left some full.
 pub const FIRST_WHILE_FREE: u32 = WAYS as u32 - 3;
 
 /// Ends a choice from the mask of slots [`note`] found free: the first free slot of the first
